@@ -1,0 +1,164 @@
+"""Process-global numerics options, and the context manager that scopes them.
+
+DeepGEMM keeps its runtime settings in process-global singletons; so do we.  The numerics
+options here are this package's own (they have no DeepGEMM counterpart) and never change a
+public signature: they choose how the emulator rounds where the real library's behaviour
+depends on the device, the torch version or the accumulator hardware.
+
+``numerics(...)`` scopes options (and, once profiles exist, the arch profile) and restores
+the previous state on exit, also when the block raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from .errors import DGArgumentError
+
+__all__ = [
+    "Limited",
+    "NumericsOptions",
+    "get_numerics",
+    "set_numerics",
+    "numerics",
+    "reset_numerics",
+    "AccumulationModel",
+]
+
+
+@dataclass(frozen=True)
+class Limited:
+    """A tensor-core-like accumulator: ``limited(mantissa_bits, promotion_interval)``.
+
+    Within each group of 32 products (in K order) every term, the running partial sum
+    included, is aligned to the group's largest exponent and truncated toward zero to
+    ``mantissa_bits`` bits below it; every ``promotion_interval`` elements of K the partial
+    sum is promoted into a float32 accumulator.  Hopper FP8 keeps about 13-14 bits.
+    """
+
+    mantissa_bits: int
+    promotion_interval: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.mantissa_bits <= 52:
+            raise DGArgumentError(f"limited: mantissa_bits: expected 1..52; got {self.mantissa_bits}")
+        if self.promotion_interval <= 0 or self.promotion_interval % 32:
+            raise DGArgumentError(
+                f"limited: promotion_interval: expected a positive multiple of 32; got {self.promotion_interval}"
+            )
+
+    def __str__(self) -> str:
+        return f"limited({self.mantissa_bits}, {self.promotion_interval})"
+
+
+AccumulationModel = Literal["exact", "fp32"] | Limited
+
+
+def parse_accumulation(value: Any) -> AccumulationModel:
+    """Accept ``"exact"``, ``"fp32"``, a :class:`Limited`, or the string ``"limited(13, 128)"``."""
+    if isinstance(value, Limited) or value in ("exact", "fp32"):
+        return value  # type: ignore[no-any-return,unused-ignore]
+    if isinstance(value, str) and value.startswith("limited(") and value.endswith(")"):
+        parts = value[len("limited("):-1].split(",")
+        if len(parts) == 2:
+            try:
+                return Limited(int(parts[0]), int(parts[1]))
+            except ValueError:
+                pass
+    raise DGArgumentError(
+        f"numerics: accumulation: expected 'exact', 'fp32' or limited(mantissa_bits, promotion_interval); got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class NumericsOptions:
+    """The emulator's numerics options.
+
+    accumulation:   ``"exact"`` (default: golden values), ``"fp32"`` or ``Limited(bits, interval)``.
+    scale_division: how DeepGEMM's utilities evaluate ``amax / 448.0`` (and ``/ 6.0``):
+                    ``"cuda"`` (default) multiplies by float32(1/448), as PyTorch does on CUDA
+                    tensors, which is what DeepGEMM's own tests see; ``"cpu"`` divides (IEEE),
+                    as PyTorch does on CPU tensors.  Only non-UE8M0 scales can differ.
+    e4m3_overflow:  float32 -> E4M3 overflow in the utilities: ``"saturate"`` (torch >= 2.12,
+                    the default) or ``"nan"`` (torch <= 2.11 and ml_dtypes).
+    """
+
+    accumulation: AccumulationModel = "exact"
+    scale_division: Literal["cuda", "cpu"] = "cuda"
+    e4m3_overflow: Literal["saturate", "nan"] = "saturate"
+
+    def validated(self) -> NumericsOptions:
+        acc = parse_accumulation(self.accumulation)
+        if self.scale_division not in ("cuda", "cpu"):
+            raise DGArgumentError(f"numerics: scale_division: expected 'cuda' or 'cpu'; got {self.scale_division!r}")
+        if self.e4m3_overflow not in ("saturate", "nan"):
+            raise DGArgumentError(f"numerics: e4m3_overflow: expected 'saturate' or 'nan'; got {self.e4m3_overflow!r}")
+        return replace(self, accumulation=acc)
+
+
+_lock = threading.RLock()
+_current = NumericsOptions()
+# Hooks that snapshot and restore other process-global state (the arch profile, DeepGEMM's
+# runtime settings) together with the numerics options; registered by the modules that own it.
+_state_hooks: list[tuple[Any, Any]] = []
+
+
+def register_state(snapshot: Any, restore: Any) -> None:
+    """Register ``snapshot() -> token`` and ``restore(token)`` for :func:`numerics` scoping."""
+    _state_hooks.append((snapshot, restore))
+
+
+def get_numerics() -> NumericsOptions:
+    """The current numerics options."""
+    return _current
+
+
+def set_numerics(**changes: Any) -> NumericsOptions:
+    """Change numerics options process-wide (validated first); returns the new options."""
+    global _current
+    with _lock:
+        unknown = set(changes) - set(NumericsOptions.__dataclass_fields__)
+        if unknown:
+            raise DGArgumentError(
+                f"set_numerics: unknown option(s) {sorted(unknown)}; expected some of "
+                f"{sorted(NumericsOptions.__dataclass_fields__)}"
+            )
+        _current = replace(_current, **changes).validated()
+        return _current
+
+
+def reset_numerics() -> None:
+    """Back to the defaults."""
+    global _current
+    with _lock:
+        _current = NumericsOptions()
+
+
+@contextlib.contextmanager
+def numerics(arch: str | None = None, **changes: Any) -> Iterator[NumericsOptions]:
+    """Scope numerics options (and optionally the arch profile); everything is restored on exit.
+
+    >>> with numerics(arch="ascend950", accumulation="fp32"):
+    ...     pass
+    """
+    global _current
+    with _lock:
+        saved = _current
+        saved_hooks = [(restore, snap()) for snap, restore in _state_hooks]
+    try:
+        if arch is not None:
+            from .profiles import set_arch  # late import: profiles registers its own hooks
+
+            set_arch(arch)
+        if changes:
+            set_numerics(**changes)
+        yield _current
+    finally:
+        with _lock:
+            _current = saved
+            for restore, token in saved_hooks:
+                restore(token)

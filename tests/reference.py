@@ -1,0 +1,125 @@
+"""Slow, obviously-correct references built from the specification with exact rationals.
+
+Nothing here uses NumPy arithmetic on the values: every float32 operation is the exact rational
+result rounded by ``formats.encode_scalar`` (the scalar specification), so these references are
+independent of the vectorised code they check.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from deepgemm_ref import formats as fm
+
+F = Fraction
+
+
+def rn(x: Fraction | float, fmt: fm.Format = fm.F32) -> float:
+    """Round an exact value to ``fmt`` with RNE (IEEE overflow) and return it as a Python float."""
+    return fm.decode_scalar(fm.encode_scalar(x if isinstance(x, Fraction) else x, fmt, fm.IEEE_RNE), fmt)
+
+
+def f32_mul(a: float, b: float) -> float:
+    return rn(F(a) * F(b))
+
+
+def f32_div(a: float, b: float) -> float:
+    return rn(F(a) / F(b))
+
+
+INV448 = rn(F(1) / 448)  # float32(1 / 448), what CUDA multiplies by
+INV6 = rn(F(1) / 6)
+AMAX_FLOOR = rn(F(1e-4))  # float32(1e-4)
+
+
+def scale_from_amax(amax: float, divisor: int, division: str) -> float:
+    if division == "cuda":
+        return f32_mul(amax, INV448 if divisor == 448 else INV6)
+    return f32_div(amax, float(divisor))
+
+
+def ceil_pow2_f32(sf: float) -> float:
+    """DeepGEMM's ceil_to_ue8m0 on a positive finite float32 value, from its definition."""
+    if sf == 0:
+        return 2.0**-126
+    e = math.frexp(sf)[1] - 1  # floor(log2 sf) for a positive float
+    if F(sf) != F(2) ** e:
+        e += 1
+    return 2.0 ** min(max(e, -126), 127)
+
+
+def quantise_group(values: list[float], divisor: int, use_ue8m0: bool, division: str, wide64: bool = False):
+    """Scale and scaled values of one group, by the spec's float32 sequence.
+
+    values: the group's elements as Python floats (already the widened input values).
+    Returns (sf, [scaled values as exact floats]).
+    """
+    amax = max((rn(F(abs(v))) if wide64 else abs(v)) for v in values)
+    amax = max(amax, AMAX_FLOOR)
+    sf = scale_from_amax(amax, divisor, division)
+    if use_ue8m0:
+        sf = ceil_pow2_f32(sf)
+    inv = f32_div(1.0, sf)
+    if wide64:
+        scaled = [rn(F(v) * F(inv), _F64) for v in values]
+    else:
+        scaled = [f32_mul(v, inv) for v in values]
+    return sf, scaled
+
+
+class _F64Format:
+    pass
+
+
+# float64 rounding for the float64-input path (torch keeps the product in float64)
+_F64 = fm.Format("f64", 64, 11, 52, 1023, True, float.fromhex("0x1.fffffffffffffp1023"), 2.0**-1022,
+                 2.0**-1074, True, True, True, 0x7FF8000000000000, 0x7FF0000000000000, np.dtype(np.float64))
+
+
+def e4m3_code(v: float) -> int:
+    """torch >= 2.12's float32 -> E4M3 cast (float64 values are first rounded to float32)."""
+    v32 = rn(F(v)) if not (math.isnan(v) or math.isinf(v)) else v
+    return fm.encode_scalar(v32, fm.E4M3, fm.SATURATING_RNE)
+
+
+def fp4_code(v: float) -> int:
+    return fm.encode_scalar(v, fm.E2M1, fm.DEEPGEMM_FP4)
+
+
+def ref_per_token_cast_to_fp8(x: np.ndarray, use_ue8m0: bool, gran_k: int, division: str):
+    """(codes uint8 (m, n), sf float32 (m, groups)) for a float32/bf16 input x (m, n)."""
+    m, n = x.shape
+    groups = -(-n // gran_k)
+    wide64 = x.dtype == np.float64
+    codes = np.zeros((m, n), np.uint8)
+    sfs = np.zeros((m, groups), np.float32)
+    for i in range(m):
+        for g in range(groups):
+            cols = list(range(g * gran_k, min(n, (g + 1) * gran_k)))
+            vals = [float(x[i, j]) for j in cols] + [0.0] * (gran_k - len(cols))
+            sf, scaled = quantise_group(vals, 448, use_ue8m0, division, wide64)
+            sfs[i, g] = sf
+            for j, s in zip(cols, scaled, strict=False):
+                codes[i, j] = e4m3_code(s)
+    return codes, sfs
+
+
+def ref_per_token_cast_to_fp4(x: np.ndarray, use_ue8m0: bool, gran_k: int, division: str):
+    """(codes uint8 (m, n) unpacked, sf float32 (m, groups))."""
+    m, n = x.shape
+    groups = -(-n // gran_k)
+    wide64 = x.dtype == np.float64
+    codes = np.zeros((m, n), np.uint8)
+    sfs = np.zeros((m, groups), np.float32)
+    for i in range(m):
+        for g in range(groups):
+            cols = list(range(g * gran_k, min(n, (g + 1) * gran_k)))
+            vals = [float(x[i, j]) for j in cols] + [0.0] * (gran_k - len(cols))
+            sf, scaled = quantise_group(vals, 6, use_ue8m0, division, wide64)
+            sfs[i, g] = sf
+            for j, s in zip(cols, scaled, strict=False):
+                codes[i, j] = fp4_code(s)
+    return codes, sfs
