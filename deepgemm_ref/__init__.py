@@ -5,8 +5,9 @@ arrays (ml_dtypes for the narrow formats) and torch CPU tensors.  Golden outputs
 result rounded once to the output dtype.  This module only assembles the namespace.
 """
 
-from . import formats, testing, utils
+from . import epilogue, formats, locality_domain, testing, utils
 from ._version import __version__
+from .api import profiled as _profiled
 from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
 from .errors import DGArgumentError, DGUtilityError
 from .profiles import get_arch, get_profile, set_arch
@@ -24,6 +25,37 @@ from .quant import (
     transpose_packed_fp4,
     unpack_ue8m0_from_int,
 )
+from .runtime import (
+    get_deterministic_algorithms,
+    get_k_alignment_for_contiguous_layout,
+    get_library_root_path,
+    get_m_alignment_for_contiguous_layout,
+    get_mk_alignment_for_contiguous_layout,
+    get_npu_arch,
+    get_num_sms,
+    get_pdl,
+    get_tc_util,
+    get_theoretical_mk_alignment_for_contiguous_layout,
+    set_block_size_multiple_of,
+    set_ignore_compile_dims,
+    set_mk_alignment_for_contiguous_layout,
+    set_npu_arch,
+    set_num_sms,
+    set_pdl,
+    set_tc_util,
+    use_deterministic_algorithms,
+)
+
+_LOCALITY_MISSING = {"deepgemm": "added by DeepGEMM-Ascend (newer upstream API); not in DeepGEMM 2.6.1"}
+get_num_locality_domains = _profiled(
+    "get_num_locality_domains", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.get_num_locality_domains
+)
+is_localization_available = _profiled(
+    "is_localization_available", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.is_localization_available
+)
+localize = _profiled("localize", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.localize)
+is_localized = _profiled("is_localized", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.is_localized)
+destroy_localizer = _profiled("destroy_localizer", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.destroy_localizer)
 
 # deep_gemm's star import of deep_gemm.utils makes its sub-modules visible at top level.
 math = utils.math
@@ -56,4 +88,29 @@ __all__ = [
     "per_token_cast_to_fp8",
     "transpose_packed_fp4",
     "unpack_ue8m0_from_int",
+    "epilogue",
+    "locality_domain",
+    "get_num_locality_domains",
+    "is_localization_available",
+    "localize",
+    "is_localized",
+    "destroy_localizer",
+    "set_num_sms",
+    "get_num_sms",
+    "set_tc_util",
+    "get_tc_util",
+    "set_pdl",
+    "get_pdl",
+    "set_ignore_compile_dims",
+    "set_block_size_multiple_of",
+    "set_mk_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
+    "set_npu_arch",
+    "get_npu_arch",
+    "use_deterministic_algorithms",
+    "get_deterministic_algorithms",
+    "get_library_root_path",
 ]
