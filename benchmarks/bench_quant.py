@@ -5,6 +5,7 @@
 Baselines: ``x.astype(numpy.float32)`` of the same bf16 input, and the same algorithm written
 in torch on the CPU (``tests/torch_reference.py``) when torch is installed.
 Goals (issue 2): at most 6x the conversion, and no slower than torch.
+The SF layout transforms are timed against ``numpy.transpose(sf).copy()`` of the same scales.
 """
 
 from __future__ import annotations
@@ -55,6 +56,34 @@ def main() -> None:
             ratios["vs torch"] = t / t_torch
             print(row(f"  torch same algorithm ({key})", t_torch))
         print(row(name, t, **ratios))
+    bench_layouts(x, args.repeat)
+
+
+def bench_layouts(x: np.ndarray, repeat: int) -> None:
+    """SF layout transforms on the scales of ``x``, each against ``numpy.transpose(sf).copy()``
+    of the same scale tensor (the bare MN-major copy every transform has to make)."""
+    m, n = x.shape
+    _, sf128 = dg.per_token_cast_to_fp8(x, use_ue8m0=False, gran_k=128)
+    _, sf128_ue8m0 = dg.per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=128)
+    _, sf32_ue8m0 = dg.per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
+    cases = [
+        ("sm90", "get_mn_major_tma_aligned_tensor f32/128", sf128,
+         lambda: dg.get_mn_major_tma_aligned_tensor(sf128)),
+        ("sm100", "transform_sf (ue8m0 per-128)", sf128_ue8m0,
+         lambda: dg.transform_sf_into_required_layout(sf128_ue8m0, m, n, (1, 1, 128), is_sfa=True)),
+        ("sm100", "transform_sf (ue8m0 per-32)", sf32_ue8m0,
+         lambda: dg.transform_sf_into_required_layout(sf32_ue8m0, m, n, (1, 1, 32), is_sfa=True)),
+        ("ascend950", "transform_sf (int16 per-32)", sf32_ue8m0,
+         lambda: dg.transform_sf_into_required_layout(sf32_ue8m0, m, n, (1, 1, 32), is_sfa=True)),
+    ]
+    repeat = max(repeat, 20)  # sub-millisecond calls: more repeats for a stable best time
+    print(f"SF layouts of a ({m}, {n}) operand (transform_sf = transform_sf_into_required_layout)")
+    for arch, name, sf, fn in cases:
+        t_copy = best_time(lambda sf=sf: np.transpose(sf).copy(), repeat)
+        with dg.numerics(arch=arch):
+            t = best_time(fn, repeat)
+        print(row(f"  numpy.transpose(sf).copy() {sf.shape}", t_copy))
+        print(row(f"{arch} {name}", t, **{"vs transpose copy": t / t_copy}))
 
 
 if __name__ == "__main__":

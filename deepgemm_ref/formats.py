@@ -320,16 +320,32 @@ def _step_to_odd(r: np.ndarray, exact: np.ndarray, udtype: type) -> np.ndarray:
     return rb.view(r.dtype).reshape(r.shape)
 
 
+_LOW29 = np.uint64((1 << 29) - 1)
+_F32_NORMAL_MIN_EXP = 1023 - 126
+_F32_NORMAL_MAX_EXP = 1023 + 127
+
+
 def f64_to_f32_round_odd(x: npt.ArrayLike) -> np.ndarray:
     """float64 -> float32 with round-to-odd.
 
     An inexact result has an odd last bit, so a later RNE rounding to any format with at most
     22 significand bits equals the single correct rounding of ``x`` (24 >= p + 2).
+    Fast path (float32-normal magnitudes and zeros): truncate the float64 significand to 24 bits
+    and set its last bit if anything was cut off; the result is a float32 value exactly.
     """
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        r = x.astype(np.float32)
-    return _step_to_odd(r, x, np.uint32)
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    bits = x.view(np.uint64)
+    exp = (bits >> np.uint64(52)) & np.uint64(0x7FF)
+    trunc = (bits & ~_LOW29) | (((bits & _LOW29) != 0).astype(np.uint64) << np.uint64(29))
+    r = trunc.view(np.float64).astype(np.float32)
+    fast = ((exp >= _F32_NORMAL_MIN_EXP) & (exp <= _F32_NORMAL_MAX_EXP)) | (x == 0)
+    if not fast.all():
+        slow = ~fast
+        xs = x[slow]
+        with np.errstate(over="ignore"):
+            rs = xs.astype(np.float32)
+        r[slow] = _step_to_odd(rs, xs, np.uint32)
+    return r
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,7 @@ class Profile:
     device_num_sms: int  # SMs (CUDA) or AI cores (Ascend) of the reference device
     default_mk_alignment: int
     description: str
+    fp32_block: int  # K block of the "fp32" accumulation model's partial sums (the MMA block)
 
     @property
     def is_ascend(self) -> bool:
@@ -36,11 +37,14 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "sm90": Profile("sm90", "deepgemm", 9, 132, 128, "DeepGEMM 2.6.1 on Hopper (H800/H100 SXM, 132 SMs)"),
-    "sm100": Profile("sm100", "deepgemm", 10, 148, 128, "DeepGEMM 2.6.1 on Blackwell (B200, 148 SMs)"),
+    # sm90 promotes the tensor-core partial sums every 128 K (spec 6.2); sm100 and Ascend 950
+    # scale per 32-element block in the MMA.
+    "sm90": Profile("sm90", "deepgemm", 9, 132, 128, "DeepGEMM 2.6.1 on Hopper (H800/H100 SXM, 132 SMs)", 128),
+    "sm100": Profile("sm100", "deepgemm", 10, 148, 128, "DeepGEMM 2.6.1 on Blackwell (B200, 148 SMs)", 32),
     "ascend950": Profile(
         "ascend950", "deepgemm-ascend", 0, 32, 256,
         "DeepGEMM-Ascend on Ascend 950 (CANN 9.20, 32 AI cores): MX per-32 UE8M0 scales, psum-only grouping",
+        32,
     ),
 }
 DEFAULT_ARCH = "sm100"

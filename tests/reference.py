@@ -123,3 +123,50 @@ def ref_per_token_cast_to_fp4(x: np.ndarray, use_ue8m0: bool, gran_k: int, divis
             for j, s in zip(cols, scaled, strict=False):
                 codes[i, j] = fp4_code(s)
     return codes, sfs
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMMs: exact rational accumulators and the spec's epilogue roundings
+# ---------------------------------------------------------------------------------------------
+
+def exact_dot(a: np.ndarray, b: np.ndarray) -> Fraction:
+    """sum_k a[k] * b[k] over exactly-representable float64 values, as an exact rational."""
+    return sum((F(float(x)) * F(float(y)) for x, y in zip(a, b, strict=True)), F(0))
+
+
+def ref_epilogue(acc: Fraction, out: fm.Format, alpha: float | None = None, c: float | None = None,
+                 c_mode: str = "kernel") -> int:
+    """Spec 6.1 / port 2.3, on an exact accumulator; returns the output code.
+
+    alpha: z = f32(float32(alpha) * acc).  c (kernel): bf16 d -> bf16(c + bf16(z)), float32 d ->
+    f32(c + z); c (fused): out(c + z); c (rounded): out(c + out(z)).
+    """
+    z = acc
+    if alpha is not None:
+        z = F(rn(F(float(np.float32(alpha))) * acc, fm.F32))
+    if c is not None:
+        if c_mode == "rounded" or (c_mode == "kernel" and out is fm.BF16):
+            z = F(rn(z, out))
+        z = F(c) + z
+    return fm.encode_scalar(z, out, fm.IEEE_RNE)
+
+
+def ref_gemm(a_vals: np.ndarray, b_vals: np.ndarray, out: fm.Format, alpha: float | None = None,
+             c: np.ndarray | None = None, c_mode: str = "kernel") -> np.ndarray:
+    """Codes of epilogue(a_vals @ b_vals.T) with exact accumulation; a_vals (M, K), b_vals (N, K)
+    hold the dequantised values (element times scale, exact in float64)."""
+    m, n = a_vals.shape[0], b_vals.shape[0]
+    codes = np.zeros((m, n), out.code_dtype)
+    for i in range(m):
+        for j in range(n):
+            cv = None if c is None else float(c[i, j])
+            codes[i, j] = ref_epilogue(exact_dot(a_vals[i], b_vals[j]), out, alpha, cv, c_mode)
+    return codes
+
+
+def dequant(codes_or_values: np.ndarray, scales: np.ndarray | None, block: int, fmt: fm.Format | None = None) -> np.ndarray:
+    """float64 element values times per-block scales: values (MN, K), scales (MN, ceil(K / block))."""
+    v = fm.decode(codes_or_values, fmt) if fmt is not None else codes_or_values.astype(np.float64)
+    if scales is None:
+        return v
+    return v * np.repeat(np.asarray(scales, np.float64), block, axis=1)[:, : v.shape[1]]

@@ -1,0 +1,744 @@
+"""The one numeric core: a scaled block matmul with exact, fp32 and limited accumulation models.
+
+Every kernel turns its inputs into two canonical :class:`Operand` s (element values, one scale per
+row and K block) and an :class:`Epilogue`, then calls :func:`scaled_matmul`.  No kernel owns a
+matmul loop.
+
+Math.  With ``a`` of logical shape (M, K), ``b`` of shape (N, K), block sizes ``ba``, ``bb``::
+
+    acc[m, n] = sum_k  a[m, k] * sa[m, k // ba]  *  b[n, k] * sb[n, k // bb]
+
+``exact`` (default) is that real number; the epilogue then applies the roundings the kernel
+defines (one rounding to the output dtype without ``c``; ``bf16(c + bf16(acc))`` for bf16 output
+with ``c``; ``f32(c + acc)`` for float32 output with ``c``; ``alpha`` multiplies the accumulator
+and the product is rounded to float32, as DeepGEMM-Ascend's epilogue does).
+
+How the exact result is obtained (numerics.md section 5), per output element:
+
+1. One float64 GEMM of the operands with their scales folded in.  The values and their folded
+   scales are exact in float64 (at most 8 + 24 significand bits).
+2. *Exactness certificate*: when every scale is a power of two, every product is an integer
+   multiple of ``2^(qa[m] + qb[n])`` (the smallest set bit of the row of ``a`` and of ``b``); if
+   ``S[m, n] = sum |a b| < 2^(53 + qa[m] + qb[n])``, every partial sum is representable and the
+   GEMM is exact whatever the summation order.
+3. Otherwise a *rounding certificate*: the float64 result ``y`` satisfies
+   ``|y - acc| <= gamma_K * S`` with ``gamma_K = K u / (1 - K u)``, ``u = 2^-53`` (Higham 3.1, any
+   order, with or without FMA); if the epilogue gives the same bits at both ends of that interval
+   it gives them at ``acc`` too (every epilogue step is monotone).
+4. Elements without a certificate are recomputed with a double-double sum of their exact terms
+   (error below ``2 T^2 u^2 S``) and certified again; what remains (exact ties) is computed with
+   Python ``Fraction`` s.
+
+``S`` is bounded by ``|a_m|_2 |b_n|_2`` (Cauchy-Schwarz) unless the caller asks for the exact
+error scale, which costs one more GEMM (``|a| @ |b|^T``, rounded up).
+
+Non-power-of-two (FP32) scales make the folded products inexact, so step 2 never applies; for
+float32 outputs the per-block sums ``sum_k a b`` (exact in float64 for FP8 and FP4 blocks) are
+combined with the scale products in float64, which keeps the error bound at ``gamma_{2 nb}``.
+
+``fp32`` models a kernel's arithmetic, deterministically: each K block's partial sum is the exact
+block sum rounded once to float32, multiplied by the float32 product of the block's two scales and
+added to a float32 accumulator in K order with one rounding (a fused multiply-add), then the
+epilogue.  ``limited(bits, interval)`` models a tensor-core accumulator (see :class:`Limited`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import formats as fm
+from .config import Limited, get_numerics
+
+__all__ = ["Operand", "Epilogue", "MatmulResult", "scaled_matmul", "U64"]
+
+U64 = 2.0**-53  # unit roundoff of float64
+
+
+# ----------------------------------------------------------------------------------------------
+# Operands
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Operand:
+    """A canonical GEMM operand of logical shape (MN, K).
+
+    values: (MN, K) array of element values in any of: float32, float64, float16, ml_dtypes
+            bfloat16 / float8_e4m3fn / float8_e5m2, or uint8 E2M1 codes (``codes_fmt=E2M1``).
+            Any strides (views are fine).
+    scales: float64 (MN, ceil(K / block)) scale of every row and K block, or None (all 1).
+    block:  K block size of ``scales`` (ignored without scales).
+    """
+
+    values: np.ndarray
+    scales: np.ndarray | None = None
+    block: int = 0
+    codes_fmt: fm.Format | None = None
+    _pow2: bool | None = field(default=None, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.values.shape[0]), int(self.values.shape[1]))
+
+    @property
+    def pow2_scales(self) -> bool:
+        """True when every scale is a positive power of two (or there are none)."""
+        if self._pow2 is None:
+            if self.scales is None:
+                self._pow2 = True
+            else:
+                s = self.scales
+                m, _ = np.frexp(s)
+                self._pow2 = bool(np.all((m == 0.5) & np.isfinite(s)))
+        return self._pow2
+
+    @property
+    def fixed_quantum(self) -> int | None:
+        """Exponent q such that every element value is a multiple of 2^q, for formats that have one."""
+        if self.codes_fmt is fm.E2M1:
+            return -1
+        dt = self.values.dtype
+        if dt == ml_dtypes.float8_e4m3fn:
+            return -9
+        if dt == ml_dtypes.float8_e5m2:
+            return -16
+        return None
+
+    def element_rows(self, r0: int, r1: int) -> np.ndarray:
+        """Unscaled element values of rows [r0, r1) as float64 (r1 - r0, K)."""
+        v = self.values[r0:r1]
+        fmt = self.codes_fmt or _BYTE_FORMATS.get(v.dtype)
+        if fmt is not None:  # one-byte formats: a 256-entry table is much faster than a cast
+            return np.take(_decode_table(fmt), v.view(np.uint8))
+        return v.astype(np.float64)
+
+    def scale_rows(self, r0: int, r1: int) -> np.ndarray | None:
+        """Scales of rows [r0, r1) expanded to one per element: float64 (r1 - r0, K), or None."""
+        if self.scales is None:
+            return None
+        k = self.values.shape[1]
+        s = self.scales[r0:r1]
+        return np.repeat(s, self.block, axis=1)[:, :k]
+
+    def rows(self, r0: int, r1: int, scaled: bool = True) -> np.ndarray:
+        """Element values times their scales (exact in float64), rows [r0, r1)."""
+        x = self.element_rows(r0, r1)
+        if scaled and self.scales is not None:
+            k = x.shape[1]
+            if k % self.block == 0:
+                x.reshape(x.shape[0], k // self.block, self.block)[...] *= self.scales[r0:r1, :, None]
+            else:
+                x *= self.scale_rows(r0, r1)
+        return x
+
+    def take_rows(self, idx: np.ndarray, scaled: bool = True) -> np.ndarray:
+        """Like :meth:`rows` for the rows listed in ``idx``."""
+        sub = Operand(self.values[idx], None if self.scales is None else self.scales[idx], self.block,
+                      self.codes_fmt, self._pow2)
+        return sub.rows(0, idx.size, scaled)
+
+    def take_block_scales(self, idx: np.ndarray, block: int) -> np.ndarray:
+        """Like :meth:`block_scales` for the rows listed in ``idx``."""
+        sub = Operand(self.values[idx], None if self.scales is None else self.scales[idx], self.block,
+                      self.codes_fmt, self._pow2)
+        return sub.block_scales(0, idx.size, block)
+
+    def block_scales(self, r0: int, r1: int, block: int) -> np.ndarray:
+        """Scales per row and per K block of size ``block`` (which must divide self.block)."""
+        k = self.values.shape[1]
+        nb = -(-k // block) if k else 0
+        if self.scales is None:
+            return np.ones((r1 - r0, nb))
+        rep = self.block // block
+        return np.repeat(self.scales[r0:r1], rep, axis=1)[:, :nb]
+
+
+_BYTE_FORMATS = {np.dtype(ml_dtypes.float8_e4m3fn): fm.E4M3, np.dtype(ml_dtypes.float8_e5m2): fm.E5M2}
+_TABLES: dict[str, np.ndarray] = {}
+
+
+def _decode_table(fmt: fm.Format) -> np.ndarray:
+    t = _TABLES.get(fmt.name)
+    if t is None:
+        t = fm.decode(np.arange(256), fmt) if fmt.bits == 8 else fm.decode(np.arange(256) & 0xF, fmt)
+        _TABLES[fmt.name] = t
+    return t
+
+
+def _lsb_exponent(x: np.ndarray) -> np.ndarray:
+    """Per row: the exponent of the smallest set bit over the row's non-zero finite values.
+
+    float64 (rows, K) -> float64 (rows,), +inf for a row of zeros.
+    """
+    mant, exp = np.frexp(np.where(np.isfinite(x), x, 0.0))
+    # mant in [0.5, 1): an integer after scaling by 2^53; its lowest set bit gives the quantum.
+    mi = np.abs(mant * 2.0**53).astype(np.int64)
+    low = mi & -mi
+    _, le = np.frexp(low.astype(np.float64))  # low = 2^(le - 1)
+    q = (exp.astype(np.int64) - 53 + le.astype(np.int64) - 1).astype(np.float64)
+    q[(x == 0) | ~np.isfinite(x)] = np.inf
+    return q.min(axis=1) if x.shape[1] else np.full(x.shape[0], np.inf)
+
+
+# ----------------------------------------------------------------------------------------------
+# Epilogue
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Epilogue:
+    """What happens to the accumulator on its way into ``d``.
+
+    out:    the output format (``formats.BF16`` or ``formats.F32``).
+    alpha:  optional float32 multiplier: ``z = f32(alpha * acc)`` (DeepGEMM-Ascend's Alpha).
+    c:      optional (M, N) array added in the output precision.
+    c_mode: how ``c`` is added: ``"kernel"`` (DeepGEMM's and DeepGEMM-Ascend's GEMM kernels:
+            bf16 output ``bf16(c + bf16(z))``, two roundings through the reduce-add; float32 output
+            ``f32(c + z)``), ``"fused"`` (one rounding of ``c + z``, cuBLASLt's FP32 epilogue and
+            ACLNN's addmm) or ``"rounded"`` (``out(c + out(z))``: the product is stored in the
+            output dtype first, then added, as DeepGEMM-Ascend's ACLNN FP8 wrapper does).
+    """
+
+    out: fm.Format
+    alpha: float | None = None
+    c: np.ndarray | None = None
+    c_mode: str = "kernel"
+
+    @property
+    def _round_first(self) -> bool:
+        return self.c_mode == "rounded" or (self.c_mode == "kernel" and self.out is fm.BF16)
+
+    def apply(self, x: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """Output codes (unsigned ints) for exact float64 accumulator values ``x`` of rows [r0, r1).
+
+        Every step is an exact operation on at most two float64 numbers followed by one correct
+        rounding, so the result is exact for exact inputs; every step is also monotone in ``x``.
+        """
+        return self._apply(x, None if self.c is None else self.c[r0:r1])
+
+    def apply_points(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Output codes for scattered elements (rows[i], cols[i]) with accumulator values x[i]."""
+        return self._apply(x, None if self.c is None else self.c[rows, cols])
+
+    def apply_points_dd(
+        self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray, cols: np.ndarray, up: bool
+    ) -> np.ndarray:
+        """Output codes for double-double accumulator values (the end of an interval).
+
+        Without ``alpha``, and without ``c`` or with a bf16 output, every step stays exact on a
+        double-double; otherwise the value is first rounded outward (``up``) to float64, which
+        keeps the interval valid.
+        """
+        if self.alpha is None and (self.c is None or self._round_first):
+            if self.c is None:
+                return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
+            z = fm.round_dd(hi, lo, self.out).astype(np.float64)
+            s, e = fm.two_sum(self.c[rows, cols].astype(np.float64), z)
+            return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
+        return self.apply_points(_dd_to_f64_directed(hi, lo, up), rows, cols)
+
+    def _apply(self, x: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+        z = x
+        if self.alpha is not None:
+            p, e = fm.two_prod(np.float64(self.alpha), z)
+            z = fm.round_dd(p, e, fm.F32).astype(np.float64)
+        if c is None:
+            return fm.round_f64(z, self.out).view(self.out.code_dtype)
+        if self._round_first:
+            z = fm.round_f64(z, self.out).astype(np.float64)
+        s, e = fm.two_sum(c.astype(np.float64), z)
+        return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
+
+    def apply_exact(self, x: Fraction, m: int, n: int) -> Any:
+        """The same epilogue on one exact rational accumulator value (the slow specification)."""
+        v: Fraction | float = x
+        if self.alpha is not None:
+            v = _rn(Fraction(self.alpha) * x, fm.F32)
+        if self.c is not None:
+            if self._round_first:
+                v = _rn(Fraction(v), self.out)
+            cv = float(self.c[m, n])
+            if not math.isfinite(cv):
+                return fm.encode(np.array([cv + float(v)]), self.out, fm.IEEE_RNE)[0]
+            v = Fraction(cv) + Fraction(v)
+        return fm.encode_scalar(Fraction(v), self.out, fm.IEEE_RNE)
+
+def _rn(x: Fraction, fmt: fm.Format) -> float:
+    return fm.decode_scalar(fm.encode_scalar(x, fmt, fm.IEEE_RNE), fmt)
+
+
+# ----------------------------------------------------------------------------------------------
+# Result
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class MatmulResult:
+    """Output of :func:`scaled_matmul`.
+
+    out:    (M, N) output codes viewed as the output dtype (bf16 or float32).
+    acc:    float64 (M, N) accumulator (exact where ``exact_mask``; otherwise within
+            ``acc_err``), when requested.
+    acc_lo: float64 (M, N) low part so that ``acc + acc_lo`` is the accumulator to about 2^-100
+            relative (only for float32 outputs, when requested).
+    S:      float64 (M, N) upper bound of sum |a_i b_i| * scales, when requested.
+    stats:  how many elements each tier decided.
+    """
+
+    out: np.ndarray
+    acc: np.ndarray | None = None
+    acc_lo: np.ndarray | None = None
+    S: np.ndarray | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# The exact model
+# ----------------------------------------------------------------------------------------------
+
+def _gamma(n: int) -> float:
+    nu = n * U64
+    return nu / (1 - nu)
+
+
+def _up(x: np.ndarray, n: int) -> np.ndarray:
+    """An upper bound of a sum of n non-negative terms computed in float64 as ``x``."""
+    return x * (1 + 2 * _gamma(n + 2)) + 2.0**-1000
+
+
+def _chunk_rows(m: int, n: int, k: int) -> int:
+    """Rows of ``a`` per chunk: about 32 MiB of float64 output and operand per chunk."""
+    per_row = 8 * (n * 4 + k)
+    return max(1, min(m, (32 << 20) // max(per_row, 1)))
+
+
+@dataclass
+class _Pending:
+    """Elements of one chunk that no certificate has decided yet."""
+
+    rows: np.ndarray  # absolute row indices
+    cols: np.ndarray
+
+
+def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> list[np.ndarray]:
+    """Exact float64 terms whose sum is acc[rows[i], cols[i]]: (T, F) arrays, as a list of 1-D arrays.
+
+    Power-of-two scales (or none): the products a' b' of the scaled values (exact: at most 48
+    significand bits).  Other scales: for every K block, TwoProduct(scale product, exact block
+    sum of the unscaled products) gives two exact terms.
+    """
+    k = a.shape[1]
+    ua, ia = np.unique(rows, return_inverse=True)
+    ub, ib = np.unique(cols, return_inverse=True)
+    if a.pow2_scales and b.pow2_scales:
+        return [a.take_rows(ua)[ia] * b.take_rows(ub)[ib]]  # (F, K) exact products
+    blk = math.gcd(a.block or k or 1, b.block or k or 1)
+    ea = a.take_rows(ua, scaled=False)
+    eb = b.take_rows(ub, scaled=False)
+    sa = a.take_block_scales(ua, blk)
+    sb = b.take_block_scales(ub, blk)
+    nb = sa.shape[1]
+    prod = ea[ia] * eb[ib]  # exact (element products have at most 16 bits)
+    pad = nb * blk - k
+    if pad:
+        prod = np.concatenate([prod, np.zeros((prod.shape[0], pad))], axis=1)
+    blocks = prod.reshape(prod.shape[0], nb, blk)
+    sums = [blocks[:, j, :] for j in range(nb)]
+    scale = sa[ia] * sb[ib]  # exact: 24 + 24 bits
+    terms = []
+    for j, bs in enumerate(sums):
+        # Within a block the products share the block's scale; their sum is exact only for
+        # fixed-quantum formats, so split the block into exact product terms otherwise.
+        if a.fixed_quantum is not None and b.fixed_quantum is not None:
+            p, e = fm.two_prod(scale[:, j], bs.sum(axis=1))
+            terms += [p[:, None], e[:, None]]
+        else:
+            for t in range(bs.shape[1]):
+                p, e = fm.two_prod(scale[:, j], bs[:, t])
+                terms += [p[:, None], e[:, None]]
+    return [np.concatenate(terms, axis=1)]
+
+
+def _pairwise_two_sum(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the columns of (F, T) pairwise with TwoSum: (sums (F,), exact errors (F, T - 1))."""
+    f = t.shape[0]
+    errs = []
+    while t.shape[1] > 1:
+        if t.shape[1] % 2:
+            t = np.concatenate([t, np.zeros((f, 1))], axis=1)
+        t, e = fm.two_sum(t[:, 0::2], t[:, 1::2])
+        errs.append(e)
+    head = t[:, 0] if t.shape[1] else np.zeros(f)
+    return head, (np.concatenate(errs, axis=1) if errs else np.zeros((f, 0)))
+
+
+def _dd_sum(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Double-double sum along axis 1 of exact float64 terms (F, T): (hi, lo, error bound).
+
+    Two levels of pairwise TwoSum: the terms' sum is exactly ``h1 + sum(E1)``, and ``sum(E1)``
+    is exactly ``h2 + sum(E2)``; only ``sum(E2)`` is left out, bounded by ``sum |E2|`` (rounded
+    up), which is zero when the result is exact.
+    """
+    h1, e1 = _pairwise_two_sum(t)
+    h2, e2 = _pairwise_two_sum(e1)
+    s, e = fm.two_sum(h1, h2)
+    bound = np.abs(e2).sum(axis=1) * (1 + 2 * _gamma(e2.shape[1] + 2))
+    return s, e, bound
+
+
+def _dd_ends(s: np.ndarray, e: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Double-double interval ends as low parts: (s, e_lo) <= s + e - bound, (s, e_hi) >= s + e + bound."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e_lo = np.where(bound == 0, e, np.nextafter(e - bound, -np.inf))
+        e_hi = np.where(bound == 0, e, np.nextafter(e + bound, np.inf))
+    return e_lo, e_hi
+
+
+def _dd_to_f64_directed(s: np.ndarray, e: np.ndarray, up: bool) -> np.ndarray:
+    """float64 bound of the double-double s + e: rounded down (up=False) or up."""
+    h, r = fm.two_sum(s, e)
+    if up:
+        return np.where(r > 0, np.nextafter(h, np.inf), h)
+    return np.where(r < 0, np.nextafter(h, -np.inf), h)
+
+
+def _decide_pending(
+    a: Operand, b: Operand, ep: Epilogue, pend: _Pending, codes: np.ndarray, r0: int,
+    acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int],
+) -> None:
+    """Tiers 2 and 3 for the undecided elements of one chunk; writes codes (and acc)."""
+    if pend.rows.size == 0:
+        return
+    # Bound the memory of the gathered terms (F x T float64) to about 64 MiB per batch.
+    k = max(a.shape[1], 1)
+    per = max(1, (64 << 20) // (8 * 2 * k))
+    for i0 in range(0, pend.rows.size, per):
+        rows = pend.rows[i0:i0 + per]
+        cols = pend.cols[i0:i0 + per]
+        (terms,) = _exact_terms(a, b, rows, cols)
+        s, e, bound = _dd_sum(terms)
+        e_lo, e_hi = _dd_ends(s, e, bound)
+        c_lo = ep.apply_points_dd(s, e_lo, rows, cols, up=False)
+        c_hi = ep.apply_points_dd(s, e_hi, rows, cols, up=True)
+        ok = c_lo == c_hi
+        codes[rows[ok] - r0, cols[ok]] = c_lo[ok]
+        stats["double_double"] = stats.get("double_double", 0) + int(ok.sum())
+        if acc is not None:
+            acc[rows - r0, cols] = s
+        if acc_lo is not None:
+            acc_lo[rows - r0, cols] = e
+        bad = np.flatnonzero(~ok)
+        for j in bad:
+            exact = sum((Fraction(float(v)) for v in terms[j]), Fraction(0))
+            codes[rows[j] - r0, cols[j]] = ep.apply_exact(exact, int(rows[j]), int(cols[j]))
+            if acc is not None:
+                hi_f = float(exact)
+                acc[rows[j] - r0, cols[j]] = hi_f
+                if acc_lo is not None:
+                    acc_lo[rows[j] - r0, cols[j]] = float(exact - Fraction(hi_f))
+        stats["fraction"] = stats.get("fraction", 0) + int(bad.size)
+
+
+def _exact_model(
+    a: Operand, b: Operand, ep: Epilogue, want_acc: bool, want_S: bool
+) -> MatmulResult:
+    m, k = a.shape
+    n = b.shape[0]
+    out_codes = np.empty((m, n), ep.out.code_dtype)
+    acc = np.empty((m, n)) if want_acc else None
+    acc_lo = np.zeros((m, n)) if (want_acc and ep.out is fm.F32) else None
+    S_all = np.empty((m, n)) if want_S else None
+    stats: dict[str, int] = {}
+    pow2 = a.pow2_scales and b.pow2_scales
+    blocked = (not pow2) and ep.out is fm.F32 and a.fixed_quantum is not None and b.fixed_quantum is not None
+
+    b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
+    b_abs = np.abs(b64) if want_S else None
+    b_norm = np.sqrt(np.einsum("ij,ij->i", b64, b64)) * (1 + 2 * _gamma(k + 2))
+    qb = _quantum_exponents(b, b64)
+    b_finite = np.isfinite(b64).all(axis=1) if k else np.ones(n, bool)
+    if blocked:
+        blk = math.gcd(a.block or k, b.block or k)
+        b_el = b.element_rows(0, n)
+        sb_blk = b.block_scales(0, n, blk)
+    step = _chunk_rows(m, n, k)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            a64 = a.rows(r0, r1)
+            if blocked:
+                a_el = a.element_rows(r0, r1)
+                sa_blk = a.block_scales(r0, r1, blk)
+                y = np.zeros((r1 - r0, n))
+                for j in range(sa_blk.shape[1]):
+                    ks = slice(j * blk, min(k, (j + 1) * blk))
+                    y += np.outer(sa_blk[:, j], sb_blk[:, j]) * (a_el[:, ks] @ b_el[:, ks].T)
+                n_round = 2 * sa_blk.shape[1] + 2
+            else:
+                y = a64 @ b64.T
+                n_round = k + 1
+            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
+            if want_S:
+                S = _up(np.abs(a64) @ b_abs.T, k)  # type: ignore[union-attr]
+                S_all[r0:r1] = S  # type: ignore[index]
+            else:
+                S = _up(np.outer(a_norm, b_norm), 2)
+            finite = np.isfinite(a64).all(axis=1)[:, None] & b_finite[None, :]
+            exact = np.zeros(y.shape, bool)
+            if pow2:
+                qa = _quantum_exponents(a, a64, r0, r1)
+                limit = np.exp2(np.minimum(53.0 + qa[:, None] + qb[None, :], 1000.0))
+                exact = (S < limit) & finite
+            # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
+            # through) take the epilogue of y itself; the others must give the same bits at both
+            # ends of their error interval.
+            codes = ep.apply(y, r0, r1)
+            decided = exact | ~finite
+            undecided = decided.size - int(np.count_nonzero(decided))
+            if undecided > decided.size // 8:
+                # Many candidates: evaluate both interval ends on the whole chunk.
+                err = _gamma(n_round) * S
+                c_lo = ep.apply(np.nextafter(y - err, -np.inf), r0, r1)
+                c_hi = ep.apply(np.nextafter(y + err, np.inf), r0, r1)
+                decided |= c_lo == c_hi
+            elif undecided:
+                pr, pc = np.nonzero(~decided)
+                err = _gamma(n_round) * S[pr, pc]
+                yv = y[pr, pc]
+                c_lo = ep.apply_points(np.nextafter(yv - err, -np.inf), pr + r0, pc)
+                c_hi = ep.apply_points(np.nextafter(yv + err, np.inf), pr + r0, pc)
+                same = c_lo == c_hi
+                decided[pr[same], pc[same]] = True
+            stats["exact"] = stats.get("exact", 0) + int(exact.sum())
+            stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
+            if acc is not None:
+                acc[r0:r1] = y
+            pr, pc = np.nonzero(~decided)
+            _decide_pending(a, b, ep, _Pending(pr + r0, pc), codes, r0,
+                            acc[r0:r1] if acc is not None else None,
+                            acc_lo[r0:r1] if acc_lo is not None else None, stats)
+            out_codes[r0:r1] = codes
+    return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
+
+
+_BF16_LSB: np.ndarray | None = None
+
+
+def _bf16_lsb_table() -> np.ndarray:
+    """Exponent of the lowest set bit of every bf16 bit pattern (+inf for zeros and non-finite)."""
+    global _BF16_LSB
+    if _BF16_LSB is None:
+        with np.errstate(invalid="ignore"):
+            v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+            _BF16_LSB = _lsb_exponent(v.reshape(-1, 1))
+    return _BF16_LSB
+
+
+def _quantum_exponents(op: Operand, x64: np.ndarray, r0: int = 0, r1: int | None = None) -> np.ndarray:
+    """Per row, the exponent q with every scaled value a multiple of 2^q (assumes pow2 scales)."""
+    r1 = x64.shape[0] + r0 if r1 is None else r1
+    if op.values.dtype == ml_dtypes.bfloat16 and op.scales is None and op.codes_fmt is None:
+        lsb = np.take(_bf16_lsb_table(), op.values[r0:r1].view(np.uint16))
+        return lsb.min(axis=1) if lsb.shape[1] else np.full(r1 - r0, np.inf)
+    fq = op.fixed_quantum
+    if fq is not None:
+        if op.scales is None:
+            return np.full(r1 - r0, float(fq))
+        with np.errstate(divide="ignore"):
+            se = np.log2(op.scales[r0:r1])  # exact for powers of two
+        return fq + se.min(axis=1) if se.shape[1] else np.full(r1 - r0, np.inf)
+    return _lsb_exponent(x64)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fp32 and limited models
+# ----------------------------------------------------------------------------------------------
+
+def _f32_fma(acc32: np.ndarray, s32: np.ndarray, p32: np.ndarray) -> np.ndarray:
+    """RN_f32(acc + s * p) with one rounding (s * p is exact in float64: 24 + 24 bits)."""
+    prod = s32.astype(np.float64) * p32.astype(np.float64)
+    hi, lo = fm.two_sum(acc32.astype(np.float64), prod)
+    return fm.round_dd(hi, lo, fm.F32)
+
+
+def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
+    """Exact block sums a_el @ b_el^T, rounded once to float32 (float64 exact for FP8/FP4 blocks)."""
+    y = a_el @ b_el.T
+    if exact_ok:
+        return fm.round_f64(y, fm.F32)
+    # BF16/FP32 elements: the float64 block sum is exact when the products' span fits 53 bits;
+    # otherwise compute the block exactly with a double-double sum of the products.
+    prod_max = np.abs(a_el).max(axis=1, initial=0)[:, None] * np.abs(b_el).max(axis=1, initial=0)[None, :]
+    qa = _lsb_exponent(a_el)
+    qb = _lsb_exponent(b_el)
+    limit = np.exp2(np.minimum(53.0 + qa[:, None] + qb[None, :], 1000.0))
+    certified = prod_max * a_el.shape[1] < limit
+    out = fm.round_f64(y, fm.F32)
+    if not certified.all():
+        rr, cc = np.nonzero(~certified)
+        terms = a_el[rr] * b_el[cc]
+        s, e, bound = _dd_sum(terms)
+        e_lo, e_hi = _dd_ends(s, e, bound)
+        r_lo = fm.round_dd(s, e_lo, fm.F32)
+        r_hi = fm.round_dd(s, e_hi, fm.F32)
+        vals = r_lo.copy()
+        for j in np.flatnonzero(r_lo.view(np.uint32) != r_hi.view(np.uint32)):
+            ex = sum((Fraction(float(v)) for v in terms[j]), Fraction(0))
+            vals[j] = np.float32(_rn(ex, fm.F32))
+        out[rr, cc] = vals
+    return out
+
+
+def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResult:
+    """Per K block: partial = RN_f32(exact block sum); acc = RN_f32(acc + f32(sa * sb) * partial)."""
+    m, k = a.shape
+    n = b.shape[0]
+    blk = block
+    if a.scales is not None:
+        blk = math.gcd(blk, a.block)
+    if b.scales is not None:
+        blk = math.gcd(blk, b.block)
+    exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
+    out_codes = np.empty((m, n), ep.out.code_dtype)
+    b_el = b.element_rows(0, n)
+    sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None
+    step = _chunk_rows(m, n, k)
+    acc_all = np.empty((m, n), np.float32)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            a_el = a.element_rows(r0, r1)
+            sa = a.block_scales(r0, r1, blk).astype(np.float32) if a.scales is not None else None
+            acc = np.zeros((r1 - r0, n), np.float32)
+            nb = -(-k // blk) if k else 0
+            for j in range(nb):
+                ks = slice(j * blk, min(k, (j + 1) * blk))
+                part = _block_partials(a_el[:, ks], b_el[:, ks], exact_ok)
+                if sa is None and sb is None:
+                    s32 = np.ones((1, 1), np.float32)
+                else:
+                    ca = sa[:, j] if sa is not None else np.ones(r1 - r0, np.float32)
+                    cb = sb[:, j] if sb is not None else np.ones(n, np.float32)
+                    s32 = np.multiply.outer(ca, cb).astype(np.float32)  # f32(sa * sb): one rounding
+                acc = _f32_fma(acc, np.broadcast_to(s32, acc.shape), part)
+            acc_all[r0:r1] = acc
+            out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
+    return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
+                        {"fp32": m * n})
+
+
+def _truncate_to(x: np.ndarray, exp_top: np.ndarray, bits: int) -> np.ndarray:
+    """Truncate x toward zero to a multiple of 2^(exp_top - bits + 1) (exp_top: floor(log2) scale)."""
+    q = np.exp2(exp_top - bits + 1)
+    return np.trunc(x / q) * q
+
+
+def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> MatmulResult:
+    """A tensor-core accumulator: see :class:`deepgemm_ref.config.Limited`.
+
+    Per output element, in K order, in groups of 32 products: the group's terms (its products
+    and the running partial sum) are aligned to the largest exponent among them and truncated
+    toward zero to ``mantissa_bits`` bits (the leading bit included), then summed exactly.  Every
+    ``promotion_interval`` elements (and at the end of K) the partial sum is rounded to float32
+    and added to a float32 accumulator with one rounding, after multiplying by the float32
+    product of the two block scales.  Power-of-two scales (hardware block scaling) are instead
+    applied to the products, exactly, before they enter the group.
+    """
+    from .errors import DGArgumentError
+
+    m, k = a.shape
+    n = b.shape[0]
+    interval = model.promotion_interval
+    fold = a.pow2_scales and b.pow2_scales
+    if not fold:
+        for op in (a, b):
+            if op.scales is not None and op.block % interval:
+                raise DGArgumentError(
+                    f"limited: FP32 scales need blocks ({op.block}) that are multiples of the "
+                    f"promotion interval ({interval})"
+                )
+    out_codes = np.empty((m, n), ep.out.code_dtype)
+    b_v = b.rows(0, n, scaled=fold)
+    acc_all = np.empty((m, n), np.float32)
+    step = max(1, min(m, (16 << 20) // max(8 * n * 33, 1)))
+    bits = model.mantissa_bits
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            a_v = a.rows(r0, r1, scaled=fold)
+            acc = np.zeros((r1 - r0, n), np.float32)
+            for p0 in range(0, k, interval):
+                p1 = min(k, p0 + interval)
+                part = np.zeros((r1 - r0, n))
+                for g0 in range(p0, p1, 32):
+                    g1 = min(p1, g0 + 32)
+                    terms = a_v[:, None, g0:g1] * b_v[None, :, g0:g1]  # exact products
+                    terms = np.concatenate([terms, part[:, :, None]], axis=2)
+                    top = np.abs(terms).max(axis=2, keepdims=True)
+                    _, e = np.frexp(top)  # top in [2^(e-1), 2^e)
+                    quantum = np.exp2(e.astype(np.float64) - bits)
+                    quantum[top == 0] = 1.0
+                    part = (np.trunc(terms / quantum) * quantum).sum(axis=2)  # exact
+                if fold:
+                    s32 = np.ones((1, 1), np.float32)
+                else:
+                    ca = a.block_scales(r0, r1, interval)[:, p0 // interval].astype(np.float32)
+                    cb = b.block_scales(0, n, interval)[:, p0 // interval].astype(np.float32)
+                    s32 = np.multiply.outer(ca, cb).astype(np.float32)
+                acc = _f32_fma(acc, np.broadcast_to(s32, acc.shape), fm.round_f64(part, fm.F32))
+            acc_all[r0:r1] = acc
+            out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
+    return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
+                        {str(model): m * n})
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------
+
+def scaled_matmul(
+    a: Operand,
+    b: Operand,
+    epilogue: Epilogue,
+    *,
+    model: Any = None,
+    fp32_block: int = 32,
+    want_acc: bool = False,
+    want_S: bool = False,
+) -> MatmulResult:
+    """``epilogue(sum_k a[m, k] sa[m, k // ba] b[n, k] sb[n, k // bb])`` for every (m, n).
+
+    a: Operand (M, K); b: Operand (N, K); epilogue: output format, optional alpha and c (M, N).
+    model: ``"exact"``, ``"fp32"`` or a :class:`Limited`; default: the active numerics option.
+    fp32_block: K block of the ``fp32`` model's partial sums (the profile's MMA block).
+    Returns a :class:`MatmulResult` whose ``out`` is a fresh (M, N) array of the output dtype.
+    """
+    if model is None:
+        model = get_numerics().accumulation
+    m, k = a.shape
+    n, kb = b.shape
+    assert k == kb, (a.shape, b.shape)
+    if m == 0 or n == 0:
+        return MatmulResult(np.empty((m, n), epilogue.out.storage))
+    if k == 0:
+        zeros = np.zeros((m, n))
+        return MatmulResult(epilogue.apply(zeros, 0, m).view(epilogue.out.storage),
+                            zeros if want_acc else None, None, zeros.copy() if want_S else None)
+    if model == "exact":
+        return _exact_model(a, b, epilogue, want_acc, want_S)
+    if model == "fp32":
+        res = _fp32_model(a, b, epilogue, fp32_block)
+    elif isinstance(model, Limited):
+        res = _limited_model(a, b, epilogue, model)
+    else:  # pragma: no cover - validated by config
+        raise ValueError(f"unknown accumulation model {model!r}")
+    if want_S:
+        res.S = _exact_model(a, b, Epilogue(fm.F32), False, True).S
+    if not want_acc:
+        res.acc = None
+    return res
+
+

@@ -1,0 +1,693 @@
+"""Dense GEMMs: FP8 / FP4 with block scales, BF16, the cuBLASLt and ACLNN reference GEMMs.
+
+Every function is DeepGEMM's (or, under the ``ascend950`` profile, DeepGEMM-Ascend's) public
+function of the same name: same parameters and defaults, output written in place into ``d``,
+``None`` returned.  The math (``NT`` layout; the other layouts only transpose their inputs)::
+
+    d[m, n] = epilogue( sum_k A[m, k] * sfa[m, k // gran_k_a] * B[n, k] * sfb[n, k // gran_k_b] )
+
+with the epilogue roundings of spec 6.1 (``bf16(c + bf16(acc))`` for bf16 ``d`` with ``c``,
+``f32(c + acc)`` for float32 ``d`` with ``c``, one rounding otherwise) and DeepGEMM-Ascend's
+``alpha`` (``f32(alpha * acc)`` before the output step).  The accumulator follows the active
+accumulation model (``exact`` by default: golden values).
+
+Shapes and dtypes (NT): ``a = (A (M, K) float8_e4m3fn or int8 packed FP4 (M, K/2), sfa)``,
+``b = (B (N, K) or packed (N, K/2), sfb)``, ``d (M, N)`` bfloat16 or float32, row-major, and
+``c`` ``None``, a separate (M, N) array of d's dtype, or ``d`` itself.  Scale factors are accepted
+in the user form (float32 ``(ceil(MN / gran_mn), ceil(K / gran_k))``) or in the layout each
+target's kernels require (DeepGEMM sm100: packed UE8M0 int32, MN-major, TMA-aligned;
+DeepGEMM-Ascend: int16 UE8M0 pairs, any major).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core
+from . import formats as fm
+from ._args import (
+    BF16,
+    E4M3,
+    F32,
+    I8,
+    OperandSpec,
+    ab_operand,
+    as_array,
+    as_pair,
+    check_compiled_dims,
+    check_out,
+    elem_stride,
+    major_of,
+    make_operand,
+    resolve_c,
+)
+from .api import profiled
+from .epilogue import Alpha, Epilogue, FP8Quantization, Identity
+from .errors import DGArgumentError, arg_error
+from .layout import sf_values
+from .profiles import Profile, get_profile
+from .quant import ceil_div
+
+__all__ = [
+    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    "fp8_gemm_nt_skip_head_mid",
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
+    "aclnn_bf16_gemm_nt", "aclnn_bf16_gemm_nn", "aclnn_bf16_gemm_tn", "aclnn_bf16_gemm_tt",
+    "aclnn_fp8_fp4_gemm_nt", "aclnn_fp8_fp4_gemm_nn", "aclnn_fp8_fp4_gemm_tn", "aclnn_fp8_fp4_gemm_tt",
+    "GemmRequest", "run_gemm", "resolve_scales",
+]
+
+_OUT_DTYPES = (BF16, F32)
+_OUT_FORMAT = {BF16: fm.BF16, F32: fm.F32}
+
+
+# ----------------------------------------------------------------------------------------------
+# shared machinery
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class GemmRequest:
+    """A validated GEMM ready for the core: operands, epilogue, and where the result goes."""
+
+    func: str
+    a: core.Operand
+    b: core.Operand
+    d: np.ndarray  # the caller's output (a view), written at the end
+    epilogue: core.Epilogue
+    c_target: np.ndarray | None = None  # ACLNN addmm writes into c instead of d
+
+
+def run_gemm(req: GemmRequest, *, want_acc: bool = False, want_S: bool = False) -> core.MatmulResult:
+    """Call the core and write the result into the caller's buffer (only after success)."""
+    res = core.scaled_matmul(req.a, req.b, req.epilogue, fp32_block=get_profile().fp32_block,
+                             want_acc=want_acc, want_S=want_S)
+    target = req.d if req.c_target is None else req.c_target
+    target[...] = res.out
+    return res
+
+
+def _transpose_pair(x: Any, func: str, arg: str) -> tuple[Any, Any]:
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise arg_error(func, arg, "a (data, scale factor) pair", f"{type(x).__name__}")
+    data = as_array(x[0], func, f"{arg}[0]")
+    sf = as_array(x[1], func, f"{arg}[1]", allow_none=True)
+    assert data is not None
+    if data.ndim != 2:
+        raise arg_error(func, f"{arg}[0]", "a 2-D array", data)
+    return data.T, (None if sf is None else sf.T)
+
+
+def _alpha_of(func: str, alpha: Any, epilogue: Any) -> float | None:
+    """The float32 alpha from ``alpha=`` or an ``Alpha`` epilogue (at most one of them)."""
+    if alpha is not None and epilogue is not None:
+        raise arg_error(func, "epilogue", "at most one of epilogue and alpha", f"both (alpha={alpha!r}, {epilogue!r})")
+    if epilogue is not None:
+        if isinstance(epilogue, FP8Quantization):
+            raise arg_error(func, "epilogue", "Identity() or Alpha(alpha) (FP8Quantization needs an FP8 d, which "
+                            "only the batched FP8 GEMM accepts)", repr(epilogue))
+        if not isinstance(epilogue, Epilogue):
+            raise arg_error(func, "epilogue", "an epilogue object (Identity, Alpha)", repr(epilogue))
+        if isinstance(epilogue, Alpha):
+            alpha = epilogue.alpha
+        elif not isinstance(epilogue, Identity):  # pragma: no cover - no other subclasses
+            raise arg_error(func, "epilogue", "Identity() or Alpha(alpha)", repr(epilogue))
+    if alpha is None:
+        return None
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) or not np.isfinite(alpha):
+        raise arg_error(func, "alpha", "a finite float", repr(alpha))
+    # The kernel multiplies in float32.
+    return float(np.float32(alpha))
+
+
+def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
+    """DeepGEMM's early_return: (done, snapshot of C or None)."""
+    if m == 0 or n == 0:
+        return True, None
+    c_val, _same = resolve_c(c, d, func)
+    if k == 0:
+        if c_val is not None:
+            d[...] = c_val
+        else:
+            d[...] = np.zeros((), d.dtype)
+        return True, None
+    return False, c_val
+
+
+def _recipe3(func: str, arg: str, r: Any) -> tuple[int, int, int] | None:
+    return _recipe(func, arg, r, 3)  # type: ignore[return-value]
+
+
+def _recipe(func: str, arg: str, r: Any, n: int) -> tuple[int, ...] | None:
+    if r is None:
+        return None
+    if not isinstance(r, (tuple, list)) or len(r) != n or not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in r
+    ):
+        raise arg_error(func, arg, f"None or a tuple of {n} positive ints", repr(r))
+    return tuple(int(v) for v in r)
+
+
+def _ue8m0_bytes_of_f32(func: str, arg: str, sf: np.ndarray) -> np.ndarray:
+    """float32 scales that must be powers of two (or 0) -> their UE8M0 bytes, same shape."""
+    bits = np.ascontiguousarray(sf).view(np.uint32)
+    bad = (bits & np.uint32(0x807FFFFF)) != 0
+    if np.any(bad):
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise arg_error(
+            func, arg,
+            "float32 scales that are non-negative powers of two (the target packs their exponent byte; "
+            "the device kernel traps otherwise); quantise with use_ue8m0=True",
+            f"{float(sf[idx])!r} at index {idx}",
+        )
+    return (bits >> np.uint32(23)).astype(np.uint8)
+
+
+def _check_cuda_int_sf_layout(func: str, arg: str, sf: np.ndarray, mn: int, groups: int | None) -> None:
+    """sm100 already-packed INT SFs must be in the MN-major TMA-aligned layout (spec 3.3 item 2)."""
+    from .quant import align
+
+    if groups is not None and sf.ndim == 3 and elem_stride(sf, -3) != elem_stride(sf, -1) * sf.shape[-1]:
+        raise arg_error(func, arg, "packed SFs with stride(-3) == stride(-1) * size(-1)", sf)
+    if not (elem_stride(sf, -2) == 1 or mn == 1) or (sf.shape[-1] > 1 and elem_stride(sf, -1) != align(mn, 4)):
+        raise arg_error(
+            func, arg,
+            f"packed UE8M0 SFs in the MN-major TMA-aligned layout (stride(-2) == 1, stride(-1) == {align(mn, 4)}); "
+            "use transform_sf_into_required_layout", sf,
+        )
+
+
+def _check_sm90_sfb(func: str, arg: str, sf: np.ndarray, groups: int | None) -> None:
+    rows, cols = sf.shape[-2:]
+    if groups is not None and elem_stride(sf, -3) != rows * cols:
+        raise arg_error(func, arg, "SM90 per-block SFB with stride(-3) == size(-2) * size(-1)", sf)
+    row_major = elem_stride(sf, -1) == 1 and elem_stride(sf, -2) == cols
+    col_major = elem_stride(sf, -1) == rows and elem_stride(sf, -2) == 1
+    if not (row_major or col_major or rows == 1 or cols == 1):
+        raise arg_error(func, arg, "an SM90 per-block SFB, contiguous or contiguous after transposing the last "
+                        "two dims", sf)
+
+
+def resolve_scales(
+    func: str, arg: str, sf: np.ndarray | None, mn: int, k: int, gran_mn: int, gran_k: int,
+    groups: int | None, profile: Profile, *, is_b: bool, disable_ue8m0_cast: bool = False,
+) -> np.ndarray:
+    """Validate one SF tensor as the active target would, and return its canonical scales.
+
+    Returns float64 (G?, mn, ceil(k / gran_k)): the value the hardware multiplies by.
+    """
+    if sf is None:
+        raise arg_error(func, arg, "a scale-factor array", "None")
+    if profile.is_ascend:
+        if gran_k != 32:
+            raise arg_error(func, "recipe", "gran_k 32 (DeepGEMM-Ascend's MX GEMMs scale every 32 K elements)",
+                            f"gran_k {gran_k}")
+        if gran_mn & (gran_mn - 1) or gran_mn > 128:
+            raise arg_error(func, "recipe", "a power-of-two gran_mn <= 128", f"gran_mn {gran_mn}")
+        if sf.dtype == F32:
+            if disable_ue8m0_cast:
+                raise arg_error(func, "disable_ue8m0_cast", "False: float32 SFs must be converted into UE8M0", "True")
+            sf = _ue8m0_bytes_of_f32(func, arg, sf)
+        elif sf.dtype != np.int16:
+            raise arg_error(func, arg, "float32 (powers of two) or int16 packed UE8M0 pairs", sf)
+        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
+    if profile.arch_major == 9:
+        if sf.dtype != F32:
+            raise arg_error(func, arg, "float32 SFs on sm90", sf)
+        if gran_k != 128:
+            raise arg_error(func, "recipe", "gran_k 128 on sm90 (Unknown SF transformation)", f"gran_k {gran_k}")
+        if gran_mn == 128:
+            _check_sm90_sfb(func, arg, sf, groups)
+        elif gran_mn != 1:
+            raise arg_error(func, "recipe", "gran_mn 1 or 128 on sm90", f"gran_mn {gran_mn}")
+        if gran_mn == 128 and not is_b:
+            raise arg_error(func, "recipe", "per-token SFA (gran_m 1) on sm90", f"gran_m {gran_mn}")
+        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
+    # sm100
+    if gran_k not in (32, 128):
+        raise arg_error(func, "recipe", "gran_k 32 or 128 on sm100", f"gran_k {gran_k}")
+    if sf.dtype == F32:
+        if disable_ue8m0_cast:
+            raise DGArgumentError(
+                f"{func}: {arg}: Unsupported architecture or scaling factor types: sm100 kernels need UE8M0 "
+                "scales, and disable_ue8m0_cast=True keeps them float32"
+            )
+        sf = _ue8m0_bytes_of_f32(func, arg, sf)
+    elif sf.dtype == np.int32:
+        if gran_mn != 1:
+            raise arg_error(func, "recipe", "gran_mn 1 for packed int32 SFs", f"gran_mn {gran_mn}")
+        _check_cuda_int_sf_layout(func, arg, sf, mn, groups)
+    else:
+        raise arg_error(func, arg, "float32 (powers of two) or int32 packed UE8M0 SFs on sm100", sf)
+    return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
+
+
+def _cuda_recipes(
+    func: str, sfa: np.ndarray | None, sfb: np.ndarray | None, recipe: Any, recipe_a: Any, recipe_b: Any,
+    profile: Profile,
+) -> tuple[int, int, int, int, tuple[int, int, int] | None]:
+    """DeepGEMM's transform_sf_pair recipe rules -> (gran_m, gran_k_a, gran_n, gran_k_b, recipe)."""
+    r3 = _recipe3(func, "recipe", recipe)
+    ra = _recipe(func, "recipe_a", recipe_a, 2)
+    rb = _recipe(func, "recipe_b", recipe_b, 2)
+    if ra is None and r3 is None:
+        sfa_t = None if sfa is None else sfa.dtype
+        sfb_t = None if sfb is None else sfb.dtype
+        if profile.arch_major == 9:
+            if sfa_t != F32 or sfb_t != F32:
+                raise arg_error(func, "b", "float32 SFA and SFB for the sm90 default recipe", f"{sfa_t} and {sfb_t}")
+            r3 = (1, 128, 128)
+        else:
+            if sfb_t not in (F32, np.dtype(np.int32)):
+                raise arg_error(func, "b", "float32 or int32 SFB for the sm100 default recipe", f"{sfb_t}")
+            r3 = (1, 128, 128) if sfb_t == F32 else (1, 1, 128)
+    if (ra is None) != (rb is None):
+        raise arg_error(func, "recipe_a", "recipe_a and recipe_b given together", f"recipe_a={ra}, recipe_b={rb}")
+    if (ra is None) == (r3 is None):
+        raise arg_error(func, "recipe", "either recipe or the (recipe_a, recipe_b) pair, not both", f"recipe={r3}")
+    if r3 is not None:
+        return r3[0], r3[2], r3[1], r3[2], r3
+    assert ra is not None and rb is not None
+    return ra[0], ra[1], rb[0], rb[1], None
+
+
+def _ascend_recipes(func: str, recipe: Any, recipe_a: Any, recipe_b: Any) -> tuple[int, int, int, int]:
+    """DeepGEMM-Ascend: default (1, 1, 32); recipe_a / recipe_b may be given alone; gran_k equal."""
+    r3 = _recipe3(func, "recipe", recipe)
+    ra = _recipe(func, "recipe_a", recipe_a, 2)
+    rb = _recipe(func, "recipe_b", recipe_b, 2)
+    if r3 is not None and (ra is not None or rb is not None):
+        raise arg_error(func, "recipe", "either recipe or recipe_a / recipe_b, not both", f"recipe={r3}")
+    if r3 is not None:
+        ga, gka, gb, gkb = r3[0], r3[2], r3[1], r3[2]
+    else:
+        ga, gka = ra if ra is not None else (1, 32)
+        gb, gkb = rb if rb is not None else (1, 32)
+    if gka != gkb:
+        raise arg_error(func, "recipe_b", f"the same gran_k as recipe_a ({gka})", f"gran_k {gkb}")
+    return ga, gka, gb, gkb
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 / FP4 GEMMs
+# ----------------------------------------------------------------------------------------------
+
+def _fp8_fp4_request(
+    func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
+    compiled_dims: Any, disable_ue8m0_cast: Any, alpha: Any, epilogue: Any,
+) -> GemmRequest | None:
+    """Validate an NT FP8/FP4 GEMM for the active profile; None when there is nothing to compute."""
+    profile = get_profile()
+    check_compiled_dims(func, compiled_dims)
+    A, sfa = as_pair(a, func, "a", sf_optional=True)
+    B, sfb = as_pair(b, func, "b", sf_optional=True)
+    dd = as_array(d, func, "d")
+    assert dd is not None
+    alpha_f = _alpha_of(func, alpha, epilogue)
+    if profile.is_ascend:
+        if dd.dtype not in _OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype before anything else
+            raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
+        sa, sb = ab_operand(A, func, "a"), ab_operand(B, func, "b")
+        if sa.is_fp4 and not sb.is_fp4:
+            raise arg_error(func, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) operands "
+                            "(Unsupported operand dtypes)", "FP4 A with FP8 B")
+    else:
+        allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
+        sa = ab_operand(A, func, "a", allowed=allowed)
+        sb = ab_operand(B, func, "b", allowed=allowed)
+        if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
+            raise arg_error(func, "a" if sa.major != "K" else "b", "K-major operands on sm90",
+                            f"{'a' if sa.major != 'K' else 'b'} is MN-major")
+    m, k, n = sa.mn, sa.k, sb.mn
+    if sb.k != k:
+        raise arg_error(func, "b", f"K = {k} (from a)", f"K = {sb.k} ({B.shape} {B.dtype})")
+    check_out(dd, func, (m, n), _OUT_DTYPES)
+    if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
+        raise arg_error(func, "disable_ue8m0_cast", "a bool", repr(disable_ue8m0_cast))
+    # Validate recipes and SFs before the early return touches d.
+    if profile.is_ascend:
+        ga, gka, gb, gkb = _ascend_recipes(func, recipe, recipe_a, recipe_b)
+        r3 = None
+    else:
+        ga, gka, gb, gkb, r3 = _cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+    c_arr = as_array(c, func, "c", allow_none=True)
+    if c_arr is not None:
+        resolve_c(c_arr, dd, func)  # validation only
+    scales_a = scales_b = None
+    if m and n and k:
+        scales_a = resolve_scales(func, "a[1]", sfa, m, k, ga, gka, None, profile, is_b=False,
+                                  disable_ue8m0_cast=bool(disable_ue8m0_cast))
+        scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
+                                  disable_ue8m0_cast=bool(disable_ue8m0_cast))
+        if profile.arch_major == 9 and not profile.is_ascend:
+            gran_n = gb
+            if gran_n == 1 and (c_arr is None or dd.dtype != F32):
+                raise arg_error(func, "d", "float32 d with c for the sm90 1D1D kernel (recipe gran_n 1)",
+                                f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
+            if gran_n != 1 and (c_arr is not None or dd.dtype != BF16):
+                raise arg_error(func, "d", "bfloat16 d without c for the sm90 1D2D kernel",
+                                f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
+        _ = r3
+    done, c_val = _early_return(func, m, n, k, dd, c_arr)
+    if done:
+        return None
+    assert scales_a is not None and scales_b is not None
+    ep = core.Epilogue(_OUT_FORMAT[dd.dtype], alpha_f, c_val)
+    return GemmRequest(func, make_operand(sa, scales_a, gka), make_operand(sb, scales_b, gkb), dd, ep)
+
+
+def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
+    """One of fp8_fp4_gemm_{nt,nn,tn,tt} for DeepGEMM (cuda=True) or DeepGEMM-Ascend."""
+    name = f"fp8_fp4_gemm_{layout}"
+    cd = "nk" if layout in ("nt", "nn") else "mn"
+
+    def impl(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
+             recipe_b: Any = None, compiled_dims: str = cd, disable_ue8m0_cast: bool = False,
+             alpha: float | None = None, epilogue: Any = None) -> None:
+        if layout[0] == "t":
+            a = _transpose_pair(a, name, "a")
+        if layout[1] == "n":
+            b = _transpose_pair(b, name, "b")
+        req = _fp8_fp4_request(name, a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
+                               disable_ue8m0_cast, alpha, epilogue)
+        if req is not None:
+            run_gemm(req)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = (
+        f"D = C + A @ B^T with FP8 (E4M3) or packed-FP4 operands and per-block scales ({layout.upper()} layout).\n\n"
+        "    a = (A, sfa), b = (B, sfb); see the module docstring for shapes, dtypes and the math.\n"
+        "    " + ("A is given as (K, M). " if layout[0] == "t" else "A is (M, K). ")
+        + ("B is given as (K, N)." if layout[1] == "n" else "B is (N, K).") + "\n"
+        "    d (M, N) bfloat16 or float32 is written in place; c is None, an (M, N) array or d itself.\n"
+        + ("    # Note: alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n"
+           if cuda else "")
+    )
+    return impl
+
+
+def _profiled_fp8(layout: str) -> Any:
+    return profiled(f"fp8_fp4_gemm_{layout}", deepgemm=_make_fp8_fp4_variant(layout, True),
+                    deepgemm_ascend=_make_fp8_fp4_variant(layout, False))
+
+
+fp8_fp4_gemm_nt = _profiled_fp8("nt")
+fp8_fp4_gemm_nn = _profiled_fp8("nn")
+fp8_fp4_gemm_tn = _profiled_fp8("tn")
+fp8_fp4_gemm_tt = _profiled_fp8("tt")
+# DeepGEMM registers the FP8 names as the same Python objects.
+fp8_gemm_nt = fp8_fp4_gemm_nt
+fp8_gemm_nn = fp8_fp4_gemm_nn
+fp8_gemm_tn = fp8_fp4_gemm_tn
+fp8_gemm_tt = fp8_fp4_gemm_tt
+
+
+def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe: Any = None,
+                               compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """G = A @ B^T (FP8 x FP8, per-128 K scales), written to d skipping each head's middle columns.
+
+    a = (A (M, K) e4m3, sfa), b = (B (N, K) e4m3, sfb), head_splits = (left, mid, right) with
+    N divisible by left + right; d (M, N + heads * mid) bfloat16 (sm90) or bfloat16/float32.
+    Column n of G goes to column n + floor((n + right) / (left + right)) * mid; the mid columns
+    of every head are not written.
+    """
+    func = "fp8_gemm_nt_skip_head_mid"
+    profile = get_profile()
+    check_compiled_dims(func, compiled_dims)
+    if not (isinstance(head_splits, (tuple, list)) and len(head_splits) == 3
+            and all(isinstance(v, (int, np.integer)) and v >= 0 for v in head_splits)):
+        raise arg_error(func, "head_splits", "a (left, mid, right) tuple of non-negative ints", repr(head_splits))
+    left, mid, right = (int(v) for v in head_splits)
+    A, sfa = as_pair(a, func, "a")
+    B, sfb = as_pair(b, func, "b")
+    dd = as_array(d, func, "d")
+    assert dd is not None
+    sa = ab_operand(A, func, "a", allowed=(E4M3,))
+    sb = ab_operand(B, func, "b", allowed=(E4M3,))
+    if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
+        raise arg_error(func, "a", "K-major operands on sm90", "an MN-major operand")
+    m, k, n = sa.mn, sa.k, sb.mn
+    if sb.k != k:
+        raise arg_error(func, "b", f"K = {k} (from a)", B)
+    if left + right == 0 or n % (left + right):
+        raise arg_error(func, "head_splits", f"left + right dividing N = {n}", repr(head_splits))
+    heads = n // (left + right)
+    out_dtypes = (BF16,) if profile.arch_major == 9 else _OUT_DTYPES
+    check_out(dd, func, (m, n + heads * mid), out_dtypes)
+    if n == 0 or k == 0:
+        raise arg_error(func, "b", "N > 0 and K > 0", B)
+    ga, gka, gb, gkb, _ = _cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
+    if gka != 128 or gkb != 128:
+        raise arg_error(func, "recipe", "gran_k 128 for both SFs", f"({gka}, {gkb})")
+    if profile.arch_major == 9 and gb == 1:
+        raise arg_error(func, "recipe", "the 1D2D recipe (gran_n != 1) on sm90", repr(recipe))
+    scales_a = resolve_scales(func, "a[1]", sfa, m, k, ga, gka, None, profile, is_b=False,
+                              disable_ue8m0_cast=bool(disable_ue8m0_cast))
+    scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
+                              disable_ue8m0_cast=bool(disable_ue8m0_cast))
+    if m == 0:
+        return
+    cols = np.arange(n)
+    out_cols = cols + (cols + right) // (left + right) * mid
+    full = np.empty((m, n), dd.dtype)
+    req = GemmRequest(func, make_operand(sa, scales_a, gka), make_operand(sb, scales_b, gkb), full,
+                      core.Epilogue(_OUT_FORMAT[dd.dtype]))
+    run_gemm(req)
+    dd[:, out_cols] = full
+
+
+fp8_gemm_nt_skip_head_mid = profiled(
+    "fp8_gemm_nt_skip_head_mid", {"deepgemm-ascend": "DeepGEMM-Ascend does not export it"},
+    deepgemm=_fp8_gemm_nt_skip_head_mid,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# BF16 GEMMs
+# ----------------------------------------------------------------------------------------------
+
+def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any, epilogue: Any,
+                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel") -> GemmRequest | None:
+    check_compiled_dims(func, compiled_dims)
+    A = as_array(a, func, "a")
+    B = as_array(b, func, "b")
+    dd = as_array(d, func, "d")
+    assert A is not None and B is not None and dd is not None
+    for name, x in (("a", A), ("b", B)):
+        if x.ndim != 2:
+            raise arg_error(func, name, "a 2-D array", x)
+        if x.dtype not in dtypes:
+            raise arg_error(func, name, "dtype " + " or ".join(str(t) for t in dtypes), x)
+        major_of(x, func, name)
+    if A.dtype != B.dtype:
+        raise arg_error(func, "b", f"dtype {A.dtype} (a's dtype)", B)
+    alpha_f = _alpha_of(func, alpha, epilogue)
+    m, k = A.shape
+    n, k2 = B.shape
+    if k2 != k:
+        raise arg_error(func, "b", f"shape (N, {k}) to match a", B)
+    check_out(dd, func, (m, n), _OUT_DTYPES)
+    done, c_val = _early_return(func, m, n, k, dd, c)
+    if done:
+        return None
+    ep = core.Epilogue(_OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode)
+    return GemmRequest(func, core.Operand(A), core.Operand(B), dd, ep)
+
+
+def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
+    name = f"bf16_gemm_{layout}"
+    cd = "nk" if layout in ("nt", "nn") else "mn"
+
+    def impl(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = cd,
+             alpha: float | None = None, epilogue: Any = None) -> None:
+        a2 = _t(a, name, "a") if layout[0] == "t" else a
+        b2 = _t(b, name, "b") if layout[1] == "n" else b
+        req = _bf16_request(name, a2, b2, d, c, compiled_dims, alpha, epilogue)
+        if req is not None:
+            run_gemm(req)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = (
+        f"D = C + A @ B^T with bfloat16 operands and float32 accumulation ({layout.upper()} layout).\n\n"
+        "    " + ("a (K, M)" if layout[0] == "t" else "a (M, K)") + " and "
+        + ("b (K, N)" if layout[1] == "n" else "b (N, K)") + " bfloat16, any major; d (M, N) bfloat16 or\n"
+        "    float32 row-major, written in place; c None, an (M, N) array of d's dtype, or d itself.\n"
+        "    bf16 d with c: bf16(c + bf16(acc)); float32 d with c: f32(c + acc); alpha: f32(alpha * acc) first.\n"
+        + ("    # Note: alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n"
+           if cuda else "")
+    )
+    return impl
+
+
+def _t(x: Any, func: str, arg: str) -> np.ndarray:
+    xa = as_array(x, func, arg)
+    assert xa is not None
+    if xa.ndim != 2:
+        raise arg_error(func, arg, "a 2-D array", xa)
+    return xa.T
+
+
+def _profiled_bf16(layout: str) -> Any:
+    return profiled(f"bf16_gemm_{layout}", deepgemm=_make_bf16_variant(layout, True),
+                    deepgemm_ascend=_make_bf16_variant(layout, False))
+
+
+bf16_gemm_nt = _profiled_bf16("nt")
+bf16_gemm_nn = _profiled_bf16("nn")
+bf16_gemm_tn = _profiled_bf16("tn")
+bf16_gemm_tt = _profiled_bf16("tt")
+
+
+# ----------------------------------------------------------------------------------------------
+# cuBLASLt (DeepGEMM) and ACLNN (DeepGEMM-Ascend) reference GEMMs
+# ----------------------------------------------------------------------------------------------
+
+def _make_cublaslt(layout: str) -> Callable[..., None]:
+    name = f"cublaslt_gemm_{layout}"
+
+    def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
+        a2 = _t(a, name, "a") if layout[0] == "t" else a
+        b2 = _t(b, name, "b") if layout[1] == "n" else b
+        # cuBLASLt's FP32 epilogue adds C once: out(acc + C) with a single rounding.  FP8 inputs
+        # are unscaled (DeepGEMM's tests call it with raw FP8 data for timing).
+        # Note: float32 inputs are rejected: cuBLASLt computes them in TF32, not emulated here.
+        req = _bf16_request(name, a2, b2, d, c, "", None, None, dtypes=(BF16, E4M3), c_mode="fused")
+        if req is not None:
+            run_gemm(req)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = (
+        f"cuBLASLt's D = A @ B^T + C ({layout.upper()} layout): bfloat16 or unscaled float8_e4m3fn operands,\n"
+        "    float32 accumulation, d (M, N) bfloat16 or float32; with c the sum acc + c is rounded once."
+    )
+    return impl
+
+
+def _make_aclnn_bf16(layout: str) -> Callable[..., None]:
+    name = f"aclnn_bf16_gemm_{layout}"
+
+    def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
+        a2 = _t(a, name, "a") if layout[0] == "t" else a
+        b2 = _t(b, name, "b") if layout[1] == "n" else b
+        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused")
+        if req is None:
+            return
+        if c is not None and req.epilogue.c is not None:
+            ca = as_array(c, name, "c")
+            assert ca is not None
+            if not np.shares_memory(ca, req.d):
+                # DeepGEMM-Ascend copies c into d, then runs aclnnInplaceAddmm on c: d keeps the
+                # old c and the result lands in c (its tests always pass c = d).
+                req.d[...] = req.epilogue.c
+                req.c_target = ca
+        run_gemm(req)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = (
+        f"ACLNN's bf16 matmul ({layout.upper()} layout): d = a @ b^T, or with c the in-place addmm\n"
+        "    c + a @ b^T rounded once (into c; d receives c's old value when c is not d)."
+    )
+    return impl
+
+
+def _aclnn_fp8_bytes(func: str, arg: str, sf: np.ndarray | None, mn: int, k: int) -> np.ndarray:
+    """ACLNN's MX scales: float32 (exponent byte, floored), float8_e8m0fnu or uint8, (mn, ceil(k/32))."""
+    if sf is None:
+        raise arg_error(func, arg, "a scale-factor array", "None")
+    if sf.dtype == np.int16:
+        raise arg_error(func, arg, "float32, float8_e8m0fnu or uint8 scales (unsupported ACLNN scale factor "
+                        "dtype int16)", sf)
+    want = (mn, ceil_div(k, 32))
+    if sf.ndim != 2 or tuple(sf.shape) != want:
+        raise arg_error(func, arg, f"shape {want} = (mn, ceil(k / 32))", sf)
+    if sf.dtype == F32:
+        bits = np.ascontiguousarray(sf).view(np.uint32)
+        if np.any(bits >> np.uint32(31)):
+            raise arg_error(func, arg, "non-negative float32 scales", sf)
+        # Note: the port floors a non-power-of-two float32 scale to its exponent byte (no check).
+        return (bits >> np.uint32(23)).astype(np.uint8)
+    if sf.dtype.itemsize == 1 and sf.dtype.kind in "uV" or str(sf.dtype) == "float8_e8m0fnu":
+        return np.ascontiguousarray(sf).view(np.uint8)
+    raise arg_error(func, arg, "float32, float8_e8m0fnu or uint8 scales", sf)
+
+
+def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
+    name = f"aclnn_fp8_fp4_gemm_{layout}"
+
+    def impl(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
+             recipe_b: Any = None, disable_ue8m0_cast: bool = False) -> None:
+        if layout[0] == "t":
+            a = _transpose_pair(a, name, "a")
+        if layout[1] == "n":
+            b = _transpose_pair(b, name, "b")
+        A, sfa = as_pair(a, name, "a")
+        B, sfb = as_pair(b, name, "b")
+        dd = as_array(d, name, "d")
+        assert dd is not None
+        sa, sb = ab_operand(A, name, "a"), ab_operand(B, name, "b")
+        if sa.is_fp4 and not sb.is_fp4:
+            raise arg_error(name, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) (aclnnQuantMatmulV5)", "FP4 A, FP8 B")
+        if not sa.is_fp4 and sb.is_fp4:
+            if sa.major != "K" or sb.major != "K":
+                raise arg_error(name, "b", "K-major A and B for FP8 x FP4", "an MN-major operand")
+            if dd.dtype != BF16:
+                raise arg_error(name, "d", "bfloat16 d for FP8 x FP4", dd)
+        m, k, n = sa.mn, sa.k, sb.mn
+        if sb.k != k:
+            raise arg_error(name, "b", f"K = {k} (from a)", B)
+        check_out(dd, name, (m, n), _OUT_DTYPES)
+        if k % 64:
+            raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
+        ga, gka, gb, gkb = _ascend_recipes(name, recipe, recipe_a, recipe_b)
+        if (ga, gka, gb, gkb) != (1, 32, 1, 32):
+            raise arg_error(name, "recipe", "(1, 1, 32): the only group size ACLNN accepts", repr(recipe))
+        bytes_a = _aclnn_fp8_bytes(name, "a[1]", sfa, m, k)
+        bytes_b = _aclnn_fp8_bytes(name, "b[1]", sfb, n, k)
+        c_arr = as_array(c, name, "c", allow_none=True)
+        done, c_val = _early_return(name, m, n, k, dd, c_arr)
+        if done:
+            return
+        ep = core.Epilogue(_OUT_FORMAT[dd.dtype], None, c_val, "rounded")
+        run_gemm(GemmRequest(name, make_operand(sa, fm.ue8m0_decode(bytes_a), 32),
+                             make_operand(sb, fm.ue8m0_decode(bytes_b), 32), dd, ep))
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = (
+        f"ACLNN's MX quantised matmul ({layout.upper()} layout; aclnnQuantMatmulV5), the port's cross-check.\n\n"
+        "    a = (A, sfa), b = (B, sfb): E4M3 or packed FP4 with per-32 UE8M0 scales given as float32 (exponent\n"
+        "    byte taken, floored), float8_e8m0fnu or uint8 of shape (mn, ceil(k / 32)); K % 64 == 0; with c the\n"
+        "    product is stored in d's dtype, then added: out(c + out(acc)).  disable_ue8m0_cast is ignored."
+    )
+    return impl
+
+
+_ACLNN_MISSING = {"deepgemm": "ACLNN reference GEMMs exist only in DeepGEMM-Ascend"}
+for _layout in ("nt", "nn", "tn", "tt"):
+    _aclnn_bf16 = _make_aclnn_bf16(_layout)
+    globals()[f"aclnn_bf16_gemm_{_layout}"] = profiled(
+        f"aclnn_bf16_gemm_{_layout}", _ACLNN_MISSING, deepgemm_ascend=_aclnn_bf16)
+    globals()[f"cublaslt_gemm_{_layout}"] = profiled(
+        f"cublaslt_gemm_{_layout}", deepgemm=_make_cublaslt(_layout), deepgemm_ascend=_aclnn_bf16)
+    globals()[f"aclnn_fp8_fp4_gemm_{_layout}"] = profiled(
+        f"aclnn_fp8_fp4_gemm_{_layout}", _ACLNN_MISSING, deepgemm_ascend=_make_aclnn_fp8(_layout))
+
+# Explicit names for type checkers and readers (the loop above defines them).
+aclnn_bf16_gemm_nt: Any = globals()["aclnn_bf16_gemm_nt"]
+aclnn_bf16_gemm_nn: Any = globals()["aclnn_bf16_gemm_nn"]
+aclnn_bf16_gemm_tn: Any = globals()["aclnn_bf16_gemm_tn"]
+aclnn_bf16_gemm_tt: Any = globals()["aclnn_bf16_gemm_tt"]
+cublaslt_gemm_nt: Any = globals()["cublaslt_gemm_nt"]
+cublaslt_gemm_nn: Any = globals()["cublaslt_gemm_nn"]
+cublaslt_gemm_tn: Any = globals()["cublaslt_gemm_tn"]
+cublaslt_gemm_tt: Any = globals()["cublaslt_gemm_tt"]
+aclnn_fp8_fp4_gemm_nt: Any = globals()["aclnn_fp8_fp4_gemm_nt"]
+aclnn_fp8_fp4_gemm_nn: Any = globals()["aclnn_fp8_fp4_gemm_nn"]
+aclnn_fp8_fp4_gemm_tn: Any = globals()["aclnn_fp8_fp4_gemm_tn"]
+aclnn_fp8_fp4_gemm_tt: Any = globals()["aclnn_fp8_fp4_gemm_tt"]
+
+_ = OperandSpec

@@ -1,0 +1,1 @@
+"""Golden-value bundles: storage, generation, replay and checking."""

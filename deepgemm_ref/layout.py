@@ -1,0 +1,884 @@
+"""Scaling-factor (SF) layouts: DeepGEMM's TMA layout helpers and both targets' SF transforms.
+
+Every FP8/FP4 kernel reads its scales in one "required" layout; these functions build it from
+the user form and check it when the caller already built it.  Shapes below use
+``SF_K = ceil(k / gran_k)`` and ``G?`` for the optional leading group dimension; strides are
+in elements.
+
+User form (both targets)
+    float32 ``(G?, ceil(mn / gran_mn), SF_K)``, any strides.
+
+DeepGEMM layout 1 (spec 3.3): MN-major TMA-aligned float32 (sm90 SFA, sm90 1D1D SFB)
+    ``(G?, mn, SF_K)`` with strides ``(align(mn, 4) * SF_K, 1, align(mn, 4))``.
+
+DeepGEMM layout 2 (spec 3.3): MN-major TMA-aligned packed UE8M0 int32 (every sm100 kernel)
+    ``(G?, mn, ceil(SF_K / 4))`` with strides ``(ceil(SF_K / 4) * align(mn, 4), 1, align(mn, 4))``;
+    byte ``j`` (bits ``8j..8j+7``) of word ``[.., r, p]`` is the exponent byte of
+    ``SF[.., r, 4p + j]``, 0 for ``4p + j >= SF_K``.
+
+DeepGEMM-Ascend layout: MN-major packed UE8M0 pairs, int16
+    ``(G?, mn, ceil(k / 64))`` with strides ``(ceil(k / 64) * mn, 1, mn)``: the physical tensor
+    is ``(G?, ceil(k / 64), mn)`` row-major, returned as a transposed view.  The low byte of
+    ``[.., r, p]`` is the exponent byte of K-group ``2p``, the high byte that of ``2p + 1``
+    (0 when ``2p + 1 >= SF_K``).
+
+UE8M0 bytes are the float32 exponent field (bits 23..30).  The device kernels trap when a
+float32 SF has its sign bit or a mantissa bit set; here that is a :class:`DGArgumentError`
+(see each function for the one DeepGEMM path that floors silently instead).
+
+Padding: every freshly built output is allocated at its padded size and filled with zeros
+before the values are written, so padding rows (``mn .. align(mn, 4) - 1``), padding bytes and
+unused packed rows are zero.  DeepGEMM's CUDA kernels leave padding rows uninitialised; nothing
+reads them, so zero is one valid value of "unspecified".
+
+Aliasing (spec 4.2, trap 21): a function that finds its input already in the required layout
+returns the input itself (same Python object, NumPy array or torch tensor) or, where DeepGEMM
+does, a view of it; writing into such a result writes into the input.
+
+Every function takes NumPy arrays or torch CPU tensors and returns results of the caller's kind
+(torch results share the padded storage and carry the same strides).
+
+The inverse direction, for kernels: :func:`sf_values` reads the scale of every row and K-block
+from any of these forms as the hardware does (UE8M0 byte ``b`` is ``2^(b - 127)``, byte 0 is
+``2^-127``, byte 255 NaN); :func:`to_user_form` undoes the packing bit for bit (byte ``b`` becomes
+the float32 with bits ``b << 23``), so user form -> required -> user form is byte-identical
+for non-negative power-of-two scales.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import formats as fm
+from . import profiles, runtime
+from .api import profiled
+from .errors import arg_error
+from .interop import Kind, caller_kind, from_numpy, is_tensor, to_numpy
+
+__all__ = [
+    "get_tma_aligned_size",
+    "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "transform_sf_into_required_layout",
+    "transform_k_grouped_sf_into_required_layout",
+    "sf_values",
+    "to_user_form",
+]
+
+_F32 = np.dtype(np.float32)
+_I32 = np.dtype(np.int32)
+_I16 = np.dtype(np.int16)
+_SIGN_AND_MANTISSA = np.uint32(0x807FFFFF)
+_POW2_EXPECTED = "non-negative powers of two (float32 sign and mantissa bits zero; the device kernel traps otherwise)"
+
+#: K elements covered by one DeepGEMM-Ascend int16 pair (two per-32 UE8M0 scales).
+ASCEND_PAIR_K = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+# ----------------------------------------------------------------------------------------------
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(a: int, b: int) -> int:
+    return _cdiv(a, b) * b
+
+
+def _int(func: str, arg: str, v: Any, minimum: int | None = 0) -> int:
+    """A Python or NumPy integer (not a bool), at least ``minimum``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise arg_error(func, arg, "an int", f"{type(v).__name__} {v!r}")
+    if minimum is not None and v < minimum:
+        raise arg_error(func, arg, f"an int >= {minimum}", repr(int(v)))
+    return int(v)
+
+
+def _opt_bool(func: str, arg: str, v: Any) -> bool | None:
+    if v is None or isinstance(v, (bool, np.bool_)):
+        return None if v is None else bool(v)
+    raise arg_error(func, arg, "a bool or None", f"{type(v).__name__} {v!r}")
+
+
+def _bool(func: str, arg: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise arg_error(func, arg, "a bool", f"{type(v).__name__} {v!r}")
+    return bool(v)
+
+
+def _array(func: str, arg: str, x: Any) -> np.ndarray:
+    a = to_numpy(x, func, arg)
+    if not isinstance(a, np.ndarray):
+        raise arg_error(func, arg, "a NumPy array or torch tensor", a)
+    return a
+
+
+def _strides(a: np.ndarray) -> tuple[int, ...]:
+    """Strides in elements."""
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _is_contiguous(a: np.ndarray) -> bool:
+    """torch's ``is_contiguous()``: row-major strides, ignoring size-1 dims; empty is contiguous."""
+    if a.size == 0:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(a.shape), reversed(_strides(a)), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _recipe(func: str, recipe: Any, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    want = " or ".join(f"a {n}-tuple" for n in lengths) + " of positive ints"
+    if not isinstance(recipe, (tuple, list)) or len(recipe) not in lengths:
+        raise arg_error(func, "recipe", want, repr(recipe))
+    return tuple(_int(func, f"recipe[{i}]", g, minimum=1) for i, g in enumerate(recipe))
+
+
+def _exponent_bytes(
+    x: np.ndarray,
+    func: str,
+    arg: str,
+    *,
+    check: bool,
+    keep: np.ndarray | None = None,
+    lead: int = 0,
+    where: str = "",
+) -> np.ndarray:
+    """The UE8M0 byte (float32 bits 23..30) of every element of float32 ``x``; uint8, same shape.
+
+    check: raise where an element has its sign bit or a mantissa bit set (the device trap).
+    keep:  optional bool mask broadcastable to ``x``; False entries become byte 0 and are not
+           checked (the kernels never load them).
+    lead:  leading index entries to leave out of the error message (an added batch axis);
+    where: what the index refers to, when it is not the caller's array.
+    """
+    bits = x.view(np.uint32)
+    if check:
+        flagged = np.bitwise_and(bits, _SIGN_AND_MANTISSA)
+        if keep is not None:
+            flagged *= keep
+        if flagged.any():
+            bad = flagged != 0
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise arg_error(func, arg, _POW2_EXPECTED,
+                            f"{float(x[idx])!r} (bits 0x{int(bits[idx]):08x}) at index {idx[lead:]}{where}")
+    out = (bits >> np.uint32(23)).astype(np.uint8)  # the cast keeps the low 8 bits: a set sign bit drops out
+    if keep is not None:
+        out *= keep
+    return out
+
+
+def _pack_le(b: np.ndarray, per: int) -> np.ndarray:
+    """``per`` (4 or 2) UE8M0 bytes per int32 / int16 along the last axis, byte j at bits 8j..8j+7.
+
+    b: uint8 (..., n); the last word is zero-padded.  Returns int32 / int16 (..., ceil(n / per)).
+    Same result as :func:`formats.pack_ue8m0_int32` / ``pack_ue8m0_int16`` (tested equal); the
+    bytes are reinterpreted through an explicitly little-endian dtype, so no host byte order
+    leaks in (trap 22).
+    """
+    n = b.shape[-1]
+    if n % per or not b.flags.c_contiguous:
+        padded = np.zeros(b.shape[:-1] + (_align(n, per),), np.uint8)
+        padded[..., :n] = b
+        b = padded
+    native = np.int32 if per == 4 else np.int16
+    return b.view("<i4" if per == 4 else "<i2").astype(native, copy=False)
+
+
+def _to_caller(view: np.ndarray, storage: np.ndarray, kind: Kind) -> Any:
+    """``view`` (a view into the contiguous ``storage``) in the caller's kind; a torch result
+    shares the whole padded storage and has ``view``'s strides."""
+    if kind == "numpy":
+        return view
+    t = from_numpy(storage, kind)
+    offset = 0
+    if view.size:
+        offset = (view.__array_interface__["data"][0] - storage.__array_interface__["data"][0]) // view.itemsize
+    return t.as_strided(view.shape, _strides(view), offset)
+
+
+def _batched(a: np.ndarray) -> np.ndarray:
+    return a[np.newaxis] if a.ndim == 2 else a
+
+
+def _psum_ends(func: str, psum_layout: Any, *, require_1d: bool) -> np.ndarray:
+    """The int32 psum end offsets as int64, after the host checks both targets make."""
+    p = _array(func, "psum_layout", psum_layout)
+    if p.dtype != _I32:
+        raise arg_error(func, "psum_layout", "an int32 array", p)
+    if require_1d and p.ndim != 1:
+        raise arg_error(func, "psum_layout", "a 1-D array", p)
+    if not _is_contiguous(p):
+        raise arg_error(func, "psum_layout", "a contiguous array", p)
+    if p.size == 0:
+        raise arg_error(func, "psum_layout", "at least one group", p)
+    ends = p.ravel().astype(np.int64)
+    if (ends < 0).any():
+        # The kernels read the offsets as unsigned integers.
+        raise arg_error(func, "psum_layout", "non-negative end offsets", repr(ends.tolist()))
+    return ends
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepGEMM (sm90, sm100)
+# ----------------------------------------------------------------------------------------------
+
+def _get_tma_aligned_size(x: int, element_size: int, /) -> int:
+    """``align(x, 16 // element_size)``: the TMA-aligned extent of ``x`` elements of ``element_size`` bytes.
+
+    ``element_size`` must divide 16 (4 for float32/int32 SFs gives ``align(x, 4)``).
+    """
+    func = "get_tma_aligned_size"
+    x = _int(func, "x", x)
+    element_size = _int(func, "element_size", element_size, minimum=1)
+    if 16 % element_size:
+        raise arg_error(func, "element_size", "a divisor of 16 (TMA needs 16-byte alignment)", repr(element_size))
+    return _align(x, 16 // element_size)
+
+
+def _float_sf(func: str, sf: Any) -> np.ndarray:
+    a = _array(func, "sf", sf)
+    if a.dtype != _F32:
+        raise arg_error(func, "sf", "a float32 array", a)
+    if a.ndim not in (2, 3):
+        raise arg_error(func, "sf", "a 2-D (mn, sf_k) or 3-D (num_groups, mn, sf_k) array", a)
+    return a
+
+
+def _mn_major_tma_aligned(func: str, sf_obj: Any, kind: Kind) -> Any:
+    sf = _float_sf(func, sf_obj)
+    b = _batched(sf)
+    g, mn, sf_k = b.shape
+    tma_mn = _align(mn, 4)
+    st = _strides(b)
+    if (sf.ndim == 2 or st[0] == tma_mn * sf_k) and st[1] == 1 and st[2] == tma_mn:
+        # Already layout 1: no copy.  DeepGEMM returns a 3-D input itself and a view of a 2-D one.
+        if sf.ndim == 3:
+            return sf_obj
+        return sf_obj.unsqueeze(0).squeeze(0) if is_tensor(sf_obj) else sf[np.newaxis][0]
+    storage = np.zeros((g, sf_k, tma_mn), _F32)
+    storage[:, :, :mn] = b.transpose(0, 2, 1)
+    view = storage.transpose(0, 2, 1)[:, :mn, :]
+    return _to_caller(view[0] if sf.ndim == 2 else view, storage, kind)
+
+
+def _get_mn_major_tma_aligned_tensor(sf: Any, /) -> Any:
+    """The float32 SFs in DeepGEMM layout 1 (MN-major, TMA-aligned); values unchanged.
+
+    sf: float32 (mn, sf_k) or (G, mn, sf_k), any strides.
+    Returns float32 of the same shape with strides (1, align(mn, 4)) or
+    (align(mn, 4) * sf_k, 1, align(mn, 4)); padding rows are zero.  An input already in that
+    layout is returned without a copy: a 3-D input itself, a 2-D input as a view of it (for 2-D
+    only the last two strides are checked).
+    """
+    func = "get_mn_major_tma_aligned_tensor"
+    return _mn_major_tma_aligned(func, sf, caller_kind(sf))
+
+
+def _psum_valid_rows(ends: np.ndarray, mn: int, alignment: int) -> np.ndarray:
+    """CUDA m-grouped psum layout: row r is valid when some group g has start_g <= r < end_g,
+    start_0 = 0 and start_g = align(end_{g-1}, alignment)."""
+    valid = np.zeros(mn, bool)
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        if g:
+            start = _align(int(ends[g - 1]), alignment)
+        if start < end:
+            valid[start:min(end, mn)] = True
+    return valid
+
+
+def _pack_int32_mn_major(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """UE8M0 bytes (G, mn, sf_k) -> (storage (G, P, align(mn, 4)), layout-2 view (G, mn, P)) int32."""
+    g, mn, sf_k = b.shape
+    p = _cdiv(sf_k, 4)
+    tma_mn = _align(mn, 4)
+    storage = np.zeros((g, p, tma_mn), _I32)
+    storage[:, :, :mn] = _pack_le(b, 4).transpose(0, 2, 1)
+    return storage, storage.transpose(0, 2, 1)[:, :mn, :]
+
+
+def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: str = "") -> Any:
+    sf = _float_sf(func, sf_obj)
+    b = _batched(sf)
+    g, mn, sf_k = b.shape
+    contiguous = _is_contiguous(b)
+    keep = None
+    if psum_layout is not None:
+        if g != 1 or not contiguous:
+            raise arg_error(func, "sf", "a single contiguous batch when psum_layout is given", sf)
+        ends = _psum_ends(func, psum_layout, require_1d=False)
+        alignment = runtime.current_mk_alignment()
+        if alignment <= 0:
+            raise arg_error(func, "psum_layout", "a positive contiguous-layout alignment to place groups",
+                            f"get_mk_alignment_for_contiguous_layout() = {alignment}")
+        keep = _psum_valid_rows(ends, mn, alignment)[np.newaxis, :, np.newaxis]
+    if contiguous:
+        # The transpose-and-pack kernel checks every loaded value; batched inputs whose batch
+        # size is not a whole number of 16-byte vectors take the PyTorch fallback instead.
+        check = not ((mn * sf_k) % 4 and g > 1)
+    else:
+        check = not (mn % 4 or g > 1)
+        if check and _strides(b)[1:] != (1, mn):
+            raise arg_error(func, "sf", f"a contiguous array or an MN-major one with strides (1, {mn})", sf)
+    # Note: where DeepGEMM takes its PyTorch fallback (check False) it keeps the exponent field
+    # without checking it, flooring non-powers of two and dropping a sign bit; so do we.
+    by = _exponent_bytes(b, func, "sf", check=check, keep=keep, lead=3 - sf.ndim, where=where)
+    storage, view = _pack_int32_mn_major(by)
+    return _to_caller(view[0] if sf.ndim == 2 else view, storage, kind)
+
+
+def _get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: Any, psum_layout: Any = None) -> Any:
+    """Pack float32 power-of-two SFs into DeepGEMM layout 2 (UE8M0, four per int32, MN-major, TMA-aligned).
+
+    sf: float32 (mn, sf_k) or (G, mn, sf_k).  Contiguous, or 2-D MN-major with strides
+    (1, mn); other strides are accepted only where DeepGEMM falls back to PyTorch (mn % 4 != 0
+    or 3-D).
+    psum_layout: optional int32 contiguous non-empty array of m-grouped psum end offsets (then
+    sf must be one contiguous batch); rows outside every group's [start_g, end_g), with
+    start_g = align(end_{g-1}, get_mk_alignment_for_contiguous_layout()), get packed value 0.
+    Returns int32 (mn, P) or (G, mn, P), P = ceil(sf_k / 4), strides (1, align(mn, 4)) or
+    (P * align(mn, 4), 1, align(mn, 4)); byte j of [.., r, p] is the exponent byte of
+    sf[.., r, 4p + j] (0 past sf_k); padding rows and bytes are zero.
+
+    Values must be non-negative powers of two (or 0.0 / +inf, bytes 0 / 255) wherever the CUDA
+    kernel reads them; otherwise DGArgumentError (the kernel traps).  Exception kept from
+    DeepGEMM: the PyTorch fallback (non-contiguous with mn % 4 != 0 or 3-D, or 3-D contiguous
+    with (mn * sf_k) % 4 != 0) keeps the exponent field without checking.
+    """
+    func = "get_mn_major_tma_aligned_packed_ue8m0_tensor"
+    return _packed_ue8m0(func, sf, psum_layout, caller_kind(sf, psum_layout))
+
+
+def _ks_list(func: str, ks_cpu: Any) -> list[int] | None:
+    if ks_cpu is None:
+        return None
+    ks_cpu = to_numpy(ks_cpu, func, "ks_cpu")
+    if isinstance(ks_cpu, np.ndarray):
+        if ks_cpu.ndim != 1:
+            raise arg_error(func, "ks_cpu", "a list of ints, None or []", ks_cpu)
+        ks_cpu = ks_cpu.tolist()
+    if isinstance(ks_cpu, (str, bytes)) or not isinstance(ks_cpu, Sequence):
+        raise arg_error(func, "ks_cpu", "a list of ints, None or []", f"{type(ks_cpu).__name__} {ks_cpu!r}")
+    return [_int(func, f"ks_cpu[{i}]", k, minimum=None) for i, k in enumerate(ks_cpu)]
+
+
+def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+    sf: Any, grouped_layout: Any, ks_cpu: Any, gran_k: int, k_alignment: int, use_psum_layout: bool = False
+) -> Any:
+    """Pack the float32 SFs of a k-grouped operand: SF rows run along K, groups packed compactly.
+
+    sf: float32 (SF_ROWS, mn) contiguous, mn % 4 == 0; group g owns ceil(k_g / gran_k)
+    consecutive rows, groups in order, no gaps.
+    grouped_layout: int32 contiguous, num_groups <= 128 entries: per-group K sizes k_g, or with
+    use_psum_layout psum END offsets, k_g = end_g - align(end_{g-1}, k_alignment).
+    ks_cpu: the host's per-group K sizes (len num_groups), or None / [] (only with
+    use_psum_layout).  gran_k: 32 or 128.  k_alignment: a positive multiple of 32.
+    Returns int32 (PACKED_ROWS, mn) row-major.  Group g owns ceil(rows_g / 4) consecutive packed
+    rows; byte j of its packed row p is the exponent byte of its SF row 4p + j (0 past rows_g).
+    PACKED_ROWS = sum_g ceil(ks_cpu[g] / (4 gran_k)), or (SF_ROWS + 3 num_groups) // 4 without
+    ks_cpu; rows past the packed content are zero (DeepGEMM leaves them uninitialised).
+    Without use_psum_layout, sum_g ceil(ks_cpu[g] / gran_k) must equal SF_ROWS.
+
+    The group sizes come from grouped_layout (the device reads it), except for a single
+    non-psum group, which owns all SF_ROWS rows.  Every SF value packed must be a non-negative
+    power of two (the kernel traps otherwise); a group reaching past SF_ROWS is an error.
+    """
+    func = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
+    kind = caller_kind(sf, grouped_layout)
+    gran_k = _int(func, "gran_k", gran_k)
+    if gran_k not in (32, 128):
+        raise arg_error(func, "gran_k", "32 or 128", repr(gran_k))
+    k_alignment = _int(func, "k_alignment", k_alignment, minimum=1)
+    if k_alignment % 32:
+        raise arg_error(func, "k_alignment", "a positive multiple of 32", repr(k_alignment))
+    use_psum_layout = _bool(func, "use_psum_layout", use_psum_layout)
+    a = _array(func, "sf", sf)
+    if a.dtype != _F32 or a.ndim != 2:
+        raise arg_error(func, "sf", "a 2-D float32 array (sf_rows, mn)", a)
+    if not _is_contiguous(a):
+        raise arg_error(func, "sf", "a contiguous array", a)
+    sf_rows, mn = a.shape
+    gl = _array(func, "grouped_layout", grouped_layout)
+    num_groups = gl.size
+    if num_groups > 128:
+        raise arg_error(func, "grouped_layout", "at most 128 groups", gl)
+    if mn % 4:
+        raise arg_error(func, "sf", "mn (the last dimension) divisible by 4", a)
+    if gl.dtype != _I32 or not _is_contiguous(gl):
+        raise arg_error(func, "grouped_layout", "a contiguous int32 array", gl)
+    ks = _ks_list(func, ks_cpu)
+    synced = bool(ks)
+    if synced:
+        assert ks is not None
+        if len(ks) != num_groups:
+            raise arg_error(func, "ks_cpu", f"{num_groups} entries (one per group of grouped_layout)", repr(ks))
+        if any(k < 0 for k in ks):
+            raise arg_error(func, "ks_cpu", "non-negative K sizes", repr(ks))
+        if not use_psum_layout and sum(_cdiv(k, gran_k) for k in ks) != sf_rows:
+            raise arg_error(func, "ks_cpu", f"sum(ceil(k / {gran_k})) == {sf_rows} (the SF rows of sf)", repr(ks))
+        packed_rows = sum(_cdiv(k, 4 * gran_k) for k in ks)
+    else:
+        if not use_psum_layout:
+            raise arg_error(func, "ks_cpu", "the per-group K sizes (None or [] needs use_psum_layout=True)",
+                            repr(ks_cpu))
+        packed_rows = (sf_rows + 3 * num_groups) // 4
+
+    # Group sizes as the device derives them.
+    values = gl.ravel().astype(np.int64).tolist()
+    if num_groups == 1 and not use_psum_layout:
+        group_rows = [sf_rows]
+    else:
+        group_ks = []
+        prev_end = 0
+        for g, v in enumerate(values):
+            k_g = v - _align(prev_end, k_alignment) if use_psum_layout else v
+            if k_g < 0:
+                what = "non-negative K sizes"
+                if use_psum_layout:
+                    what = "end offsets with end_g >= align(end_{g-1}, k_alignment)"
+                raise arg_error(func, "grouped_layout", what, f"{values!r} (group {g})")
+            group_ks.append(k_g)
+            prev_end = v
+        group_rows = [_cdiv(k, gran_k) for k in group_ks]
+
+    byte_rows = np.zeros((4 * packed_rows, mn), np.uint8)
+    src = dst = 0
+    for g, rows in enumerate(group_rows):
+        n_read = min(rows, max(0, 4 * packed_rows - dst))  # rows past the allocation are never read
+        if src + n_read > sf_rows:
+            raise arg_error(func, "grouped_layout", f"groups whose SF rows fit in sf ({sf_rows} rows)",
+                            f"{values!r}: group {g} needs SF rows up to {src + rows}")
+        if n_read:
+            byte_rows[dst:dst + n_read] = _exponent_bytes(a[src:src + n_read], func, "sf", check=True)
+        src += rows
+        dst += 4 * _cdiv(rows, 4)
+    out = np.ascontiguousarray(_pack_le(np.ascontiguousarray(byte_rows.T), 4).T)
+    return from_numpy(out, kind)
+
+
+def _check_sf_layout_cuda(
+    func: str, sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None
+) -> None:
+    """DeepGEMM's ``check_sf_layout`` shape checks (spec 3.2)."""
+    if sf.dtype not in (_F32, _I32):
+        raise arg_error(func, "sf", "a float32 or int32 (packed UE8M0) array", sf)
+    ndim = 2 + (num_groups is not None)
+    if sf.ndim != ndim:
+        raise arg_error(func, "sf", f"a {ndim}-D array (num_groups={num_groups})", sf)
+    sf_cols = _cdiv(k, gran_k * (1 if sf.dtype == _F32 else 4))
+    want = ((num_groups,) if num_groups is not None else ()) + (_cdiv(mn, gran_mn), sf_cols)
+    if sf.shape != want:
+        what = "ceil(k / gran_k)" if sf.dtype == _F32 else "ceil(k / (4 * gran_k))"
+        raise arg_error(func, "sf", f"shape {want} = ((num_groups,) ceil(mn / gran_mn), {what})", sf)
+
+
+def _transform_cuda(
+    sf: Any,
+    mn: int,
+    k: int,
+    recipe: tuple[int, int, int] | tuple[int, int],
+    num_groups: int | None = None,
+    is_sfa: bool | None = None,
+    disable_ue8m0_cast: bool = False,
+    psum_layout: Any = None,
+) -> Any:
+    """Turn user-form SFs into the layout DeepGEMM's kernels read (the per-arch rules of spec 4.5).
+
+    sf: float32 (G?, ceil(mn / gran_mn), ceil(k / gran_k)), or on sm100 an already packed int32
+    (G?, mn, ceil(k / (4 gran_k))) in layout 2 (gran_mn 1).  The 3-D forms need num_groups.
+    recipe: (gran_mn_a, gran_mn_b, gran_k) with is_sfa given, or (gran_mn, gran_k) with is_sfa None.
+    psum_layout: m-grouped psum end offsets (int32), passed to the sm100 packer (gap rows -> 0).
+    Returns, by the first matching rule:
+
+    1. float32, gran_mn 1, gran_k 128, sm90 or disable_ue8m0_cast: get_mn_major_tma_aligned_tensor(sf);
+    2. float32, gran_mn 128, gran_k 128, sm90 or disable_ue8m0_cast: sf itself, after checking it is
+       row-major or transposed-contiguous (what the sm90 1D2D kernel reads);
+    3. float32, gran_k 32 or 128, sm100: rows broadcast (row r takes SF row r // gran_mn), then
+       get_mn_major_tma_aligned_packed_ue8m0_tensor(..., psum_layout): int32 layout 2;
+       disable_ue8m0_cast is an error here;
+    4. int32, gran_mn 1, gran_k 32 or 128, sm100: sf itself, after checking layout 2's strides;
+    5. anything else is an error ("unknown SF transformation").
+    """
+    func = "transform_sf_into_required_layout"
+    kind = caller_kind(sf, psum_layout)
+    mn = _int(func, "mn", mn)
+    k = _int(func, "k", k)
+    r = _recipe(func, recipe, (3, 2))
+    sfa = _opt_bool(func, "is_sfa", is_sfa)
+    if len(r) == 3:
+        if sfa is None:
+            raise arg_error(func, "is_sfa", "True or False with a 3-tuple recipe", "None")
+        gran_mn, gran_k = (r[0] if sfa else r[1]), r[2]
+    else:
+        if sfa is not None:
+            raise arg_error(func, "is_sfa", "None with a 2-tuple recipe (gran_mn, gran_k)", repr(sfa))
+        gran_mn, gran_k = r
+    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
+    disable = _bool(func, "disable_ue8m0_cast", disable_ue8m0_cast)
+    a = _array(func, "sf", sf)
+    _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
+    arch_major = profiles.get_profile().arch_major
+    is_float = a.dtype == _F32
+
+    if is_float and gran_mn == 1 and gran_k == 128 and (arch_major == 9 or disable):
+        return _mn_major_tma_aligned(func, sf, kind)
+    if is_float and gran_mn == 128 and gran_k == 128 and (arch_major == 9 or disable):
+        st, sh = _strides(a), a.shape
+        if a.size == 0:
+            return sf
+        if groups is not None and st[0] != sh[1] * sh[2]:
+            raise arg_error(func, "sf", f"stride(0) == {sh[1] * sh[2]} for the sm90 per-block SFB", a)
+        if not ((st[-1] == 1 and st[-2] == sh[-1]) or (st[-1] == sh[-2] and st[-2] == 1)):
+            raise arg_error(func, "sf", "a row-major or transposed-contiguous per-block SFB (sm90 1D2D kernel)", a)
+        return sf
+    if is_float and gran_k in (32, 128) and arch_major == 10:
+        if disable:
+            raise arg_error(func, "disable_ue8m0_cast",
+                            f"False for float32 SFs with recipe {r} on sm100 (the kernels need UE8M0)", "True")
+        where = ""
+        if gran_mn != 1:
+            a = np.ascontiguousarray(a[..., np.arange(mn) // gran_mn, :])
+            where = f" of the row-broadcast SFs (row r reads sf row r // {gran_mn})"
+        return _packed_ue8m0(func, a, psum_layout, kind, where)
+    if not is_float and gran_mn == 1 and gran_k in (32, 128) and arch_major == 10:
+        st = _strides(a)
+        tma_mn = _align(mn, 4)
+        ok = (st[-2] == 1 or mn == 1) and st[-1] == tma_mn
+        if groups is not None:
+            ok = ok and st[0] == st[-1] * a.shape[-1]
+        if not ok and a.size:
+            want = (f"({tma_mn} * {a.shape[-1]}, 1, {tma_mn})" if groups is not None else f"(1, {tma_mn})")
+            raise arg_error(func, "sf", f"packed int32 SFs in the MN-major TMA-aligned layout, strides {want}", a)
+        return sf
+    raise arg_error(
+        func, "sf",
+        "a known SF transformation (sm90: float32 with gran_k 128 and gran_mn 1 or 128; "
+        "sm100: float32 or packed int32 (gran_mn 1) with gran_k 32 or 128)",
+        f"{a.dtype} SFs with gran_mn {gran_mn}, gran_k {gran_k} on {profiles.get_profile().name}",
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepGEMM-Ascend (ascend950)
+# ----------------------------------------------------------------------------------------------
+
+def _ascend_gap_mask(ends: np.ndarray, extent: int, granularity: int, alignment: int) -> np.ndarray:
+    """Source entries (rows or columns) between each group's end and the next aligned start.
+
+    In source units s (one per ``granularity`` rows/K elements), group g's tail
+    t = ceil(end_g / granularity) is followed by the gap [t, align(t, alignment // granularity)).
+    Returns a bool mask over [0, extent), True where the entry is kept.
+    """
+    keep = np.ones(extent, bool)
+    step = alignment // granularity
+    for end in ends.tolist():
+        t = _cdiv(end, granularity)
+        keep[t:min(_align(t, step), extent)] = False
+    return keep
+
+
+def _transform_ascend_impl(
+    func: str,
+    sf_obj: Any,
+    mn: int,
+    k: int,
+    recipe: Any,
+    num_groups: int | None,
+    is_sfa: Any,
+    disable_ue8m0_cast: bool,
+    psum_layout: Any,
+    grouping: str,
+) -> Any:
+    kind = caller_kind(sf_obj, psum_layout)
+    if is_sfa is None:
+        raise arg_error(func, "is_sfa", "True or False (DeepGEMM-Ascend asserts it is given)", "None")
+    sfa = _opt_bool(func, "is_sfa", is_sfa)
+    # Note: DeepGEMM-Ascend declares a 3-tuple; a 2-tuple fails pybind's conversion (TypeError there).
+    r = _recipe(func, recipe, (3,))
+    mn = _int(func, "mn", mn)
+    k = _int(func, "k", k)
+    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
+    disable = _bool(func, "disable_ue8m0_cast", disable_ue8m0_cast)
+    gran_mn, gran_k = (r[0] if sfa else r[1]), r[2]
+
+    a = _array(func, "sf", sf_obj)
+    if a.dtype not in (_F32, _I16):
+        raise arg_error(func, "sf", "a float32 or int16 (packed UE8M0 pairs) array", a)
+    ndim = 2 + (groups is not None)
+    if a.ndim != ndim:
+        raise arg_error(func, "sf", f"a {ndim}-D array (num_groups={groups})", a)
+    st = _strides(a)
+    # Note: stride checks skip empty arrays, which have nothing to read (NumPy gives a fresh
+    # empty array all-zero strides, torch contiguous ones); the same holds for the CUDA checks.
+    if a.size and st[-1] != 1 and st[-2] != 1:
+        raise arg_error(func, "sf", "stride(-1) == 1 or stride(-2) == 1", a)
+    is_float = a.dtype == _F32
+    sf_cols = _cdiv(k, gran_k if is_float else 2 * gran_k)
+    want = ((groups,) if groups is not None else ()) + (_cdiv(mn, gran_mn), sf_cols)
+    if a.shape != want:
+        what = "ceil(k / gran_k)" if is_float else "ceil(k / (2 * gran_k))"
+        raise arg_error(func, "sf", f"shape {want} = ((num_groups,) ceil(mn / gran_mn), {what})", a)
+    if gran_k != 32:
+        raise arg_error(func, "recipe", "gran_k == 32 (DeepGEMM-Ascend scales are per-32 MX scales)", repr(r))
+    if not is_float and gran_mn == 1 and st[-2] == 1 and st[-1] == a.shape[-2]:
+        if groups is None or st[0] == a.shape[-2] * a.shape[-1]:
+            return sf_obj  # already the required layout: the input itself, gap rows untouched
+    if is_float and disable:
+        raise arg_error(func, "disable_ue8m0_cast",
+                        "False for float32 SFs (DeepGEMM-Ascend must convert them to UE8M0)", "True")
+    if gran_mn > 128 or gran_mn & (gran_mn - 1):
+        raise arg_error(func, "recipe", "gran_mn a power of two in [1, 128]", f"gran_mn {gran_mn} in {r}")
+
+    b = _batched(a)
+    g, src_rows, src_cols = b.shape
+    dst_k = _cdiv(src_cols, 2) if is_float else src_cols
+    keep_rows = keep_cols = None
+    if grouping != "none":
+        if g != 1:
+            raise arg_error(func, "sf", "a single batch for a grouped (psum) transform", a)
+        if psum_layout is None:
+            raise arg_error(func, "psum_layout", "int32 psum end offsets", "None")
+        ends = _psum_ends(func, psum_layout, require_1d=True)
+        if (np.diff(ends) < 0).any():
+            # Note: the kernel scans the groups in order assuming non-decreasing ends; other
+            # layouts have no defined result, so they are rejected here.
+            raise arg_error(func, "psum_layout", "non-decreasing end offsets", repr(ends.tolist()))
+        alignment = runtime.current_mk_alignment()
+        k_major = st[-1] == 1
+        # Note: the kernel zeroes gap entries of int16 input only where it clears source rows
+        # in its buffer (m-grouped K-major, k-grouped MN-major); in the other two cases its
+        # int16 copy path ignores the gap flags, so the gap pairs pass through unchanged.
+        zero_gaps = is_float or (k_major if grouping == "m" else not k_major)
+        if zero_gaps and grouping == "m":
+            keep_rows = _ascend_gap_mask(ends, src_rows, gran_mn, alignment)
+        elif zero_gaps:
+            keep_cols = _ascend_gap_mask(ends, src_cols, 32 if is_float else ASCEND_PAIR_K, alignment)
+
+    storage = np.zeros((g, dst_k, mn), _I16)
+    if storage.size == 0:  # nothing to launch, so nothing is checked either
+        view = storage.transpose(0, 2, 1)
+        return _to_caller(view[0] if a.ndim == 2 else view, storage, kind)
+    keep = None
+    if keep_rows is not None:
+        keep = keep_rows[np.newaxis, :, np.newaxis]
+    elif keep_cols is not None:
+        keep = keep_cols[np.newaxis, np.newaxis, :]
+    if is_float:
+        pairs = _pack_le(_exponent_bytes(b, func, "sf", check=True, keep=keep, lead=3 - a.ndim), 2)
+    else:
+        pairs = b if keep is None else np.where(keep, b, np.int16(0))
+    if gran_mn != 1:
+        pairs = pairs[:, np.arange(mn) // gran_mn, :]
+    storage[...] = pairs.transpose(0, 2, 1)
+    view = storage.transpose(0, 2, 1)
+    return _to_caller(view[0] if a.ndim == 2 else view, storage, kind)
+
+
+def _transform_ascend(
+    sf: Any,
+    mn: int,
+    k: int,
+    recipe: tuple[int, int, int],
+    num_groups: int | None = None,
+    is_sfa: bool | None = None,
+    disable_ue8m0_cast: bool = False,
+    psum_layout: Any = None,
+) -> Any:
+    """Turn SFs into the layout DeepGEMM-Ascend's kernels read: MN-major int16 UE8M0 pairs.
+
+    sf: float32 (G?, ceil(mn / gran_mn), ceil(k / 32)) or int16 pairs (G?, ceil(mn / gran_mn),
+    ceil(k / 64)); stride(-1) == 1 or stride(-2) == 1; 3-D needs num_groups.
+    recipe: (gran_m, gran_n, gran_k), a 3-tuple; is_sfa (required) picks gran_mn = gran_m or
+    gran_n; gran_k must be 32; gran_mn a power of two in [1, 128] (rows broadcast, row r taking
+    source row r // gran_mn).
+    psum_layout: optional int32 1-D contiguous m-grouped psum end offsets (single batch only);
+    source rows between ceil(end_g / gran_mn) and the next 256-aligned group start get byte 0
+    (scale 2^-127, not zero); rows past the last group's aligned end are converted normally.
+    Returns int16 (G?, mn, ceil(k / 64)), strides (ceil(k / 64) * mn, 1, mn): a transposed view
+    of the row-major (G?, ceil(k / 64), mn) result; low byte = even K-group, high byte of the
+    last pair 0 when ceil(k / 32) is odd.  An int16 input with gran_mn 1 that is already
+    MN-major (strides (.., 1, mn)) is returned itself, without touching gap rows.
+
+    float32 values must be non-negative powers of two (0.0 gives byte 0, +inf byte 255) outside
+    the zeroed gaps; otherwise DGArgumentError (the device asserts).  disable_ue8m0_cast=True
+    with float32 SFs is an error.
+    """
+    return _transform_ascend_impl("transform_sf_into_required_layout", sf, mn, k, recipe, num_groups, is_sfa,
+                                  disable_ue8m0_cast, psum_layout, "none" if psum_layout is None else "m")
+
+
+def _transform_k_grouped_ascend(
+    sf: Any, mn: int, k: int, recipe: tuple[int, int, int], is_sfa: bool, psum_layout: Any
+) -> Any:
+    """The k-grouped variant of DeepGEMM-Ascend's transform: same checks, no num_groups.
+
+    sf: float32 (ceil(mn / gran_mn), ceil(k / 32)) or int16 pairs (ceil(mn / gran_mn), ceil(k / 64))
+    covering the total K extent including alignment gaps (indexed by absolute K).
+    psum_layout: int32 1-D contiguous K end offsets (required).  Source entries between each
+    group's end and the next 256-aligned start are zeroed: float32 columns
+    [ceil(end / 32), align(end, 256) / 32), int16 pair columns [ceil(end / 64), align(end, 256) / 64)
+    (an int16 K-major input keeps its gap pairs, as the kernel does).
+    Returns int16 (mn, ceil(k / 64)) MN-major (strides (1, mn)); see transform_sf_into_required_layout.
+    """
+    return _transform_ascend_impl("transform_k_grouped_sf_into_required_layout", sf, mn, k, recipe, None, is_sfa,
+                                  False, psum_layout, "k")
+
+
+# ----------------------------------------------------------------------------------------------
+# public, profile-dispatched names
+# ----------------------------------------------------------------------------------------------
+
+_CUDA_ONLY = {
+    "deepgemm-ascend": "DeepGEMM-Ascend has no TMA layout helpers; transform_sf_into_required_layout "
+                       "builds its int16 pair layout"
+}
+_ASCEND_ONLY = {
+    "deepgemm": "a DeepGEMM-Ascend addition; DeepGEMM packs k-grouped SFs with "
+                "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
+}
+
+get_tma_aligned_size = profiled("get_tma_aligned_size", _CUDA_ONLY, deepgemm=_get_tma_aligned_size)
+get_mn_major_tma_aligned_tensor = profiled(
+    "get_mn_major_tma_aligned_tensor", _CUDA_ONLY, deepgemm=_get_mn_major_tma_aligned_tensor
+)
+get_mn_major_tma_aligned_packed_ue8m0_tensor = profiled(
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor", _CUDA_ONLY, deepgemm=_get_mn_major_tma_aligned_packed_ue8m0_tensor
+)
+get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor = profiled(
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    _CUDA_ONLY,
+    deepgemm=_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+)
+transform_sf_into_required_layout = profiled(
+    "transform_sf_into_required_layout", deepgemm=_transform_cuda, deepgemm_ascend=_transform_ascend
+)
+transform_k_grouped_sf_into_required_layout = profiled(
+    "transform_k_grouped_sf_into_required_layout", _ASCEND_ONLY, deepgemm_ascend=_transform_k_grouped_ascend
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# the inverse direction, for kernels (not DeepGEMM API)
+# ----------------------------------------------------------------------------------------------
+
+_BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e8m0fnu))
+
+
+def _sf_bytes(
+    sf: Any, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, func: str, arg: str
+) -> tuple[np.ndarray, Kind]:
+    """Validate any SF form; returns (per-entry data of shape (G, rows, SF_K), caller kind).
+
+    The data is float32 for the float32 form and UE8M0 bytes (uint8) for every other form;
+    rows is mn or ceil(mn / gran_mn).
+    """
+    kind = caller_kind(sf)
+    mn = _int(func, "mn", mn)
+    k = _int(func, "k", k)
+    gran_mn = _int(func, "gran_mn", gran_mn, minimum=1)
+    gran_k = _int(func, "gran_k", gran_k, minimum=1)
+    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
+    a = _array(func, arg, sf)
+    ndim = 2 + (groups is not None)
+    if a.ndim != ndim or (groups is not None and a.shape[0] != groups):
+        lead = f"({groups}, " if groups is not None else "("
+        raise arg_error(func, arg, f"a {ndim}-D array {lead}rows, columns)", a)
+    sf_k = _cdiv(k, gran_k)
+    rows_user = _cdiv(mn, gran_mn)
+    rows, cols = a.shape[-2:]
+    b = _batched(a)
+    if a.dtype == _F32:
+        if (rows, cols) != (rows_user, sf_k):
+            raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
+                            "(ceil(mn / gran_mn), ceil(k / gran_k))", a)
+        return b, kind
+    if a.dtype == _I32:
+        want_cols, unpack = _cdiv(sf_k, 4), fm.unpack_ue8m0_int32
+    elif a.dtype == _I16:
+        if gran_k != 32:
+            raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
+        want_cols, unpack = _cdiv(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
+    elif a.dtype in _BYTE_DTYPES:
+        want_cols, unpack = sf_k, None
+    else:
+        raise arg_error(func, arg, "float32, int32 (4 UE8M0 per int), int16 (2 UE8M0 per int) or UE8M0 bytes", a)
+    if rows not in (mn, rows_user) or cols != want_cols:
+        raise arg_error(func, arg, f"{a.dtype} SFs of shape (..., {mn} or {rows_user}, {want_cols})", a)
+    by = b.view(np.uint8) if unpack is None else unpack(b)[..., :sf_k]
+    return by, kind
+
+
+def _broadcast_rows(x: np.ndarray, mn: int, gran_mn: int) -> np.ndarray:
+    if x.shape[1] == mn:
+        return x
+    return x[:, np.arange(mn) // gran_mn, :]
+
+
+def sf_values(
+    sf: Any, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None = None, *, func: str, arg: str
+) -> np.ndarray:
+    """The scale of every row and K-block, as the hardware reads it; float64 (G?, mn, ceil(k / gran_k)).
+
+    A kernel-side reading: the result is a NumPy array also for torch input (kernels compute in
+    NumPy and convert only what they return).
+
+    sf may be any form a kernel can be given, with any strides:
+
+    * float32 user form (G?, ceil(mn / gran_mn), ceil(k / gran_k)) (including DeepGEMM layout 1
+      and the sm90 per-block SFB): the float32 values, rows broadcast (row r reads r // gran_mn);
+    * int32 packed UE8M0 (G?, mn, ceil(ceil(k / gran_k) / 4)): K-major as returned by
+      per_token_cast_to_fp8(use_packed_ue8m0=True), or DeepGEMM layout 2;
+    * int16 UE8M0 pairs (G?, mn, ceil(k / 64)), gran_k 32: DeepGEMM-Ascend's layout, or its
+      int16 input form;
+    * UE8M0 bytes (uint8 or float8_e8m0fnu) (G?, mn, ceil(k / gran_k)).
+
+    Integer and byte forms may also have ceil(mn / gran_mn) rows (then broadcast).  UE8M0 byte b
+    reads as 2^(b - 127) exactly: byte 0 is 2^-127 and byte 255 NaN.  ``func`` and ``arg`` name
+    the calling function and argument in errors (DGArgumentError on any shape mismatch).
+    """
+    data, _ = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
+    vals = data.astype(np.float64) if data.dtype == _F32 else fm.ue8m0_decode(data)
+    out = np.ascontiguousarray(_broadcast_rows(vals, int(mn), int(gran_mn)))
+    return out[0] if num_groups is None else out
+
+
+def to_user_form(
+    sf: Any,
+    mn: int,
+    k: int,
+    gran_mn: int,
+    gran_k: int,
+    num_groups: int | None = None,
+    *,
+    func: str = "to_user_form",
+    arg: str = "sf",
+) -> Any:
+    """Any SF form back to the float32 user form (G?, ceil(mn / gran_mn), ceil(k / gran_k)), contiguous.
+
+    Returns the caller's kind (a new array or tensor, never a view of ``sf``).
+
+    Accepts the forms of :func:`sf_values`.  Packed bytes b become the float32 with bits b << 23
+    (DeepGEMM's unpack_ue8m0_from_int reading: byte 0 -> 0.0, byte 255 -> +inf), so for
+    non-negative power-of-two scales (and 0.0, +inf) user form -> required layout -> user form
+    is byte-identical.  A per-row input (mn rows) with gran_mn > 1 gives the first row of every
+    block of gran_mn rows.
+    """
+    data, kind = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
+    if data.shape[1] != _cdiv(int(mn), int(gran_mn)):
+        data = data[:, :: int(gran_mn), :]
+    if data.dtype == _F32:
+        out = np.array(data, dtype=_F32, order="C", copy=True)  # never alias the caller's array
+    else:
+        out = (data.astype(np.uint32) << np.uint32(23)).view(np.float32)
+    return from_numpy(out[0] if num_groups is None else out, kind)
