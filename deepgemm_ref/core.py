@@ -37,9 +37,11 @@ float32 outputs the per-block sums ``sum_k a b`` (exact in float64 for FP8 and F
 combined with the scale products in float64, which keeps the error bound at ``gamma_{2 nb}``.
 
 ``fp32`` models a kernel's arithmetic, deterministically: each K block's partial sum is the exact
-block sum rounded once to float32, multiplied by the float32 product of the block's two scales and
-added to a float32 accumulator in K order with one rounding (a fused multiply-add), then the
-epilogue.  ``limited(bits, interval)`` models a tensor-core accumulator (see :class:`Limited`).
+block sum rounded once to float32, multiplied (float32, one rounding) by the float32 product of
+the block's two scales and added to a float32 accumulator in K order (one rounding), then the
+epilogue.  (DeepGEMM's SM90 promotion may be contracted into a fused multiply-add by nvcc; the
+model keeps the two roundings, which are identical whenever the scales are powers of two.)
+``limited(bits, interval)`` models a tensor-core accumulator (see :class:`Limited`).
 """
 
 from __future__ import annotations
@@ -557,11 +559,12 @@ def _quantum_exponents(op: Operand, x64: np.ndarray, r0: int = 0, r1: int | None
 # The fp32 and limited models
 # ----------------------------------------------------------------------------------------------
 
-def _f32_fma(acc32: np.ndarray, s32: np.ndarray, p32: np.ndarray) -> np.ndarray:
-    """RN_f32(acc + s * p) with one rounding (s * p is exact in float64: 24 + 24 bits)."""
-    prod = s32.astype(np.float64) * p32.astype(np.float64)
-    hi, lo = fm.two_sum(acc32.astype(np.float64), prod)
-    return fm.round_dd(hi, lo, fm.F32)
+def _f32_accumulate(acc32: np.ndarray, s32: np.ndarray | None, p32: np.ndarray) -> np.ndarray:
+    """acc + s * p in float32 arithmetic: one rounding for the product, one for the sum."""
+    if s32 is not None:
+        p32 = p32 * s32
+    acc32 += p32
+    return acc32
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
@@ -593,7 +596,7 @@ def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.nd
 
 
 def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResult:
-    """Per K block: partial = RN_f32(exact block sum); acc = RN_f32(acc + f32(sa * sb) * partial)."""
+    """Per K block: partial = RN_f32(exact block sum); acc = f32(acc + f32(f32(sa * sb) * partial))."""
     m, k = a.shape
     n = b.shape[0]
     blk = block
@@ -617,13 +620,12 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResul
             for j in range(nb):
                 ks = slice(j * blk, min(k, (j + 1) * blk))
                 part = _block_partials(a_el[:, ks], b_el[:, ks], exact_ok)
-                if sa is None and sb is None:
-                    s32 = np.ones((1, 1), np.float32)
-                else:
+                s32 = None
+                if sa is not None or sb is not None:
                     ca = sa[:, j] if sa is not None else np.ones(r1 - r0, np.float32)
                     cb = sb[:, j] if sb is not None else np.ones(n, np.float32)
-                    s32 = np.multiply.outer(ca, cb).astype(np.float32)  # f32(sa * sb): one rounding
-                acc = _f32_fma(acc, np.broadcast_to(s32, acc.shape), part)
+                    s32 = np.multiply.outer(ca, cb)  # float32 * float32: one rounding
+                acc = _f32_accumulate(acc, s32, part)
             acc_all[r0:r1] = acc
             out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
     return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
@@ -642,10 +644,10 @@ def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> Matm
     Per output element, in K order, in groups of 32 products: the group's terms (its products
     and the running partial sum) are aligned to the largest exponent among them and truncated
     toward zero to ``mantissa_bits`` bits (the leading bit included), then summed exactly.  Every
-    ``promotion_interval`` elements (and at the end of K) the partial sum is rounded to float32
-    and added to a float32 accumulator with one rounding, after multiplying by the float32
-    product of the two block scales.  Power-of-two scales (hardware block scaling) are instead
-    applied to the products, exactly, before they enter the group.
+    ``promotion_interval`` elements (and at the end of K) the partial sum is rounded to float32,
+    multiplied by the float32 product of the two block scales and added to a float32
+    accumulator (float32 arithmetic, as in the ``fp32`` model).  Power-of-two scales (hardware
+    block scaling) are instead applied to the products, exactly, before they enter the group.
     """
     from .errors import DGArgumentError
 
@@ -682,13 +684,12 @@ def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> Matm
                     quantum = np.exp2(e.astype(np.float64) - bits)
                     quantum[top == 0] = 1.0
                     part = (np.trunc(terms / quantum) * quantum).sum(axis=2)  # exact
-                if fold:
-                    s32 = np.ones((1, 1), np.float32)
-                else:
+                s32 = None
+                if not fold:
                     ca = a.block_scales(r0, r1, interval)[:, p0 // interval].astype(np.float32)
                     cb = b.block_scales(0, n, interval)[:, p0 // interval].astype(np.float32)
-                    s32 = np.multiply.outer(ca, cb).astype(np.float32)
-                acc = _f32_fma(acc, np.broadcast_to(s32, acc.shape), fm.round_f64(part, fm.F32))
+                    s32 = np.multiply.outer(ca, cb)
+                acc = _f32_accumulate(acc, s32, fm.round_f64(part, fm.F32))
             acc_all[r0:r1] = acc
             out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
     return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,

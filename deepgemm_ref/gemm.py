@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core
+from . import core, trace
 from . import formats as fm
 from ._args import (
     BF16,
@@ -83,12 +83,16 @@ class GemmRequest:
     c_target: np.ndarray | None = None  # ACLNN addmm writes into c instead of d
 
 
-def run_gemm(req: GemmRequest, *, want_acc: bool = False, want_S: bool = False) -> core.MatmulResult:
-    """Call the core and write the result into the caller's buffer (only after success)."""
+def run_gemm(req: GemmRequest, *, record: bool = True) -> core.MatmulResult:
+    """Call the core, write the result into the caller's buffer (only after success), and report
+    the accumulator and error scale to an active ``trace.capture``."""
+    want_acc, want_S = trace.wants()
     res = core.scaled_matmul(req.a, req.b, req.epilogue, fp32_block=get_profile().fp32_block,
                              want_acc=want_acc, want_S=want_S)
     target = req.d if req.c_target is None else req.c_target
     target[...] = res.out
+    if record:
+        trace.record(req.func, acc=res.acc, acc_lo=res.acc_lo, S=res.S, stats=res.stats)
     return res
 
 
@@ -457,8 +461,19 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     full = np.empty((m, n), dd.dtype)
     req = GemmRequest(func, make_operand(sa, scales_a, gka), make_operand(sb, scales_b, gkb), full,
                       core.Epilogue(_OUT_FORMAT[dd.dtype]))
-    run_gemm(req)
+    res = run_gemm(req, record=False)
     dd[:, out_cols] = full
+    if trace.active() is not None:
+        defined = np.zeros(dd.shape, bool)
+        defined[:, out_cols] = True
+        acc = S = None
+        if res.acc is not None:
+            acc = np.zeros(dd.shape)
+            acc[:, out_cols] = res.acc
+        if res.S is not None:
+            S = np.zeros(dd.shape)
+            S[:, out_cols] = res.S
+        trace.record(func, acc=acc, S=S, defined=defined, stats=res.stats)
 
 
 fp8_gemm_nt_skip_head_mid = profiled(

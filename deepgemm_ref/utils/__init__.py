@@ -1,5 +1,11 @@
 """``deepgemm_ref.utils``: the names of ``deep_gemm.utils`` (quantisation and layout utilities)."""
 
+from ..layout import (
+    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_tensor,
+    get_tma_aligned_size,
+)
 from ..quant import (
     align,
     cast_back_from_fp4,
@@ -14,10 +20,27 @@ from ..quant import (
     transpose_packed_fp4,
     unpack_ue8m0_from_int,
 )
-from . import math
+from ..runtime import (
+    get_k_alignment_for_contiguous_layout,
+    get_m_alignment_for_contiguous_layout,
+    get_mk_alignment_for_contiguous_layout,
+    get_theoretical_mk_alignment_for_contiguous_layout,
+    set_mk_alignment_for_contiguous_layout,
+)
+from . import layout, math
 
 __all__ = [
     "math",
+    "layout",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_mn_major_tma_aligned_tensor",
+    "get_tma_aligned_size",
+    "get_k_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
+    "set_mk_alignment_for_contiguous_layout",
     "align",
     "cast_back_from_fp4",
     "ceil_div",
