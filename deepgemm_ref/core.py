@@ -312,9 +312,10 @@ def _up(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def _chunk_rows(m: int, n: int, k: int) -> int:
-    """Rows of ``a`` per chunk: about 32 MiB of float64 output and operand per chunk."""
-    per_row = 8 * (n * 4 + k)
-    return max(1, min(m, (32 << 20) // max(per_row, 1)))
+    """Rows of ``a`` per chunk: about 16 MiB of float64 temporaries (some ten (rows, N) arrays and
+    two (rows, K) ones) per chunk, so peak memory stays close to the operands and the output."""
+    per_row = 8 * (n * 10 + k * 2)
+    return max(1, min(m, (16 << 20) // max(per_row, 1)))
 
 
 @dataclass
@@ -457,15 +458,16 @@ def _exact_model(
     pow2 = a.pow2_scales and b.pow2_scales
     blocked = (not pow2) and ep.out is fm.F32 and a.fixed_quantum is not None and b.fixed_quantum is not None
 
-    b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
-    b_abs = np.abs(b64) if want_S else None
-    b_norm = np.sqrt(np.einsum("ij,ij->i", b64, b64)) * (1 + 2 * _gamma(k + 2))
-    qb = _quantum_exponents(b, b64)
-    b_finite = np.isfinite(b64).all(axis=1) if k else np.ones(n, bool)
+    b_norm, b_finite = _row_norms(b)
     if blocked:
+        # FP32 scales with a float32 output: per-block exact sums of the unscaled elements.
         blk = math.gcd(a.block or k, b.block or k)
-        b_el = b.element_rows(0, n)
+        b64 = b.element_rows(0, n)
         sb_blk = b.block_scales(0, n, blk)
+        qb = np.zeros(n)
+    else:
+        b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
+        qb = _quantum_exponents(b, b64)
     step = _chunk_rows(m, n, k)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         for r0 in range(0, m, step):
@@ -477,17 +479,14 @@ def _exact_model(
                 y = np.zeros((r1 - r0, n))
                 for j in range(sa_blk.shape[1]):
                     ks = slice(j * blk, min(k, (j + 1) * blk))
-                    y += np.outer(sa_blk[:, j], sb_blk[:, j]) * (a_el[:, ks] @ b_el[:, ks].T)
+                    y += np.outer(sa_blk[:, j], sb_blk[:, j]) * (a_el[:, ks] @ b64[:, ks].T)
                 n_round = 2 * sa_blk.shape[1] + 2
             else:
                 y = a64 @ b64.T
                 n_round = k + 1
             a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
-            if want_S:
-                S = _up(np.abs(a64) @ b_abs.T, k)  # type: ignore[union-attr]
-                S_all[r0:r1] = S  # type: ignore[index]
-            else:
-                S = _up(np.outer(a_norm, b_norm), 2)
+            # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
+            S = _up(np.outer(a_norm, b_norm), 2)
             finite = np.isfinite(a64).all(axis=1)[:, None] & b_finite[None, :]
             exact = np.zeros(y.shape, bool)
             if pow2:
@@ -523,6 +522,14 @@ def _exact_model(
                             acc[r0:r1] if acc is not None else None,
                             acc_lo[r0:r1] if acc_lo is not None else None, stats)
             out_codes[r0:r1] = codes
+        if S_all is not None:
+            # The error scale: one more GEMM of the absolute values (B's copy reused in place).
+            if blocked:
+                b64 *= np.repeat(sb_blk, blk, axis=1)[:, :k]
+            np.abs(b64, out=b64)
+            for r0 in range(0, m, step):
+                r1 = min(m, r0 + step)
+                S_all[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ b64.T, k)
     return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
 
 
@@ -539,12 +546,33 @@ def _bf16_lsb_table() -> np.ndarray:
     return _BF16_LSB
 
 
+def _row_norms(op: Operand) -> tuple[np.ndarray, np.ndarray]:
+    """(upper bounds of the 2-norms of the scaled rows, whether each row is finite), row-chunked."""
+    n, k = op.shape
+    norms = np.empty(n)
+    finite = np.ones(n, bool)
+    step = max(1, (4 << 20) // max(8 * k, 1))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        x = op.rows(r0, r1)
+        norms[r0:r1] = np.sqrt(np.einsum("ij,ij->i", x, x))
+        if k:
+            finite[r0:r1] = np.isfinite(x).all(axis=1)
+    return norms * (1 + 2 * _gamma(k + 2)), finite
+
+
 def _quantum_exponents(op: Operand, x64: np.ndarray, r0: int = 0, r1: int | None = None) -> np.ndarray:
     """Per row, the exponent q with every scaled value a multiple of 2^q (assumes pow2 scales)."""
     r1 = x64.shape[0] + r0 if r1 is None else r1
     if op.values.dtype == ml_dtypes.bfloat16 and op.scales is None and op.codes_fmt is None:
-        lsb = np.take(_bf16_lsb_table(), op.values[r0:r1].view(np.uint16))
-        return lsb.min(axis=1) if lsb.shape[1] else np.full(r1 - r0, np.inf)
+        out = np.full(r1 - r0, np.inf)
+        if op.values.shape[1]:
+            step = max(1, (1 << 20) // op.values.shape[1])  # bound the (rows, K) temporary
+            table = _bf16_lsb_table()
+            for i in range(r0, r1, step):
+                j = min(r1, i + step)
+                out[i - r0:j - r0] = np.take(table, op.values[i:j].view(np.uint16)).min(axis=1)
+        return out
     fq = op.fixed_quantum
     if fq is not None:
         if op.scales is None:
