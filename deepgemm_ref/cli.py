@@ -79,6 +79,120 @@ def _calc_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(calc_diff(a, b))
 
 
+class _Progress:
+    """A one-line progress bar with ETA on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, label: str, enabled: bool | None = None) -> None:
+        import time
+
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.t0 = time.monotonic()
+        self._time = time.monotonic
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        if not self.enabled or total == 0:
+            return
+        elapsed = self._time() - self.t0
+        eta = elapsed / done * (total - done) if done else float("nan")
+        width = 30
+        fill = int(width * done / total)
+        bar = "#" * fill + "-" * (width - fill)
+        eta_s = "--" if eta != eta else f"{eta:5.0f}s"
+        sys.stderr.write(f"\r{self.label} [{bar}] {done}/{total} ETA {eta_s} {what[:40]:<40}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _load_specs(path: str) -> list[dict]:
+    import json
+
+    text = open(path, encoding="utf-8").read()
+    if path.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError as e:  # Python 3.10
+            raise DGArgumentError("golden: --spec: TOML needs Python >= 3.11 (use JSON)") from e
+        data = tomllib.loads(text)
+    else:
+        data = json.loads(text)
+    cases = data.get("cases") if isinstance(data, dict) else data
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise DGArgumentError(f"golden: --spec {path}: expected a list of case tables (or {{'cases': [...]}})")
+    return cases
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from .golden import PRESETS, preset
+
+    for name in PRESETS:
+        cases = preset(name)
+        print(f"{name}: {len(cases)} cases")
+        if args.verbose:
+            for c in cases:
+                print(f"  {c['id']}: {c['kernel']} ({c['profile']})")
+    return 0
+
+
+def _cmd_golden(args: argparse.Namespace) -> int:
+    from . import golden
+
+    if (args.preset is None) == (args.spec is None):
+        raise DGArgumentError("golden: give exactly one of --preset NAME or --spec FILE")
+    try:
+        specs = golden.preset(args.preset) if args.preset else _load_specs(args.spec)
+    except (OSError, ValueError) as e:
+        raise DGArgumentError(f"golden: cannot read the specification: {e}") from e
+    if args.case:
+        specs = [s for s in specs if s["id"] in set(args.case)]
+    manifest = golden.generate(specs, args.out, force=args.force, progress=_Progress("golden"))
+    print(f"wrote {len(manifest['cases'])} cases to {args.out}")
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from . import golden
+
+    use_torch = None if args.torch is None else args.torch
+    out = golden.replay(args.bundle, args.out, module=args.module, use_torch=use_torch, device=args.device,
+                        transforms=not args.no_transforms, force=args.force, cases=args.case or None,
+                        progress=_Progress("replay"))
+    print(f"wrote {len(out)} outputs to {args.out}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import json
+
+    from . import golden
+
+    options = golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n)
+    bundle = golden.load_bundle(args.bundle)
+    outputs = golden.load_outputs(args.outputs)
+    reports = golden.check_outputs(bundle, outputs, options, args.case or None, progress=_Progress("check"))
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=1))
+    else:
+        print(golden.format_report(reports))
+    if args.plot:
+        from .golden.plot import plot_reports
+
+        written = plot_reports(reports, args.plot)
+        print(f"wrote {len(written)} heatmap(s) under {args.plot}")
+    return 1 if any(r.status == "fail" for r in reports) else 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from . import golden
+
+    result = golden.verify(args.bundle, regenerate=args.regenerate)
+    for p in result["problems"]:
+        print(p)
+    print(f"{result['cases']} cases: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
+    return 0 if result["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgemm-ref", description="DeepGEMM reference emulator and golden values")
     p.add_argument("--version", action="version", version=f"deepgemm-ref {__version__}")
@@ -92,6 +206,48 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gran-k", type=int, default=128)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_cmd_demo)
+
+    lst = sub.add_parser("list", help="the golden presets and their cases")
+    lst.add_argument("-v", "--verbose", action="store_true")
+    lst.set_defaults(func=_cmd_list)
+
+    gen = sub.add_parser("golden", help="generate a golden bundle from a preset or a case specification")
+    gen.add_argument("--preset", help="smoke, ascend-headline or deepgemm-tests-small")
+    gen.add_argument("--spec", help="a JSON or TOML file with a list of case tables")
+    gen.add_argument("--out", required=True, help="bundle directory")
+    gen.add_argument("--case", action="append", help="only this case id (repeatable)")
+    gen.add_argument("--force", action="store_true", help="overwrite an existing bundle")
+    gen.set_defaults(func=_cmd_golden)
+
+    rep = sub.add_parser("replay", help="run a bundle through a library and save its outputs")
+    rep.add_argument("bundle")
+    rep.add_argument("--module", default="deepgemm_ref", help="deep_gemm on the device host (default deepgemm_ref)")
+    rep.add_argument("--out", required=True, help="outputs .safetensors file")
+    rep.add_argument("--device", default=None, help="torch device for inputs and outputs (npu, cuda, cpu)")
+    rep.add_argument("--torch", dest="torch", action="store_true", default=None, help="pass torch tensors")
+    rep.add_argument("--no-torch", dest="torch", action="store_false", help="pass NumPy arrays")
+    rep.add_argument("--no-transforms", action="store_true", help="skip the manifest's layout transforms")
+    rep.add_argument("--case", action="append", help="only this case id (repeatable)")
+    rep.add_argument("--force", action="store_true", help="overwrite an existing outputs file")
+    rep.set_defaults(func=_cmd_replay)
+
+    chk = sub.add_parser("check", help="check a device's outputs against a bundle (exit 1 on mismatch)")
+    chk.add_argument("bundle")
+    chk.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
+    chk.add_argument("--lambda", dest="lam", type=float, default=8.0,
+                     help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
+    chk.add_argument("--u-acc", dest="u_acc", type=float, default=2.0**-24,
+                     help="unit roundoff of the device accumulator (default 2^-24, float32)")
+    chk.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
+    chk.add_argument("--case", action="append", help="only this case id (repeatable)")
+    chk.add_argument("--json", action="store_true", help="JSON report")
+    chk.add_argument("--plot", metavar="DIR", help="write a PNG heatmap per case (needs matplotlib)")
+    chk.set_defaults(func=_cmd_check)
+
+    ver = sub.add_parser("verify", help="verify every hash of a bundle; --regenerate rebuilds and compares bytes")
+    ver.add_argument("bundle")
+    ver.add_argument("--regenerate", action="store_true")
+    ver.set_defaults(func=_cmd_verify)
     return p
 
 
@@ -103,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         return int(args.func(args))
-    except DGArgumentError as e:
+    except (DGArgumentError, OSError) as e:
         print(f"deepgemm-ref: error: {e}", file=sys.stderr)
         return 2
 

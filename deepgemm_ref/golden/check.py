@@ -1,0 +1,238 @@
+"""The checker: does a device's output agree with the golden value, element by element?
+
+For an output element with exact accumulator ``y`` and error scale ``S = sum |a_i b_i| * scales``
+(numerics.md 4.3), a device that accumulates in a ``u_acc`` precision along a path of ``n``
+roundings lands within
+
+    E      = lambda * sqrt(n) * u_acc * S + u_acc * (|c| + |y|) * c_epi     (probabilistic bound)
+    E_hard = gamma_n(u_acc) * S          + u_acc * (|c| + |y|) * c_epi     (deterministic bound)
+
+of ``y`` (Higham 3.1; Higham & Mary 2019, which holds for unbiased rounding, not for truncating
+accumulators).  The kernel's epilogue ``f`` (rounding to the output dtype, ``c``, ``alpha``) is
+monotone, so a correct device output lies in ``[f(y - E), f(y + E)]``: the interval test.
+Elements inside the ``E`` interval pass; inside the ``E_hard`` interval but outside ``E`` they
+*warn* (a Hopper-like truncating accumulator lands there); outside ``E_hard`` they fail.
+NaN and +-inf must match the golden value by class and position; elements the kernel's contract
+leaves undefined (``golden.defined`` False) are not checked.
+
+Defaults: ``lambda = 8``, ``u_acc = 2^-24`` (float32 accumulation), ``n`` from the manifest
+(the reduction length K, the longest rounding path of an unknown accumulation order).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .. import core
+from .. import formats as fm
+from ..testing import calc_diff, ulp_distance
+
+__all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS"]
+
+ULP_BINS = (0, 1, 2, 4, 8, 16, 64, 256, 1024)  # histogram bin lower edges (last: >= 1024)
+
+
+@dataclass
+class CheckOptions:
+    """lam: lambda of the probabilistic bound; u_acc: accumulator unit roundoff; n: rounding-path
+    length (None: the manifest's); worst: how many worst elements to report."""
+
+    lam: float = 8.0
+    u_acc: float = 2.0**-24
+    n: int | None = None
+    worst: int = 10
+
+
+@dataclass
+class CaseReport:
+    id: str
+    status: str  # "pass", "warn", "fail"
+    checked: int = 0
+    passed: int = 0
+    warned: int = 0
+    failed: int = 0
+    special_mismatches: int = 0
+    undefined: int = 0
+    max_normalised_error: float = 0.0
+    calc_diff: float | None = None
+    ulp_histogram: dict[str, int] = field(default_factory=dict)
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    bound: dict[str, Any] = field(default_factory=dict)
+    tiles: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+_OUT_FMT = {np.dtype(ml_dtypes.bfloat16): fm.BF16, np.dtype(np.float32): fm.F32}
+
+
+def _ulp_out(y: np.ndarray, fmt: fm.Format) -> np.ndarray:
+    """Spacing of ``fmt`` at |y| (its subnormal spacing near zero)."""
+    ay = np.abs(y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.floor(np.log2(np.where(ay > 0, ay, 1.0)))
+    e = np.maximum(e, fmt.min_exponent)
+    return np.exp2(e - fmt.mantissa_bits)
+
+
+def _gamma(n: int, u: float) -> float:
+    nu = n * u
+    return nu / (1 - nu) if nu < 1 else math.inf
+
+
+def _histogram(d: np.ndarray) -> dict[str, int]:
+    """Counts of ULP distances in the bins of ULP_BINS (0, 1, 2-3, 4-7, ..., >= 1024)."""
+    out: dict[str, int] = {}
+    for i, lo in enumerate(ULP_BINS):
+        if i + 1 == len(ULP_BINS):
+            label, sel = f">={lo}", d >= lo
+        else:
+            hi = ULP_BINS[i + 1]
+            label = f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"
+            sel = (d >= lo) & (d < hi)
+        out[label] = int(np.count_nonzero(sel))
+    return out
+
+
+def _interval_codes(
+    ep: core.Epilogue, y: np.ndarray, y_lo: np.ndarray | None, E: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Output values of the epilogue at the two ends of [y - E, y + E] (float64, lo <= hi)."""
+    yy = y if y_lo is None else y + y_lo
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo = np.nextafter(yy - E, -np.inf)
+        hi = np.nextafter(yy + E, np.inf)
+    lead = lo.shape[0] if lo.ndim else 1
+    v_lo = fm.decode(ep.apply(lo, 0, lead), ep.out)
+    v_hi = fm.decode(ep.apply(hi, 0, lead), ep.out)
+    return np.minimum(v_lo, v_hi), np.maximum(v_lo, v_hi)
+
+
+def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], check: dict[str, Any],
+               inputs: dict[str, np.ndarray], options: CheckOptions) -> CaseReport:
+    """Check one output tensor of one case against its golden tensors.
+
+    device: the device's output (same shape and dtype as ``golden['d']``-like main output).
+    golden: ``d`` (or the main output), ``acc``, ``acc_lo``, ``S``, ``defined`` (float64 / bool).
+    check:  the manifest's checker parameters (``n``, ``epilogue``, ``c_epi``).
+    """
+    gd = golden["main"]
+    fmt = _OUT_FMT.get(gd.dtype)
+    defined = golden.get("defined")
+    defined = np.ones(gd.shape, bool) if defined is None else defined.astype(bool)
+    d_vals = device.astype(np.float64)
+    g_vals = gd.astype(np.float64)
+    rep = CaseReport(case_id, "pass", undefined=int(defined.size - np.count_nonzero(defined)))
+    # specials: NaN / +inf / -inf by class and position
+    g_special = ~np.isfinite(g_vals)
+    d_special = ~np.isfinite(d_vals)
+    cls_g = np.where(np.isnan(g_vals), 1, np.where(np.isinf(g_vals), np.sign(g_vals) * 2, 0))
+    cls_d = np.where(np.isnan(d_vals), 1, np.where(np.isinf(d_vals), np.sign(d_vals) * 2, 0))
+    special_bad = defined & (g_special | d_special) & (cls_g != cls_d)
+    rep.special_mismatches = int(np.count_nonzero(special_bad))
+    finite = defined & ~g_special & ~d_special
+    rep.checked = int(np.count_nonzero(defined))
+    if fmt is None or "acc" not in golden or "S" not in golden:
+        # No accumulator to bound: bit-exact comparison of the finite defined values.
+        ok = finite & (d_vals == g_vals)
+        soft = hard = ok
+        norm = np.where(finite & ~ok, np.inf, 0.0)
+        rep.bound = {"mode": "bitwise"}
+    else:
+        ep_desc = check.get("epilogue") or {}
+        c_name = ep_desc.get("c")
+        c_arr = inputs.get(c_name) if c_name else None
+        ep = core.Epilogue(fmt, ep_desc.get("alpha"), c_arr, ep_desc.get("c_mode", "kernel"))
+        y = golden["acc"].astype(np.float64)
+        y_lo = golden.get("acc_lo")
+        S = golden["S"].astype(np.float64)
+        n = int(options.n if options.n is not None else check.get("n", 1))
+        c_abs = np.abs(c_arr.astype(np.float64)) if c_arr is not None else 0.0
+        epi = options.u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
+        E = options.lam * math.sqrt(max(n, 1)) * options.u_acc * S + epi
+        E_hard = _gamma(max(n, 1), options.u_acc) * S + epi
+        with np.errstate(invalid="ignore"):
+            lo, hi = _interval_codes(ep, y, y_lo, E)
+            hlo, hhi = _interval_codes(ep, y, y_lo, E_hard)
+            soft = finite & (d_vals >= lo) & (d_vals <= hi)
+            hard = finite & (d_vals >= hlo) & (d_vals <= hhi)
+            # Normalised error: distance to the golden output in units of (E + half an output ulp).
+            norm = np.where(finite, np.abs(d_vals - g_vals) / (E * (1 if ep.alpha is None else abs(ep.alpha))
+                                                                 + _ulp_out(g_vals, fmt) / 2), 0.0)
+            norm = np.where(finite & (d_vals == g_vals), 0.0, norm)
+        rep.bound = {"mode": "interval", "lambda": options.lam, "u_acc": options.u_acc, "n": n,
+                     "c_epi": check.get("c_epi", 0)}
+    rep.passed = int(np.count_nonzero(soft))
+    rep.warned = int(np.count_nonzero(hard & ~soft))
+    rep.failed = int(np.count_nonzero(finite & ~hard)) + rep.special_mismatches
+    rep.max_normalised_error = float(norm[defined].max()) if np.any(defined) else 0.0
+    if rep.failed:
+        rep.status = "fail"
+    elif rep.warned:
+        rep.status = "warn"
+    both = finite
+    if np.any(both):
+        rep.ulp_histogram = _histogram(ulp_distance(device[both], gd[both]))
+        rep.calc_diff = float(calc_diff(d_vals[both], g_vals[both]))
+    bad = defined & (~hard | special_bad)
+    order = np.argsort(-np.where(defined, np.where(special_bad, np.inf, norm), -1.0), axis=None, kind="stable")
+    for flat in order[: options.worst]:
+        idx = np.unravel_index(int(flat), gd.shape)
+        if not defined[idx]:
+            break
+        if norm[idx] == 0 and not special_bad[idx]:
+            break
+        rep.worst.append({
+            "index": [int(i) for i in idx],
+            "tile_128x128": [int(idx[-2]) // 128, int(idx[-1]) // 128] if len(idx) >= 2 else [int(idx[0]) // 128],
+            "group": int(idx[0]) if len(idx) == 3 else None,
+            "device": float(d_vals[idx]),
+            "golden": float(g_vals[idx]),
+            "normalised_error": float(norm[idx]),
+            "status": "fail" if bad[idx] else ("warn" if not soft[idx] else "pass"),
+        })
+    # per 128x128 tile: worst normalised error and failure counts (for reports and heatmaps)
+    if gd.ndim >= 2:
+        rep.tiles = _tile_summary(np.where(defined, norm, 0.0), bad)
+    return rep
+
+
+def _tile_summary(norm: np.ndarray, bad: np.ndarray) -> dict[str, Any]:
+    lead = int(np.prod(norm.shape[:-2])) if norm.ndim > 2 else 1
+    r, c = norm.shape[-2:]
+    tr, tc = -(-r // 128), -(-c // 128)
+    n2 = norm.reshape(lead, r, c)
+    b2 = bad.reshape(lead, r, c)
+    pad_r, pad_c = tr * 128 - r, tc * 128 - c
+    n2 = np.pad(n2, ((0, 0), (0, pad_r), (0, pad_c)))
+    b2 = np.pad(b2, ((0, 0), (0, pad_r), (0, pad_c)))
+    worst = n2.reshape(lead, tr, 128, tc, 128).max(axis=(2, 4))
+    fails = b2.reshape(lead, tr, 128, tc, 128).sum(axis=(2, 4))
+    return {"shape": [lead, tr, tc], "worst": worst.tolist(), "failed": fails.tolist(),
+            "failing_tiles": int(np.count_nonzero(fails))}
+
+
+def format_report(reports: list[CaseReport]) -> str:
+    """Human-readable report."""
+    lines = []
+    for r in reports:
+        lines.append(f"{r.id}: {r.status.upper()}  checked {r.checked}, passed {r.passed}, warn {r.warned}, "
+                     f"failed {r.failed} (special-value mismatches {r.special_mismatches}), undefined {r.undefined}")
+        lines.append(f"  max normalised error {r.max_normalised_error:.3g}   calc_diff "
+                     f"{r.calc_diff if r.calc_diff is None else format(r.calc_diff, '.3g')}   bound {r.bound}")
+        if r.ulp_histogram:
+            lines.append("  ulp distance to golden: " + ", ".join(f"{k}: {v}" for k, v in r.ulp_histogram.items() if v))
+        if r.tiles:
+            lines.append(f"  128x128 tiles with failures: {r.tiles['failing_tiles']}")
+        for w in r.worst:
+            lines.append(f"    {w['status']:4s} at {tuple(w['index'])} (tile {tuple(w['tile_128x128'])}): device "
+                         f"{w['device']!r}, golden {w['golden']!r}, normalised error {w['normalised_error']:.3g}")
+    total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
+    lines.append(f"summary: {len(reports)} cases: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
+    return "\n".join(lines)

@@ -1,0 +1,325 @@
+"""The golden-value workflow: bundles, replay, the checker catching real port bugs, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import deepgemm_ref as dg
+from deepgemm_ref import core, golden
+from deepgemm_ref import formats as fm
+from deepgemm_ref.cli import main
+from deepgemm_ref.golden import safetensors as st
+
+BF16 = ml_dtypes.bfloat16
+
+CASES = [
+    {"id": "fp8-256", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": 256, "n": 256, "k": 512, "out": "bf16"},
+    {"id": "fp8-c-f32", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": 64, "n": 128, "k": 384, "out": "f32",
+     "c": "is_d"},
+    {"id": "fp4", "kernel": "fp8_fp4_gemm_nt", "profile": "sm100", "m": 32, "n": 64, "k": 256, "a": "fp4", "b": "fp4",
+     "gran_k_a": 32, "gran_k_b": 32, "out": "bf16"},
+    {"id": "sm90-1d2d", "kernel": "fp8_gemm_nt", "profile": "sm90", "m": 32, "n": 512, "k": 512, "gran_n": 128,
+     "out": "bf16"},
+    {"id": "ascend-alpha", "kernel": "fp8_gemm_nt", "profile": "ascend950", "m": 16, "n": 32, "k": 128,
+     "out": "bf16", "alpha": -1.5, "c": "separate"},
+]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("golden") / "b"
+    golden.generate(CASES, root)
+    return root
+
+
+def _outputs_from_golden(b: golden.Bundle) -> dict[str, np.ndarray]:
+    out = {}
+    for cid in b.cases:
+        case = b.case(cid)
+        for name in case.entry["outputs"]:
+            out[f"{cid}/{name}"] = np.array(case.golden()[name], copy=True)
+    return out
+
+
+def test_generate_replay_check_round_trip(bundle, tmp_path):
+    outs = tmp_path / "out.safetensors"
+    golden.replay(bundle, outs)
+    reports = golden.check(bundle, outs)
+    assert [r.status for r in reports] == ["pass"] * len(CASES)
+    assert all(r.max_normalised_error == 0 for r in reports)
+    # replay with torch tensors too (when torch is installed)
+    pytest.importorskip("torch")
+    outs2 = tmp_path / "out2.safetensors"
+    golden.replay(bundle, outs2, use_torch=True)
+    assert [r.status for r in golden.check(bundle, outs2)] == ["pass"] * len(CASES)
+
+
+def test_manifest_records_what_the_issue_asks(bundle):
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert m["version"] == 1 and m["format"] == "deepgemm-ref-golden"
+    for key in ("deepgemm_ref", "numpy", "ml_dtypes", "python", "blas_thread_env"):
+        assert key in m["created_by"]
+    for key in ("accumulation", "scale_division", "e4m3_overflow", "fp4_rounding", "output_rounding"):
+        assert key in m["numerics"]
+    c = m["cases"][0]
+    for key in ("function", "args", "kwargs", "outputs", "transforms", "check", "seed", "generator", "tensors",
+                "file_sha256", "profile"):
+        assert key in c
+    assert set(c["tensors"]) >= {"input.a", "input.a_sf", "input.b", "input.b_sf", "golden.d", "golden.acc",
+                                  "golden.S", "golden.defined"}
+    assert all(len(t["sha256"]) == 64 for t in c["tensors"].values())
+    f32 = next(x for x in m["cases"] if x["id"] == "fp8-c-f32")
+    assert "golden.acc_lo" in f32["tensors"]
+
+
+def test_generation_is_deterministic_across_threads(tmp_path):
+    env = dict(os.environ, DEEPGEMM_REF_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    code = ("import sys, deepgemm_ref.golden as g, json; "
+            "g.generate(json.loads(sys.argv[2]), sys.argv[1])")
+    spec = json.dumps(CASES[:3])
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "one"), spec], check=True, env=env)
+    env2 = dict(os.environ, DEEPGEMM_REF_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "two"), spec], check=True, env=env2)
+    for case in CASES[:3]:
+        a = (tmp_path / "one" / "cases" / f"{case['id']}.safetensors").read_bytes()
+        b = (tmp_path / "two" / "cases" / f"{case['id']}.safetensors").read_bytes()
+        assert a == b
+
+
+def test_torch_safetensors_reads_every_file(bundle):
+    torch = pytest.importorskip("torch")
+    sttorch = pytest.importorskip("safetensors.torch")
+    for f in sorted((bundle / "cases").glob("*.safetensors")):
+        loaded = sttorch.load_file(str(f))
+        ours = st.load_file(f)
+        assert set(loaded) == set(ours)
+        for name, t in loaded.items():
+            o = ours[name].data if isinstance(ours[name], st.PackedFP4) else ours[name]
+            assert t.view(torch.uint8).numpy().tobytes() == np.ascontiguousarray(o).view(np.uint8).tobytes()
+        assert loaded["input.a"].dtype in (torch.float8_e4m3fn, torch.int8)
+        assert loaded["golden.d"].dtype in (torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checker catches the bugs real ports make
+# ---------------------------------------------------------------------------------------------
+
+def _check_one(bundle, case_id, device):
+    b = golden.load_bundle(bundle)
+    return golden.check_outputs(b, {f"{case_id}/d": device}, cases=[case_id])[0]
+
+
+def _rerun(bundle, case_id, **replace_inputs):
+    """Run the emulator on a case with some inputs replaced (what a buggy port would compute)."""
+    from deepgemm_ref.golden.bundle import _fresh_outputs, call_kernel
+
+    case = golden.load_bundle(bundle).case(case_id)
+    inputs = {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in case.inputs().items()}
+    inputs.update(replace_inputs)
+    outs = _fresh_outputs(case.entry["outputs"], case.inputs())
+    with dg.numerics(arch=case.entry["profile"]):
+        call_kernel(dg, case.entry["function"], case.args, case.kwargs, inputs, outs)
+    return outs["d"], case
+
+
+def test_catches_zeroed_tile(bundle):
+    d = golden.load_bundle(bundle).case("fp8-256").golden()["d"].copy()
+    d[128:256, 0:128] = 0
+    rep = _check_one(bundle, "fp8-256", d)
+    assert rep.status == "fail" and rep.tiles["failing_tiles"] == 1 and rep.tiles["failed"][0][1][0] > 10000
+    # calc_diff alone would have let it through DeepGEMM's 1e-3 threshold (numerics 4.4)
+    assert rep.calc_diff is not None
+
+
+def test_catches_one_wrong_scale_byte(bundle):
+    case = golden.load_bundle(bundle).case("fp8-256")
+    sf = case.inputs()["a_sf"].copy()
+    sf[7, 2] *= 2  # one UE8M0 byte off by one in one block
+    d, _ = _rerun(bundle, "fp8-256", a_sf=sf)
+    rep = _check_one(bundle, "fp8-256", d)
+    assert rep.status == "fail" and all(w["index"][0] == 7 for w in rep.worst)
+
+
+def test_catches_truncation_instead_of_rne(bundle):
+    case = golden.load_bundle(bundle).case("fp8-256")
+    acc = case.golden()["acc"]
+    trunc = (fm.f64_to_f32_round_odd(acc).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    rep = _check_one(bundle, "fp8-256", trunc.astype(BF16))
+    assert rep.status == "fail" and rep.failed > 0.1 * rep.checked
+
+
+def test_catches_swapped_fp4_nibbles(bundle):
+    case = golden.load_bundle(bundle).case("fp4")
+    b = case.inputs()["b"]
+    b = b.data if isinstance(b, st.PackedFP4) else b
+    u = b.view(np.uint8)
+    swapped = ((u >> 4) | (u << 4)).astype(np.uint8).view(np.int8)
+    d, _ = _rerun(bundle, "fp4", b=swapped)
+    assert _check_one(bundle, "fp4", d).status == "fail"
+
+
+def test_catches_transposed_scale_layout(bundle):
+    case = golden.load_bundle(bundle).case("sm90-1d2d")
+    sfb = case.inputs()["b_sf"]
+    assert sfb.shape[0] == sfb.shape[1]
+    d, _ = _rerun(bundle, "sm90-1d2d", b_sf=np.ascontiguousarray(sfb.T))
+    assert _check_one(bundle, "sm90-1d2d", d).status == "fail"
+
+
+def test_catches_one_nan(bundle):
+    d = golden.load_bundle(bundle).case("fp8-c-f32").golden()["d"].copy()
+    d[3, 5] = np.nan
+    rep = _check_one(bundle, "fp8-c-f32", d)
+    assert rep.status == "fail" and rep.special_mismatches == 1 and rep.worst[0]["index"] == [3, 5]
+
+
+def test_float32_accumulation_in_any_order_passes(bundle):
+    """A correct device: float32 accumulation of the scaled products in a random order per row,
+    then the epilogue with float32 arithmetic.  It must pass (never fail)."""
+    rng = np.random.default_rng(0)
+    for case_id in ("fp8-256", "fp8-c-f32", "fp4", "sm90-1d2d", "ascend-alpha"):
+        case = golden.load_bundle(bundle).case(case_id)
+        g = case.golden()
+        spec = case.entry["spec"]
+        # the exact products, as float64 (exact), summed in float32 in a random order
+        from deepgemm_ref.golden.cases import build_case
+
+        built = build_case(golden.CaseSpec.from_dict(spec))
+        with dg.numerics(arch=case.entry["profile"]):
+            with dg.trace.capture(want_acc=True) as cap:
+                from deepgemm_ref.golden.bundle import _fresh_outputs, call_kernel
+
+                outs = _fresh_outputs(built.outputs, built.inputs)
+                call_kernel(dg, built.function, built.args, built.kwargs, built.inputs, outs)
+        acc64 = cap.last.acc
+        # perturb like a float32 accumulator would: relative noise ~ sqrt(K) * 2^-24 on the terms
+        S = g["S"]
+        k = case.entry["check"]["n"]
+        noise = rng.uniform(-1, 1, acc64.shape) * np.sqrt(k) * 2.0**-24 * S * 0.5
+        acc_dev = (acc64 + noise).astype(np.float32).astype(np.float64)
+        ep_desc = case.entry["check"]["epilogue"]
+        c = case.inputs().get(ep_desc["c"]) if ep_desc["c"] else None
+        ep = core.Epilogue(fm.BF16 if g["d"].dtype == BF16 else fm.F32, ep_desc["alpha"], c, ep_desc["c_mode"])
+        dev = ep.apply(acc_dev, 0, acc_dev.shape[0]).view(g["d"].dtype)
+        rep = _check_one(bundle, case_id, dev)
+        assert rep.status in ("pass", "warn") and rep.failed == 0, case_id
+
+
+def test_limited_accumulator_is_flagged_not_passed(tmp_path):
+    """A Hopper-like truncating 13-bit accumulator: outside the probabilistic bound (warn or fail)."""
+    root = tmp_path / "b"
+    golden.generate([{"id": "big-k", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": 64, "n": 64, "k": 4096,
+                      "out": "f32"}], root)
+    b = golden.load_bundle(root)
+    case = b.case("big-k")
+    inputs = case.inputs()
+    d = np.zeros((64, 64), np.float32)
+    with dg.numerics(accumulation=dg.Limited(13, 128)):
+        dg.fp8_gemm_nt((inputs["a"], inputs["a_sf"]), (inputs["b"], inputs["b_sf"]), d, recipe=(1, 1, 128))
+    rep = golden.check_outputs(b, {"big-k/d": d})[0]
+    assert rep.status in ("warn", "fail") and rep.passed < rep.checked
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: clear message, exit 2, nothing half-written or overwritten
+# ---------------------------------------------------------------------------------------------
+
+def test_altered_tensor_is_detected(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    f = copy / "cases" / "fp8-256.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(golden.BundleError, match="sha256"):
+        golden.load_bundle(copy).case("fp8-256")
+    assert main(["verify", str(copy)]) == 1
+    golden.replay(bundle, tmp_path / "o.safetensors")
+    assert main(["check", str(copy), "--outputs", str(tmp_path / "o.safetensors")]) == 2
+
+
+def test_missing_tensor_and_unknown_version(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    (copy / "cases" / "fp4.safetensors").unlink()
+    with pytest.raises(golden.BundleError, match="missing"):
+        golden.load_bundle(copy).case("fp4")
+    m = json.loads((copy / "manifest.json").read_text())
+    m["version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(golden.BundleError, match="version 99"):
+        golden.load_bundle(copy)
+    assert main(["verify", str(copy)]) == 2
+
+
+def test_outputs_of_wrong_shape_or_dtype(bundle, tmp_path):
+    b = golden.load_bundle(bundle)
+    outs = _outputs_from_golden(b)
+    outs["fp8-256/d"] = outs["fp8-256/d"].astype(np.float32)
+    st.save_file(outs, tmp_path / "bad.safetensors")
+    assert main(["check", str(bundle), "--outputs", str(tmp_path / "bad.safetensors")]) == 2
+    outs = _outputs_from_golden(b)
+    outs["fp8-256/d"] = outs["fp8-256/d"][:10]
+    st.save_file(outs, tmp_path / "bad2.safetensors")
+    assert main(["check", str(bundle), "--outputs", str(tmp_path / "bad2.safetensors")]) == 2
+
+
+def test_no_overwrite_without_force_and_unknown_preset(bundle, tmp_path):
+    before = (bundle / "manifest.json").read_bytes()
+    assert main(["golden", "--preset", "smoke", "--out", str(bundle)]) == 2
+    assert (bundle / "manifest.json").read_bytes() == before
+    assert main(["golden", "--preset", "no-such-preset", "--out", str(tmp_path / "x")]) == 2
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps([{"id": "x", "kernel": "no_such_kernel", "profile": "sm100"}]))
+    assert main(["golden", "--spec", str(spec), "--out", str(tmp_path / "y")]) == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only directories")
+def test_unwritable_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        assert main(["golden", "--preset", "smoke", "--out", str(ro / "b")]) == 2
+    finally:
+        ro.chmod(0o700)
+
+
+def test_unwritable_target_file_reports_cleanly(tmp_path):
+    target = tmp_path / "file-not-dir"
+    target.write_text("x")
+    assert main(["golden", "--preset", "smoke", "--out", str(target)]) == 2
+
+
+def test_cli_end_to_end_and_json_report(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"cases": CASES[:2]}))
+    out = tmp_path / "b"
+    assert main(["golden", "--spec", str(spec), "--out", str(out)]) == 0
+    assert main(["replay", str(out), "--out", str(tmp_path / "o.safetensors")]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), "--outputs", str(tmp_path / "o.safetensors"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [r["status"] for r in rep] == ["pass", "pass"]
+    assert main(["verify", str(out), "--regenerate"]) == 0
+    # a .npy output for a one-case check
+    np.save(tmp_path / "d_f32.npy", golden.load_bundle(out).case("fp8-c-f32").golden()["d"])
+    assert main(["check", str(out), "--outputs", str(tmp_path / "d_f32.npy"), "--case", "fp8-c-f32"]) == 0
+
+
+def test_smoke_preset_covers_every_implemented_dense_kernel_family():
+    kernels = {c["kernel"] for c in golden.preset("smoke")}
+    assert {"fp8_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tt", "bf16_gemm_nt", "bf16_gemm_tn",
+            "aclnn_fp8_fp4_gemm_nt", "cublaslt_gemm_nt"} <= kernels
+    profiles = {c["profile"] for c in golden.preset("smoke")}
+    assert profiles == {"sm90", "sm100", "ascend950"}
+    _ = Path
