@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["DGArgumentError", "DGUtilityError", "arg_error", "describe"]
 
 
+# Note: one exception type (also a ValueError) where DeepGEMM raises RuntimeError or asserts.
 class DGArgumentError(ValueError, RuntimeError):
     """A bad argument: wrong dtype, shape, layout, value, or not supported by the active profile.
 

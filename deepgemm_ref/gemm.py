@@ -131,6 +131,8 @@ def _alpha_of(func: str, alpha: Any, epilogue: Any) -> float | None:
 
 def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
     """DeepGEMM's early_return: (done, snapshot of C or None)."""
+    # Note: under ascend950 a separate c is accepted (the port snapshot copies it into d); the
+    # newest official DeepGEMM-Ascend asserts that c is d.  The result is the same.
     if m == 0 or n == 0:
         return True, None
     c_val, _same = resolve_c(c, d, func)
@@ -159,6 +161,7 @@ def _recipe(func: str, arg: str, r: Any, n: int) -> tuple[int, ...] | None:
 
 def _ue8m0_bytes_of_f32(func: str, arg: str, sf: np.ndarray) -> np.ndarray:
     """float32 scales that must be powers of two (or 0) -> their UE8M0 bytes, same shape."""
+    # Note: the devices trap inside the kernel on such scales; we raise the argument error first.
     bits = np.ascontiguousarray(sf).view(np.uint32)
     bad = (bits & np.uint32(0x807FFFFF)) != 0
     if np.any(bad):
@@ -367,6 +370,7 @@ def _fp8_fp4_request(
 
 def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
     """One of fp8_fp4_gemm_{nt,nn,tn,tt} for DeepGEMM (cuda=True) or DeepGEMM-Ascend."""
+    # Note: the DeepGEMM variants also take DeepGEMM-Ascend's trailing alpha=None, epilogue=None.
     name = f"fp8_fp4_gemm_{layout}"
     cd = "nk" if layout in ("nt", "nn") else "mn"
 
@@ -389,8 +393,7 @@ def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
         "    " + ("A is given as (K, M). " if layout[0] == "t" else "A is (M, K). ")
         + ("B is given as (K, N)." if layout[1] == "n" else "B is (N, K).") + "\n"
         "    d (M, N) bfloat16 or float32 is written in place; c is None, an (M, N) array or d itself.\n"
-        + ("    # Note: alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n"
-           if cuda else "")
+        + ("    alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n" if cuda else "")
     )
     return impl
 
@@ -515,6 +518,7 @@ def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any,
 
 
 def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
+    # Note: the DeepGEMM variants also take DeepGEMM-Ascend's trailing alpha=None, epilogue=None.
     name = f"bf16_gemm_{layout}"
     cd = "nk" if layout in ("nt", "nn") else "mn"
 
@@ -533,8 +537,7 @@ def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
         + ("b (K, N)" if layout[1] == "n" else "b (N, K)") + " bfloat16, any major; d (M, N) bfloat16 or\n"
         "    float32 row-major, written in place; c None, an (M, N) array of d's dtype, or d itself.\n"
         "    bf16 d with c: bf16(c + bf16(acc)); float32 d with c: f32(c + acc); alpha: f32(alpha * acc) first.\n"
-        + ("    # Note: alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n"
-           if cuda else "")
+        + ("    alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n" if cuda else "")
     )
     return impl
 
@@ -624,7 +627,7 @@ def _aclnn_fp8_bytes(func: str, arg: str, sf: np.ndarray | None, mn: int, k: int
         bits = np.ascontiguousarray(sf).view(np.uint32)
         if np.any(bits >> np.uint32(31)):
             raise arg_error(func, arg, "non-negative float32 scales", sf)
-        # Note: the port floors a non-power-of-two float32 scale to its exponent byte (no check).
+        # The port floors a non-power-of-two float32 scale to its exponent byte (no check).
         return (bits >> np.uint32(23)).astype(np.uint8)
     if sf.dtype.itemsize == 1 and sf.dtype.kind in "uV" or str(sf.dtype) == "float8_e8m0fnu":
         return np.ascontiguousarray(sf).view(np.uint8)

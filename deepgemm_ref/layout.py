@@ -59,6 +59,9 @@ from .api import profiled
 from .errors import arg_error
 from .interop import Kind, caller_kind, from_numpy, is_tensor, to_numpy
 
+# Note: padding rows and bytes of every built layout are zero (DeepGEMM leaves them uninitialised),
+# and a float32 SF that the device kernels would trap on raises DGArgumentError instead.
+
 __all__ = [
     "get_tma_aligned_size",
     "get_mn_major_tma_aligned_tensor",
@@ -331,7 +334,7 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
         check = not (mn % 4 or g > 1)
         if check and _strides(b)[1:] != (1, mn):
             raise arg_error(func, "sf", f"a contiguous array or an MN-major one with strides (1, {mn})", sf)
-    # Note: where DeepGEMM takes its PyTorch fallback (check False) it keeps the exponent field
+    # Where DeepGEMM takes its PyTorch fallback (check False) it keeps the exponent field
     # without checking it, flooring non-powers of two and dropping a sign bit; so do we.
     by = _exponent_bytes(b, func, "sf", check=check, keep=keep, lead=3 - sf.ndim, where=where)
     storage, view = _pack_int32_mn_major(by)
@@ -656,7 +659,7 @@ def _transform_ascend_impl(
             raise arg_error(func, "psum_layout", "non-decreasing end offsets", repr(ends.tolist()))
         alignment = runtime.current_mk_alignment()
         k_major = st[-1] == 1
-        # Note: the kernel zeroes gap entries of int16 input only where it clears source rows
+        # The kernel zeroes gap entries of int16 input only where it clears source rows
         # in its buffer (m-grouped K-major, k-grouped MN-major); in the other two cases its
         # int16 copy path ignores the gap flags, so the gap pairs pass through unchanged.
         zero_gaps = is_float or (k_major if grouping == "m" else not k_major)

@@ -113,6 +113,7 @@ def _amax_f32(xw: np.ndarray, axis: Any) -> np.ndarray:
 
 def _scale_from_amax(amax: np.ndarray, divisor: float, options: NumericsOptions | None = None) -> np.ndarray:
     """``amax / divisor`` as torch evaluates it on CUDA (default) or on the CPU."""
+    # Note: DeepGEMM's bytes depend on the tensor's device here; the option picks one.
     options = options or get_numerics()
     with np.errstate(over="ignore", invalid="ignore"):
         if options.scale_division == "cuda":
@@ -131,6 +132,7 @@ def _reciprocal(sf: np.ndarray) -> np.ndarray:
 
 def _to_e4m3(y: np.ndarray, options: NumericsOptions | None = None) -> np.ndarray:
     """torch's ``.to(torch.float8_e4m3fn)``: float64 goes through float32 (torch double-rounds)."""
+    # Note: the overflow behaviour depends on the torch version; the option picks one.
     options = options or get_numerics()
     with np.errstate(over="ignore", invalid="ignore"):
         y32 = y.astype(_F32) if y.dtype == np.float64 else y

@@ -117,7 +117,7 @@ def _set_num_sms_ascend(n: int, /) -> None:
     """Record the AI-core count used for scheduling (1..32 on Ascend 950; 0 is rejected)."""
     n = _int_arg("set_num_sms", "n", n)
     dev = profiles.get_profile().device_num_sms
-    # Note: DeepGEMM-Ascend rejects 0, which DeepGEMM accepts as "reset to the device count".
+    # DeepGEMM-Ascend rejects 0, which DeepGEMM accepts as "reset to the device count".
     if not 0 < n <= dev:
         raise DGArgumentError(f"set_num_sms: n: expected 0 < n <= {dev} (the device's AI-core count); got {n}")
     _set(num_sms=n)

@@ -167,6 +167,7 @@ def _ordered64(bits: np.ndarray) -> np.ndarray:
 # Benchmarking and test-filter helpers with DeepGEMM's names (wall clock on the CPU)
 # ----------------------------------------------------------------------------------------------
 
+# Note: wall-clock timing on the CPU instead of CUDA events with an L2 flush.
 def bench(fn: Callable[[], Any], num_warmups: int = 5, num_tests: int = 10, high_precision: bool = False) -> float:
     """Seconds per call of ``fn`` (wall clock, median of ``num_tests`` after ``num_warmups``).
 
