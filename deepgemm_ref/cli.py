@@ -146,7 +146,8 @@ def _cmd_golden(args: argparse.Namespace) -> int:
         raise DGArgumentError(f"golden: cannot read the specification: {e}") from e
     if args.case:
         specs = [s for s in specs if s["id"] in set(args.case)]
-    manifest = golden.generate(specs, args.out, force=args.force, progress=_Progress("golden"))
+    manifest = golden.generate(specs, args.out, force=args.force, resume=args.resume, jobs=args.jobs,
+                               executor=args.executor, scheduler=args.scheduler, progress=_Progress("golden"))
     print(f"wrote {len(manifest['cases'])} cases to {args.out}")
     return 0
 
@@ -217,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, help="bundle directory")
     gen.add_argument("--case", action="append", help="only this case id (repeatable)")
     gen.add_argument("--force", action="store_true", help="overwrite an existing bundle")
+    gen.add_argument("--resume", action="store_true", help="keep the verified cases of an existing bundle")
+    gen.add_argument("--jobs", type=int, default=1, help="worker processes (each gets its share of BLAS threads)")
+    gen.add_argument("--executor", choices=("local", "dask"), default="local")
+    gen.add_argument("--scheduler", help="dask.distributed scheduler address (with --executor dask)")
     gen.set_defaults(func=_cmd_golden)
 
     rep = sub.add_parser("replay", help="run a bundle through a library and save its outputs")

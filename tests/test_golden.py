@@ -95,6 +95,7 @@ def test_generation_is_deterministic_across_threads(tmp_path):
         assert a == b
 
 
+@pytest.mark.torch
 def test_torch_safetensors_reads_every_file(bundle):
     torch = pytest.importorskip("torch")
     sttorch = pytest.importorskip("safetensors.torch")
@@ -323,3 +324,73 @@ def test_smoke_preset_covers_every_implemented_dense_kernel_family():
     profiles = {c["profile"] for c in golden.preset("smoke")}
     assert profiles == {"sm90", "sm100", "ascend950"}
     _ = Path
+
+
+# ---------------------------------------------------------------------------------------------
+# parallel and distributed generation, failures and resume (issue 9)
+# ---------------------------------------------------------------------------------------------
+
+def _bundle_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_jobs_give_identical_bundles(tmp_path):
+    specs = CASES[:4]
+    golden.generate(specs, tmp_path / "serial")
+    golden.generate(specs, tmp_path / "jobs", jobs=2)
+    assert _bundle_bytes(tmp_path / "serial") == _bundle_bytes(tmp_path / "jobs")
+
+
+@pytest.mark.dask
+def test_dask_local_cluster_gives_identical_bundle(tmp_path):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    specs = CASES[:3]
+    golden.generate(specs, tmp_path / "serial")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        golden.generate(specs, tmp_path / "dask", executor="dask", scheduler=cluster.scheduler_address)
+    assert _bundle_bytes(tmp_path / "serial") == _bundle_bytes(tmp_path / "dask")
+
+
+@pytest.mark.dask
+def test_unreachable_scheduler(tmp_path):
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    assert main(["golden", "--preset", "smoke", "--out", str(tmp_path / "b"), "--executor", "dask",
+                 "--scheduler", "tcp://127.0.0.1:9"]) == 2
+
+
+def test_failure_keeps_finished_cases_and_resume_finishes(tmp_path, monkeypatch):
+    from deepgemm_ref.golden import bundle as bmod
+
+    real_save = st.save_file
+    calls = {"n": 0}
+
+    def full_disk(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(bmod.st, "save_file", full_disk)
+    root = tmp_path / "b"
+    with pytest.raises(golden.BundleError, match="resume"):
+        golden.generate(CASES, root)
+    m = json.loads((root / "manifest.json").read_text())
+    assert len(m["cases"]) == 2 and m["incomplete"] == [c["id"] for c in CASES[2:]]
+    assert golden.verify(root)["ok"]  # what was kept verifies
+    assert not list((root / "cases").glob(".*tmp"))  # nothing half-written
+    monkeypatch.setattr(bmod.st, "save_file", real_save)
+    golden.generate(CASES, root, resume=True)
+    m = json.loads((root / "manifest.json").read_text())
+    assert "incomplete" not in m and len(m["cases"]) == len(CASES)
+    fresh = tmp_path / "fresh"
+    golden.generate(CASES, fresh)
+    assert _bundle_bytes(root) == _bundle_bytes(fresh)
+
+
+def test_failing_worker_reported(tmp_path):
+    bad = dict(CASES[0], id="bad", m=-1)
+    with pytest.raises(golden.BundleError, match="bad"):
+        golden.generate([CASES[1], bad], tmp_path / "b", jobs=2)
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [c["id"] for c in m["cases"]] == [CASES[1]["id"]] and m["incomplete"] == ["bad"]

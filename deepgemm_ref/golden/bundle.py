@@ -127,9 +127,15 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
 # manifest
 # ----------------------------------------------------------------------------------------------
 
+# The BLAS thread settings of this process as it started (dask.distributed rewrites them in the
+# client process; --jobs sets them for its workers): every golden is exact, so they cannot change
+# a byte of a bundle; they are recorded for the record.
+_BLAS_ENV = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                        "DEEPGEMM_REF_NUM_THREADS") if k in os.environ}
+
+
 def _environment() -> dict[str, Any]:
-    blas = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                       "DEEPGEMM_REF_NUM_THREADS") if k in os.environ}
+    blas = dict(_BLAS_ENV)
     return {
         "deepgemm_ref": __version__,
         "numpy": np.__version__,
@@ -201,17 +207,31 @@ def generate(
     out_dir: str | os.PathLike[str],
     *,
     force: bool = False,
+    resume: bool = False,
+    jobs: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate a bundle: build every case, compute its golden, write files atomically.
 
-    Returns the manifest.  Refuses to write into a directory that already holds a manifest
-    unless ``force``.
+    jobs: worker processes (``executor="local"``), each given ``cpu_count // jobs`` BLAS threads.
+    executor: ``"local"`` or ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
+    ``scheduler``, which must see ``out_dir``).
+    resume: keep the verified cases of an existing (possibly incomplete) bundle, generate the rest.
+    Every case is deterministic, so the bundle's bytes do not depend on jobs or the executor.
+    On a failure the finished cases are kept (and listed in the manifest with the unfinished ones
+    under ``"incomplete"``) and :class:`BundleError` says which cases to re-run (``resume=True``).
+    Returns the manifest.
     """
     spec_list = [s if isinstance(s, CaseSpec) else CaseSpec.from_dict(s) for s in specs]
     ids = [s.id for s in spec_list]
     if len(set(ids)) != len(ids):
         raise BundleError(f"duplicate case ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+    for s in spec_list:
+        _safe_name(s.id)
+    if jobs < 1:
+        raise BundleError(f"golden: jobs: expected a positive number of workers; got {jobs}")
     root = Path(out_dir)
     try:
         (root / "cases").mkdir(parents=True, exist_ok=True)
@@ -219,15 +239,24 @@ def generate(
         raise BundleError(f"{root}: cannot create the bundle directory: {e}") from e
     if not os.access(root, os.W_OK):
         raise BundleError(f"{root}: not writable")
-    if (root / MANIFEST_NAME).exists() and not force:
-        raise BundleError(f"{root}: already holds a bundle; pass force=True (--force) to overwrite")
-    entries = []
-    for i, spec in enumerate(spec_list):
-        if progress is not None:
-            progress(i, len(spec_list), spec.id)
-        entries.append(_generate_case(spec, root, force))
-    if progress is not None:
-        progress(len(spec_list), len(spec_list), "")
+    done: dict[str, dict[str, Any]] = {}
+    if (root / MANIFEST_NAME).exists():
+        if resume:
+            done = _verified_cases(root)
+        elif not force:
+            raise BundleError(f"{root}: already holds a bundle; pass force=True (--force) to overwrite "
+                              "or resume=True (--resume) to finish an incomplete one")
+    todo = [s for s in spec_list if s.id not in done or done[s.id]["spec"] != s.to_dict()]
+    finished: dict[str, dict[str, Any]] = {k: v for k, v in done.items() if k in set(ids)}
+    error: BaseException | None = None
+    try:
+        for i, entry in enumerate(_run_cases(todo, root, force or resume, jobs, executor, scheduler)):
+            finished[entry["id"]] = entry
+            if progress is not None:
+                progress(i + 1, len(todo), entry["id"])
+    except (BundleError, OSError, RuntimeError, ImportError) as e:
+        error = e
+    entries = [finished[i] for i in ids if i in finished]
     manifest = {
         "format": FORMAT_NAME,
         "version": MANIFEST_VERSION,
@@ -235,8 +264,101 @@ def generate(
         "numerics": _numerics_record(),
         "cases": entries,
     }
+    missing = [i for i in ids if i not in finished]
+    if missing:
+        manifest["incomplete"] = missing
     _atomic_write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n", force=True)
+    if missing:
+        raise BundleError(
+            f"{root}: {len(entries)} of {len(ids)} cases finished and kept; not finished: {missing}"
+            + (f" ({type(error).__name__}: {error})" if error else "")
+            + "; re-run with --resume to generate them"
+        )
     return manifest
+
+
+def _verified_cases(root: Path) -> dict[str, dict[str, Any]]:
+    """The cases of an existing bundle whose files still verify."""
+    try:
+        b = Bundle(root)
+    except BundleError:
+        return {}
+    ok = {}
+    for case_id, entry in b.cases.items():
+        try:
+            b.case(case_id)
+        except BundleError:
+            continue
+        ok[case_id] = entry
+    return ok
+
+
+def _generate_case_worker(spec_dict: dict[str, Any], root: str, overwrite: bool) -> dict[str, Any]:
+    """Process/Dask worker entry point: one case, written to ``root``; returns its manifest entry."""
+    return _generate_case(CaseSpec.from_dict(spec_dict), Path(root), overwrite)
+
+
+def _run_cases(todo: list[CaseSpec], root: Path, overwrite: bool, jobs: int, executor: str,
+               scheduler: str | None) -> Iterable[dict[str, Any]]:
+    if executor == "dask":
+        yield from _run_dask(todo, root, overwrite, scheduler)
+        return
+    if executor != "local":
+        raise BundleError(f"golden: executor: expected 'local' or 'dask'; got {executor!r}")
+    if jobs == 1 or len(todo) <= 1:
+        for spec in todo:
+            yield _generate_case(spec, root, overwrite)
+        return
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env_keys = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update({k: str(threads) for k in env_keys})  # inherited by the spawned workers
+    try:
+        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_generate_case_worker, s.to_dict(), str(root), overwrite): s.id for s in todo}
+            failures = []
+            for fut in cf.as_completed(futures):
+                try:
+                    yield fut.result()
+                except Exception as e:  # a worker died or raised: keep going, report at the end
+                    failures.append(f"{futures[fut]}: {type(e).__name__}: {e}")
+            if failures:
+                raise BundleError("; ".join(failures))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_dask(todo: list[CaseSpec], root: Path, overwrite: bool, scheduler: str | None) -> Iterable[dict[str, Any]]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError as e:
+        raise BundleError("golden: executor 'dask' needs dask.distributed: pip install 'deepgemm-ref[dask]'") from e
+    if not scheduler:
+        raise BundleError("golden: executor 'dask' needs --scheduler ADDRESS")
+    try:
+        client = Client(scheduler, timeout="10s")
+    except (OSError, TimeoutError) as e:
+        raise BundleError(f"golden: cannot reach the Dask scheduler at {scheduler}: {e}") from e
+    try:
+        futures = [client.submit(_generate_case_worker, s.to_dict(), str(root.resolve()), overwrite, key=f"case-{s.id}",
+                                 pure=False, retries=0) for s in todo]
+        failures = []
+        for fut in as_completed(futures):
+            try:
+                yield fut.result()
+            except Exception as e:
+                failures.append(f"{fut.key}: {type(e).__name__}: {e}")
+        if failures:
+            raise BundleError("; ".join(failures))
+    finally:
+        client.close()
 
 
 def _generate_case(spec: CaseSpec, root: Path, force: bool) -> dict[str, Any]:
