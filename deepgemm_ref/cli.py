@@ -158,7 +158,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     use_torch = None if args.torch is None else args.torch
     out = golden.replay(args.bundle, args.out, module=args.module, use_torch=use_torch, device=args.device,
                         transforms=not args.no_transforms, force=args.force, cases=args.case or None,
-                        progress=_Progress("replay"))
+                        accumulation=args.accumulation, progress=_Progress("replay"))
     print(f"wrote {len(out)} outputs to {args.out}")
     return 0
 
@@ -182,6 +182,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
         written = plot_reports(reports, args.plot)
         print(f"wrote {len(written)} heatmap(s) under {args.plot}")
     return 1 if any(r.status == "fail" for r in reports) else 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    import json
+
+    from . import golden
+    from .golden.probes import analyse
+
+    result = analyse(golden.load_outputs(args.outputs))
+    if not result:
+        raise DGArgumentError("probe analyse: the outputs hold no probe-* case outputs")
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -234,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-transforms", action="store_true", help="skip the manifest's layout transforms")
     rep.add_argument("--case", action="append", help="only this case id (repeatable)")
     rep.add_argument("--force", action="store_true", help="overwrite an existing outputs file")
+    rep.add_argument("--accumulation", help="with --module deepgemm_ref: emulate a device accumulator, "
+                     "e.g. 'limited(13, 128)' or 'fp32'")
     rep.set_defaults(func=_cmd_replay)
 
     chk = sub.add_parser("check", help="check a device's outputs against a bundle (exit 1 on mismatch)")
@@ -248,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--json", action="store_true", help="JSON report")
     chk.add_argument("--plot", metavar="DIR", help="write a PNG heatmap per case (needs matplotlib)")
     chk.set_defaults(func=_cmd_check)
+
+    prb = sub.add_parser("probe", help="analyse a device's outputs of the ascend-probes preset")
+    prb_sub = prb.add_subparsers(dest="probe_command", required=True)
+    ana = prb_sub.add_parser("analyse", help="print the inferred accumulator, rounding and UE8M0 reading")
+    ana.add_argument("outputs", help="outputs .safetensors of a replayed ascend-probes bundle")
+    ana.add_argument("--json", action="store_true")
+    ana.set_defaults(func=_cmd_probe)
 
     ver = sub.add_parser("verify", help="verify every hash of a bundle; --regenerate rebuilds and compares bytes")
     ver.add_argument("bundle")

@@ -394,3 +394,34 @@ def test_failing_worker_reported(tmp_path):
         golden.generate([CASES[1], bad], tmp_path / "b", jobs=2)
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert [c["id"] for c in m["cases"]] == [CASES[1]["id"]] and m["incomplete"] == ["bad"]
+
+
+# ---------------------------------------------------------------------------------------------
+# heatmaps (issue 9)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.plot
+def test_heatmaps_show_each_bug(bundle, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    from deepgemm_ref.golden.plot import plot_report
+
+    b = golden.load_bundle(bundle)
+    good = b.case("fp8-256").golden()["d"]
+    tile = good.copy()
+    tile[128:256, 0:128] = 0
+    sf = b.case("fp8-256").inputs()["a_sf"].copy()
+    sf[7, 2] *= 2
+    scale_bug, _ = _rerun(bundle, "fp8-256", a_sf=sf)
+    reports = {"tile": _check_one(bundle, "fp8-256", tile), "scale": _check_one(bundle, "fp8-256", scale_bug),
+               "good": _check_one(bundle, "fp8-256", good.copy())}
+    worst = {k: np.array(r.tiles["worst"][0]) for k, r in reports.items()}
+    # the zeroed tile is the one hot tile
+    assert worst["tile"][1, 0] > 1 and np.count_nonzero(worst["tile"] > 1) == 1
+    # one wrong scale byte in row 7: only the tiles of the first 128 rows go hot
+    assert np.all(worst["scale"][0] > 1) and np.all(worst["scale"][1] <= 1)
+    assert np.all(worst["good"] == 0)
+    for name, rep in reports.items():
+        png = plot_report(rep, tmp_path / f"{name}.png")
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+    assert (tmp_path / "tile.png").read_bytes() != (tmp_path / "scale.png").read_bytes()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import safetensors
+from . import probes, safetensors  # probes registers the probe case family
 from .bundle import Bundle, BundleError, CaseData, generate, load_bundle, verify
 from .cases import CaseSpec, build_case, register_family
 from .check import CaseReport, CheckOptions, check_case, format_report
@@ -27,7 +27,7 @@ from .replay import replay
 __all__ = [
     "safetensors", "Bundle", "BundleError", "CaseData", "CaseSpec", "CaseReport", "CheckOptions",
     "generate", "load_bundle", "verify", "replay", "check", "check_outputs", "format_report",
-    "preset", "PRESETS", "build_case", "register_family", "load_outputs",
+    "preset", "PRESETS", "build_case", "register_family", "load_outputs", "probes",
 ]
 
 

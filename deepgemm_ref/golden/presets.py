@@ -6,6 +6,9 @@
   under ``ascend950`` (minutes here).
 * ``deepgemm-tests-small``: DeepGEMM's test shape lists (spec 14), with every dimension scaled
   down so that the whole preset runs in minutes on two cores.
+* ``deepgemm-tests``: the same lists at DeepGEMM's full sizes (hours here; use ``--jobs`` or Dask).
+* ``ascend-probes``: inputs crafted so that a device's outputs reveal its accumulator width and
+  rounding, its output rounding and its reading of the UE8M0 byte 0x00 (``golden.probes``).
 """
 
 from __future__ import annotations
@@ -63,16 +66,25 @@ def _ascend_headline() -> list[dict[str, Any]]:
              "m": 4096, "n": 7168, "k": 16384, "out": "bf16"}]
 
 
+def _deepgemm_tests() -> list[dict[str, Any]]:
+    """Spec 14's dense lists at full size (hours here): forward M in {1, 128, 4096}, backward M 4096."""
+    return _dense_lists(scale=1, m_fwd=(1, 128, 4096), m_bwd=4096)
+
+
 def _deepgemm_tests_small() -> list[dict[str, Any]]:
     """Spec 14's dense lists, each dimension divided by 16 (min 16), M in {1, 128}."""
+    return _dense_lists(scale=16, m_fwd=(1, 128), m_bwd=256)
+
+
+def _dense_lists(scale: int, m_fwd: tuple[int, ...], m_bwd: int) -> list[dict[str, Any]]:
     bf16_nk = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
     f32_nk = [(256, 7168), (129280, 7168)]
     c: list[dict[str, Any]] = []
 
     def s(x: int) -> int:
-        return max(16, x // 16)
+        return max(16, x // scale)
 
-    for m in (1, 128):
+    for m in m_fwd:
         for n, k in bf16_nk:
             c.append({"id": f"sm100-fp8-m{m}-n{n}-k{k}", "kernel": "fp8_gemm_nt", "profile": "sm100",
                       "m": m, "n": s(n), "k": s(k), "out": "bf16"})
@@ -87,7 +99,7 @@ def _deepgemm_tests_small() -> list[dict[str, Any]]:
         for n, k in f32_nk:
             c.append({"id": f"sm100-bf16-f32-m{m}-n{n}-k{k}", "kernel": "bf16_gemm_nt", "profile": "sm100",
                       "m": m, "n": s(n), "k": s(k), "out": "f32"})
-    m = 256  # backward shapes with M = 4096 / 16
+    m = m_bwd
     for n, k in bf16_nk:
         c.append({"id": f"sm100-fp8-dgrad-n{n}-k{k}", "kernel": "fp8_gemm_nn", "profile": "sm100",
                   "m": m, "n": s(k), "k": s(n), "out": "bf16"})
@@ -96,10 +108,18 @@ def _deepgemm_tests_small() -> list[dict[str, Any]]:
     return c
 
 
+def _ascend_probes() -> list[dict[str, Any]]:
+    from .probes import probe_cases
+
+    return probe_cases("ascend950")
+
+
 PRESETS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "smoke": _smoke,
+    "ascend-probes": _ascend_probes,
     "ascend-headline": _ascend_headline,
     "deepgemm-tests-small": _deepgemm_tests_small,
+    "deepgemm-tests": _deepgemm_tests,
 }
 
 

@@ -68,6 +68,7 @@ def replay(
     transforms: bool = True,
     force: bool = False,
     cases: list[str] | None = None,
+    accumulation: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run every case of a bundle through ``module`` and save the outputs; returns them.
@@ -75,6 +76,8 @@ def replay(
     use_torch: pass torch tensors (default: True unless ``module`` is deepgemm_ref).
     device: torch device for the inputs and outputs (e.g. "npu", "cuda").
     transforms: apply the manifest's layout transforms before the call.
+    accumulation: with ``module="deepgemm_ref"``, the accumulation model to emulate the device
+    with (e.g. ``"limited(13, 128)"``; default: the active numerics option).
     """
     b = load_bundle(bundle_dir)
     try:
@@ -102,7 +105,7 @@ def replay(
         if transforms:
             with _profile(mod, ours, case.entry["profile"]):
                 dev_inputs = _apply_transforms(mod, case, dev_inputs)
-        with _profile(mod, ours, case.entry["profile"]):
+        with _profile(mod, ours, case.entry["profile"], accumulation):
             call_kernel(mod, case.entry["function"], case.args, case.kwargs, dev_inputs, dev_outs)
         for name, v in dev_outs.items():
             if use_torch and hasattr(v, "cpu"):
@@ -117,8 +120,9 @@ def replay(
 class _profile:
     """Under deepgemm_ref, run each case with the profile it was generated for."""
 
-    def __init__(self, module: Any, ours: bool, profile: str) -> None:
-        self.ctx = numerics(arch=profile) if ours else None
+    def __init__(self, module: Any, ours: bool, profile: str, accumulation: str | None = None) -> None:
+        extra = {} if accumulation is None else {"accumulation": accumulation}
+        self.ctx = numerics(arch=profile, **extra) if ours else None
 
     def __enter__(self) -> None:
         if self.ctx is not None:
