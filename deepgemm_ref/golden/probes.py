@@ -146,8 +146,8 @@ def analyse(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         if bits < 24:
             r = rows.index((bits, POSITIONS[0], 1.5))
             got = y[r] - 2.0**bits
-            names = {0.0: "truncation (toward zero)", 2.0: "round to nearest"}
-            result["group_rounding"] = names.get(got, f"other ({got})")
+            rounding = {0.0: "truncation (toward zero)", 2.0: "round to nearest"}
+            result["group_rounding"] = rounding.get(got, f"other ({got})")
         if bits < 24 and interval is not None:
             result["model"] = f"limited({bits}, {interval})"
         elif bits >= 24:

@@ -1,7 +1,10 @@
-"""DeepGEMM's testing helpers (``deep_gemm.testing``) and a ULP-distance helper.
+"""DeepGEMM's testing helpers (``deep_gemm.testing``), DeepGEMM-Ascend's, and a ULP-distance helper.
 
 ``calc_diff``, ``count_bytes`` and ``assert_bitwise_equal`` keep DeepGEMM's names, signatures
-and results; they accept NumPy arrays and torch CPU tensors.
+and results; they accept NumPy arrays and torch CPU tensors.  Timing helpers measure wall-clock
+time on the CPU (there is no device).  DeepGEMM-Ascend's additions (``bench_msprof``,
+``KernelProfile``, ``close_persistent_profiler`` and the ``envs``, ``par_compile``,
+``disable_fallback`` sub-modules) are here too, as is ``bench.suppress_stdout_stderr``.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from .errors import arg_error
-from .interop import caller_kind, is_tensor, to_numpy
+from ..errors import arg_error
+from ..interop import caller_kind, is_tensor, to_numpy
 
 __all__ = [
     "calc_diff",
@@ -31,6 +35,10 @@ __all__ = [
     "get_arch_major",
     "test_filter",
     "ignore_env",
+    "bench_kineto",
+    "bench_msprof",
+    "KernelProfile",
+    "close_persistent_profiler",
 ]
 
 
@@ -184,6 +192,77 @@ def bench(fn: Callable[[], Any], num_warmups: int = 5, num_tests: int = 10, high
     return float(np.median(times))
 
 
+def bench_kineto(
+    fn: Callable[[], Any],
+    kernel_names: str | tuple[str, ...],
+    num_tests: int = 30,
+    suppress_kineto_output: bool = False,
+    trace_path: str | None = None,
+    flush_l2: bool = True,
+    with_multiple_kernels: bool = False,
+    barrier: Any = None,
+) -> float | tuple[float, ...]:
+    """Seconds per call of ``fn``, reported for each kernel name (a tuple for a tuple of names).
+
+    Note: DeepGEMM reads per-kernel CUDA times from the profiler; the emulator has one "kernel" per
+    call, so every name gets the wall-clock time of the whole call.  With ``DG_USE_NVIDIA_TOOLS``
+    set it returns 1 (or a tuple of 1), as DeepGEMM does.
+    """
+    names = kernel_names if isinstance(kernel_names, tuple) else (kernel_names,)
+    if os.environ.get("DG_USE_NVIDIA_TOOLS"):
+        t = 1.0
+    else:
+        t = bench(fn, num_warmups=1, num_tests=num_tests)
+    return tuple(t for _ in names) if isinstance(kernel_names, tuple) else t
+
+
+@dataclass
+class KernelProfile:
+    """DeepGEMM-Ascend's profile record of one kernel (duration in nanoseconds)."""
+
+    dur_ns: float
+
+
+def bench_msprof(
+    fn: Callable[[], Any],
+    kernel_names: str | tuple[str, ...] | None = None,
+    num_warmups: int = 10,
+    num_tests: int = 30,
+    flush_l2: bool = True,
+    barrier_comm_profiling: bool = False,
+    barrier: Any = None,
+    return_all_kernels: bool = False,
+    suppress_verbose_output: bool = True,
+    backend: str = "persistent",
+) -> Any:
+    """DeepGEMM-Ascend's msprof-based timing, as wall clock: seconds per call for each kernel name.
+
+    ``return_all_kernels=True`` gives ``{"fn": KernelProfile(ns)}``; the profiling options are
+    accepted and have no effect on the CPU.
+    """
+    t = bench(fn, num_warmups=num_warmups, num_tests=num_tests)
+    if return_all_kernels:
+        return {"fn": KernelProfile(t * 1e9)}
+    if kernel_names is None:
+        return t
+    return tuple(t for _ in kernel_names) if isinstance(kernel_names, tuple) else t
+
+
+def close_persistent_profiler() -> None:
+    """Nothing to close on the CPU."""
+    return None
+
+
+@contextlib.contextmanager
+def _suppress_stdout_stderr_ascend(suppress: bool) -> Iterator[None]:
+    """DeepGEMM-Ascend's ``testing.bench.suppress_stdout_stderr(suppress)``."""
+    if not suppress:
+        yield
+        return
+    with suppress_stdout_stderr():
+        yield
+
+
 class empty_suppress:  # noqa: N801 - DeepGEMM's name
     """A context manager that does nothing (DeepGEMM's ``empty_suppress``)."""
 
@@ -217,7 +296,7 @@ class suppress_stdout_stderr:  # noqa: N801 - DeepGEMM's name
 
 def get_arch_major() -> int:
     """The arch major of the active profile (9 for sm90, 10 for sm100; see ``profiles``)."""
-    from .profiles import get_arch_major as _get
+    from ..profiles import get_arch_major as _get
 
     return _get()
 
@@ -266,3 +345,10 @@ def _without_env(name: str) -> Iterator[None]:
     finally:
         if saved is not None:
             os.environ[name] = saved
+
+
+# DeepGEMM-Ascend's ``deep_gemm.testing.bench`` is a module holding suppress_stdout_stderr(suppress);
+# DeepGEMM's is the function bench (its star import shadows the module).  Both work here.
+bench.suppress_stdout_stderr = _suppress_stdout_stderr_ascend  # type: ignore[attr-defined]
+
+from . import disable_fallback, envs, numeric, par_compile, utils  # noqa: E402, F401  (sub-modules)
