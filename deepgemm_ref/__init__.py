@@ -5,7 +5,7 @@ arrays (ml_dtypes for the narrow formats) and torch CPU tensors.  Golden outputs
 result rounded once to the output dtype.  This module only assembles the namespace.
 """
 
-from . import epilogue, formats, locality_domain, testing, utils
+from . import _C, epilogue, formats, locality_domain, testing, utils
 from ._version import __version__
 from .api import profiled as _profiled
 from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
@@ -46,6 +46,7 @@ from .layout import (
     transform_sf_into_required_layout,
 )
 from .profiles import get_arch, get_profile, set_arch
+
 # Note: the quantisation utilities and testing helpers stay available under ascend950 although
 # DeepGEMM-Ascend does not export them: inputs for its kernels are made with them.
 from .quant import (
@@ -94,8 +95,11 @@ localize = _profiled("localize", _LOCALITY_MISSING, deepgemm_ascend=locality_dom
 is_localized = _profiled("is_localized", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.is_localized)
 destroy_localizer = _profiled("destroy_localizer", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.destroy_localizer)
 
-# deep_gemm's star import of deep_gemm.utils makes its sub-modules visible at top level.
+# deep_gemm's star import of deep_gemm.utils makes its sub-modules and dist helpers visible at top level.
 math = utils.math
+dist = utils.dist
+init_dist = utils.init_dist
+uneven_all_gather = utils.uneven_all_gather
 
 __all__ = [
     "fp8_fp4_gemm_nt",
@@ -128,6 +132,10 @@ __all__ = [
     "testing",
     "utils",
     "math",
+    "dist",
+    "init_dist",
+    "uneven_all_gather",
+    "_C",
     "DGArgumentError",
     "DGUtilityError",
     "Limited",

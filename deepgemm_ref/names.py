@@ -44,18 +44,18 @@ def reference_entries(target: str) -> tuple[SignatureEntry, ...]:
     )
 
 
-def _our_module(module: str) -> str:
-    """Map a DeepGEMM module path to ours: deep_gemm.X -> deepgemm_ref.X."""
-    return "deepgemm_ref" + module[len("deep_gemm"):]
-
-
 def resolve(entry: SignatureEntry) -> Any:
-    """Our object for a reference entry, or None when we do not provide it."""
-    try:
-        mod = importlib.import_module(_our_module(entry.module))
-    except ImportError:
-        return None
-    return getattr(mod, entry.name, None)
+    """Our object for a reference entry (deep_gemm.X.Y -> deepgemm_ref.X.Y), or None."""
+    obj: Any = importlib.import_module("deepgemm_ref")
+    for part in entry.module.split(".")[1:] + [entry.name]:
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            try:
+                obj = importlib.import_module(f"{obj.__name__}.{part}")
+            except (ImportError, AttributeError):
+                return None
+    return obj
 
 
 def implementation_status(target: str) -> tuple[list[str], list[str]]:

@@ -27,11 +27,15 @@ from ..runtime import (
     get_theoretical_mk_alignment_for_contiguous_layout,
     set_mk_alignment_for_contiguous_layout,
 )
-from . import layout, math
+from . import dist, layout, math
+from .dist import init_dist, uneven_all_gather
 
 __all__ = [
     "math",
     "layout",
+    "dist",
+    "init_dist",
+    "uneven_all_gather",
     "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
     "get_mn_major_tma_aligned_packed_ue8m0_tensor",
     "get_mn_major_tma_aligned_tensor",
