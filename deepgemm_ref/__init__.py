@@ -8,6 +8,13 @@ result rounded once to the output dtype.  This module only assembles the namespa
 from . import _C, epilogue, formats, locality_domain, testing, utils
 from ._version import __version__
 from .api import profiled as _profiled
+from .attention import (  # noqa: I001
+    fp8_fp4_mqa_logits,
+    fp8_fp4_paged_mqa_logits,
+    fp8_mqa_logits,
+    fp8_paged_mqa_logits,
+    get_paged_mqa_logits_metadata,
+)
 from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
 from .errors import DGArgumentError, DGUtilityError
 from .gemm import (  # noqa: I001
@@ -102,6 +109,11 @@ init_dist = utils.init_dist
 uneven_all_gather = utils.uneven_all_gather
 
 __all__ = [
+    "fp8_fp4_mqa_logits",
+    "fp8_fp4_paged_mqa_logits",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
+    "get_paged_mqa_logits_metadata",
     "fp8_fp4_gemm_nt",
     "fp8_fp4_gemm_nn",
     "fp8_fp4_gemm_tn",
