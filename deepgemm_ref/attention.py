@@ -29,11 +29,11 @@ Accumulation models (``deepgemm_ref.numerics(accumulation=...)``)
       see ``ASCEND_BF16_MULA_FUSED``).
 
 How the exact value is obtained (per task of ``rows x H`` query-heads and ``n`` keys)
-    1. ``core.scaled_matmul`` (exact model, ``want_acc=True``) gives every ``x_h`` in float64.
-       The values are exact when ``||q_h|| ||k_j|| < 2^(53 + e_q + e_k)`` (``2^e`` the quantum of
-       each row: the core's certificate with the Cauchy-Schwarz bound); DeepGEMM's FP8 mode
-       (no Q/K scales, D <= 128) is always exact (|x| < 2^25 in steps of 2^-18).  Otherwise
-       ``|acc - x_h| <= gamma_{D+2} ||q_h|| ||k_j||``.
+    1. ``core.exact_accumulator`` gives every ``x_h`` in float64 with a rigorous bound
+       ``err_h`` (0 when the core's exactness certificate holds: ``||q_h|| ||k_j|| <
+       2^(53 + e_q + e_k)``, ``2^e`` the quantum of each row; DeepGEMM's FP8 mode, no Q/K scales
+       and D <= 128, is always exact: |x| < 2^25 in steps of 2^-18).  No output rounding is
+       spent on these intermediate values.
     2. ``T = sum_h w_h relu(acc_h)`` and ``A = sum_h |w_h| relu(acc_h)`` by one batched float64
        matmul; ``|T - exact| <= gamma_{H+2} A (+ sum_h |w_h| err_h)``; ``z = s_j T`` adds ``u |z|``.
     3. Every logit whose error interval ``[z - E, z + E]`` rounds to one output code is decided
@@ -612,21 +612,23 @@ def _task(plan: _Plan, sinks: _Sinks, want_S: bool, r0: int, r1: int, k0: int, k
     stats: dict[str, int] = {}
     keys_at = np.arange(k0, k1)[None, :]
     needed = (keys_at >= plan.ks[r0:r1, None]) & (keys_at < plan.ke[r0:r1, None])
+    head_S: np.ndarray | None
     if plan.model == "exact":
-        res = core.scaled_matmul(qop, keys.operand, core.Epilogue(fm.F32), model="exact",
-                                 want_acc=True, want_S=want_S)
-        assert res.acc is not None
-        codes, value = _exact_logits(plan, qop, keys, w, res.acc.reshape(rows, heads, n), needed, stats)
+        acc = core.exact_accumulator(qop, keys.operand, want_S=want_S)
+        codes, value = _exact_logits(plan, qop, keys, w, acc.acc.reshape(rows, heads, n),
+                                     acc.err.reshape(rows, heads, n), needed, stats)
+        head_S = acc.S
     else:
         res = core.scaled_matmul(qop, keys.operand, core.Epilogue(fm.F32), model=plan.model,
                                  fp32_block=plan.fp32_block, want_S=want_S)
+        head_S = res.S
         x = res.out.reshape(rows, heads, n)
         value = _model_logits(plan, x, w, keys.token_scale)
         codes = fm.round_f64(value, plan.out_fmt).view(plan.out_fmt.code_dtype)
         stats[str(plan.model)] = int(np.count_nonzero(needed))
     S = None
-    if want_S and res.S is not None:
-        S = _logit_error_scale(res.S.reshape(rows, heads, n), w, keys.token_scale)
+    if want_S and head_S is not None:
+        S = _logit_error_scale(head_S.reshape(rows, heads, n), w, keys.token_scale)
     out_codes = sinks.out.view(plan.out_fmt.code_dtype)
     ks, ke, shift = plan.ks, plan.ke, plan.shift
     for i in range(rows):
@@ -670,46 +672,21 @@ def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | Non
 # the exact model
 # ----------------------------------------------------------------------------------------------
 
-def _row_norms_quanta(op: core.Operand) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: ||row||_2 (rounded up) and the exponent q with every scaled value a multiple of 2^q."""
-    m = op.shape[0]
-    v = op.rows(0, m)
-    with np.errstate(over="ignore", invalid="ignore"):
-        norms = np.sqrt(np.einsum("ij,ij->i", v, v)) * (1 + 2 * _gamma(v.shape[1] + 2))
-    fq = op.fixed_quantum
-    assert fq is not None
-    if op.scales is None:
-        q = np.full(m, float(fq))
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = fq + np.log2(op.scales).min(axis=1)  # exact for powers of two
-    return norms, q
-
-
 def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x: np.ndarray,
-                  needed: np.ndarray, stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+                  x_err: np.ndarray, needed: np.ndarray,
+                  stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Correctly rounded codes (rows, n) and float64 values of s_j sum_h w_h relu(x_h).
 
-    x: the core's float64 accumulators (rows, H, n), modified in place (relu).  needed: bool
+    x: the core's float64 accumulators (rows, H, n), modified in place (relu); x_err: their
+    rigorous error bounds (0 where the core's exactness certificate holds).  needed: bool
     (rows, n), the pairs inside their row's key range (only those go to the exact fallback;
     the others are computed because a row group shares one key span, and are discarded).
     """
     rows, heads, n = x.shape
     kop, kvs = keys.operand, keys.token_scale
-    d = qop.shape[1]
     out = plan.out_fmt
-    # Certificate of the per-head dot products (see the module docstring, step 1).
-    exact_x = True
-    q_norm = None
-    if qop.scales is not None or kop.scales is not None or d > 128:
-        q_norm, q_q = _row_norms_quanta(qop)
-        k_norm, k_q = _row_norms_quanta(kop)
-        with np.errstate(over="ignore", invalid="ignore"):
-            alpha = q_norm * np.exp2(-q_q)
-            beta = k_norm * np.exp2(-k_q)
-            fin_a, fin_b = alpha[np.isfinite(alpha)], beta[np.isfinite(beta)]
-            top = (fin_a.max(initial=0.0) * fin_b.max(initial=0.0)) * (1 + 4 * U64)
-        exact_x = bool(top < 2.0**53)
+    # The per-head dot products come certified from the core (module docstring, step 1).
+    exact_x = not np.any(x_err)
     w64 = w.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
@@ -718,9 +695,8 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
         t, a = ta[:, 0], ta[:, 1]
         err = a * (_gamma(heads + 2) * (1 + 8 * U64))
         if not exact_x:
-            assert q_norm is not None
-            cw = (np.abs(w64) * q_norm.reshape(rows, heads)).sum(axis=1) * (1 + 2 * _gamma(heads + 2))
-            err = err + np.outer(cw, k_norm) * (_gamma(d + 2) * (1 + 8 * U64))
+            # |relu(x^) - relu(x)| <= |x^ - x| <= x_err, weighted by |w| and summed over heads
+            err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * _gamma(heads + 2))
         if kvs is not None:
             z = t * kvs[None, :]
             e_all = (err * np.abs(kvs)[None, :] + np.abs(z) * U64) * (1 + 8 * U64)
@@ -740,7 +716,7 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
     if np.any(pending):
         ii, jj = np.nonzero(pending)
         for i, j in zip(ii.tolist(), jj.tolist(), strict=True):
-            if exact_x:
+            if not np.any(x_err[i, :, j]):
                 xs = [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
             else:
                 xs = _exact_head_dots(qop, kop, i, j, heads)

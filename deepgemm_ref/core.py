@@ -47,6 +47,7 @@ model keeps the two roundings, which are identical whenever the scales are power
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -57,7 +58,7 @@ import numpy as np
 from . import formats as fm
 from .config import Limited, get_numerics
 
-__all__ = ["Operand", "Epilogue", "MatmulResult", "scaled_matmul", "U64"]
+__all__ = ["Operand", "Epilogue", "MatmulResult", "Accumulator", "scaled_matmul", "exact_accumulator", "U64"]
 
 U64 = 2.0**-53  # unit roundoff of float64
 
@@ -445,6 +446,125 @@ def _decide_pending(
         stats["fraction"] = stats.get("fraction", 0) + int(bad.size)
 
 
+@dataclass
+class _Chunk:
+    """One block of rows [r0, r1) of the float64 GEMM with its certificates."""
+
+    r0: int
+    r1: int
+    y: np.ndarray  # float64 (rows, N): the GEMM of the scaled operands
+    exact: np.ndarray  # bool: y is exactly the accumulator (exactness certificate)
+    finite: np.ndarray  # bool: the operands' rows are finite
+    S: np.ndarray  # float64 upper bound of sum |a b| (Cauchy-Schwarz)
+    n_round: int  # rounding-path length: |y - acc| <= gamma(n_round) * S
+
+
+class _CertifiedChunks:
+    """The float64 GEMM of two operands, row chunk by row chunk, with the exactness certificate.
+
+    blocked: FP32 (non-power-of-two) scales; per-block sums of the unscaled elements (exact for
+    FP8 and FP4) are combined with the scale products in float64 (path length 2 nb + 2).
+    """
+
+    def __init__(self, a: Operand, b: Operand, blocked: bool, step: int) -> None:
+        self.a, self.b, self.blocked, self.step = a, b, blocked, step
+        m, k = a.shape
+        n = b.shape[0]
+        self.pow2 = a.pow2_scales and b.pow2_scales
+        self.b_norm, self.b_finite = _row_norms(b)
+        if blocked:
+            self.blk = math.gcd(a.block or k, b.block or k)
+            self.b64 = b.element_rows(0, n)
+            self.sb_blk = b.block_scales(0, n, self.blk)
+            self.qb = np.zeros(n)
+        else:
+            self.b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
+            self.qb = _quantum_exponents(b, self.b64)
+
+    def __iter__(self) -> Iterator[_Chunk]:
+        a, k = self.a, self.a.shape[1]
+        for r0 in range(0, a.shape[0], self.step):
+            r1 = min(a.shape[0], r0 + self.step)
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                a64 = a.rows(r0, r1)
+                if self.blocked:
+                    a_el = a.element_rows(r0, r1)
+                    sa_blk = a.block_scales(r0, r1, self.blk)
+                    y = np.zeros((r1 - r0, self.b64.shape[0]))
+                    for j in range(sa_blk.shape[1]):
+                        ks = slice(j * self.blk, min(k, (j + 1) * self.blk))
+                        y += np.outer(sa_blk[:, j], self.sb_blk[:, j]) * (a_el[:, ks] @ self.b64[:, ks].T)
+                    n_round = 2 * sa_blk.shape[1] + 2
+                else:
+                    y = a64 @ self.b64.T
+                    n_round = k + 1
+                a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
+                # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
+                S = _up(np.outer(a_norm, self.b_norm), 2)
+                finite = np.isfinite(a64).all(axis=1)[:, None] & self.b_finite[None, :]
+                exact = np.zeros(y.shape, bool)
+                if self.pow2:
+                    qa = _quantum_exponents(a, a64, r0, r1)
+                    limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
+                    exact = (S < limit) & finite
+            yield _Chunk(r0, r1, y, exact, finite, S, n_round)
+
+    def error_scale(self, out: np.ndarray) -> None:
+        """S = |A| @ |B|^T rounded up, into ``out`` (M, N); B's float64 copy is reused in place."""
+        a, k = self.a, self.a.shape[1]
+        if self.blocked:
+            self.b64 *= np.repeat(self.sb_blk, self.blk, axis=1)[:, :k]
+        np.abs(self.b64, out=self.b64)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            for r0 in range(0, a.shape[0], self.step):
+                r1 = min(a.shape[0], r0 + self.step)
+                out[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
+
+
+@dataclass
+class Accumulator:
+    """The exact model's accumulator without an output rounding (see :func:`exact_accumulator`).
+
+    acc: float64 (M, N); err: float64 (M, N) with |acc - exact| <= err (0 where the exactness
+    certificate holds); finite: bool (M, N), False where an operand row holds NaN or inf (acc
+    then carries the float64 GEMM's IEEE result); S: the exact error scale when asked for.
+    """
+
+    acc: np.ndarray
+    err: np.ndarray
+    finite: np.ndarray
+    S: np.ndarray | None = None
+
+
+def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumulator:
+    """The float64 accumulator of ``a @ b^T`` with a rigorous per-element error bound.
+
+    For kernels whose arithmetic after the dot products (relu, weights, head sums) needs its own
+    exact treatment: no epilogue is applied and nothing is recomputed; elements whose bound is
+    not zero are the caller's to certify (or to recompute exactly).
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    acc = np.empty((m, n))
+    err = np.zeros((m, n))
+    fin = np.ones((m, n), bool)
+    if m == 0 or n == 0:
+        return Accumulator(acc, err, fin, np.zeros((m, n)) if want_S else None)
+    if k == 0:
+        acc[...] = 0.0
+        return Accumulator(acc, err, fin, np.zeros((m, n)) if want_S else None)
+    chunks = _CertifiedChunks(a, b, False, _chunk_rows(m, n, k))
+    for ch in chunks:
+        acc[ch.r0:ch.r1] = ch.y
+        err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, _gamma(ch.n_round) * ch.S)
+        fin[ch.r0:ch.r1] = ch.finite
+    S = None
+    if want_S:
+        S = np.empty((m, n))
+        chunks.error_scale(S)
+    return Accumulator(acc, err, fin, S)
+
+
 def _exact_model(
     a: Operand, b: Operand, ep: Epilogue, want_acc: bool, want_S: bool
 ) -> MatmulResult:
@@ -458,41 +578,11 @@ def _exact_model(
     pow2 = a.pow2_scales and b.pow2_scales
     blocked = (not pow2) and ep.out is fm.F32 and a.fixed_quantum is not None and b.fixed_quantum is not None
 
-    b_norm, b_finite = _row_norms(b)
-    if blocked:
-        # FP32 scales with a float32 output: per-block exact sums of the unscaled elements.
-        blk = math.gcd(a.block or k, b.block or k)
-        b64 = b.element_rows(0, n)
-        sb_blk = b.block_scales(0, n, blk)
-        qb = np.zeros(n)
-    else:
-        b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
-        qb = _quantum_exponents(b, b64)
     step = _chunk_rows(m, n, k)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        for r0 in range(0, m, step):
-            r1 = min(m, r0 + step)
-            a64 = a.rows(r0, r1)
-            if blocked:
-                a_el = a.element_rows(r0, r1)
-                sa_blk = a.block_scales(r0, r1, blk)
-                y = np.zeros((r1 - r0, n))
-                for j in range(sa_blk.shape[1]):
-                    ks = slice(j * blk, min(k, (j + 1) * blk))
-                    y += np.outer(sa_blk[:, j], sb_blk[:, j]) * (a_el[:, ks] @ b64[:, ks].T)
-                n_round = 2 * sa_blk.shape[1] + 2
-            else:
-                y = a64 @ b64.T
-                n_round = k + 1
-            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
-            # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
-            S = _up(np.outer(a_norm, b_norm), 2)
-            finite = np.isfinite(a64).all(axis=1)[:, None] & b_finite[None, :]
-            exact = np.zeros(y.shape, bool)
-            if pow2:
-                qa = _quantum_exponents(a, a64, r0, r1)
-                limit = np.exp2(np.minimum(53.0 + qa[:, None] + qb[None, :], 1000.0))
-                exact = (S < limit) & finite
+    chunks = _CertifiedChunks(a, b, blocked, step)
+    for ch in chunks:
+        r0, r1, y, exact, finite, S = ch.r0, ch.r1, ch.y, ch.exact, ch.finite, ch.S
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
             # through) take the epilogue of y itself; the others must give the same bits at both
             # ends of their error interval.
@@ -501,35 +591,29 @@ def _exact_model(
             undecided = decided.size - int(np.count_nonzero(decided))
             if undecided > decided.size // 8:
                 # Many candidates: evaluate both interval ends on the whole chunk.
-                err = _gamma(n_round) * S
+                err = _gamma(ch.n_round) * S
                 c_lo = ep.apply(np.nextafter(y - err, -np.inf), r0, r1)
                 c_hi = ep.apply(np.nextafter(y + err, np.inf), r0, r1)
                 decided |= c_lo == c_hi
             elif undecided:
                 pr, pc = np.nonzero(~decided)
-                err = _gamma(n_round) * S[pr, pc]
+                err = _gamma(ch.n_round) * S[pr, pc]
                 yv = y[pr, pc]
                 c_lo = ep.apply_points(np.nextafter(yv - err, -np.inf), pr + r0, pc)
                 c_hi = ep.apply_points(np.nextafter(yv + err, np.inf), pr + r0, pc)
                 same = c_lo == c_hi
                 decided[pr[same], pc[same]] = True
-            stats["exact"] = stats.get("exact", 0) + int(exact.sum())
-            stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
-            if acc is not None:
-                acc[r0:r1] = y
-            pr, pc = np.nonzero(~decided)
-            _decide_pending(a, b, ep, _Pending(pr + r0, pc), codes, r0,
-                            acc[r0:r1] if acc is not None else None,
-                            acc_lo[r0:r1] if acc_lo is not None else None, stats)
-            out_codes[r0:r1] = codes
-        if S_all is not None:
-            # The error scale: one more GEMM of the absolute values (B's copy reused in place).
-            if blocked:
-                b64 *= np.repeat(sb_blk, blk, axis=1)[:, :k]
-            np.abs(b64, out=b64)
-            for r0 in range(0, m, step):
-                r1 = min(m, r0 + step)
-                S_all[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ b64.T, k)
+        stats["exact"] = stats.get("exact", 0) + int(exact.sum())
+        stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
+        if acc is not None:
+            acc[r0:r1] = y
+        pr, pc = np.nonzero(~decided)
+        _decide_pending(a, b, ep, _Pending(pr + r0, pc), codes, r0,
+                        acc[r0:r1] if acc is not None else None,
+                        acc_lo[r0:r1] if acc_lo is not None else None, stats)
+        out_codes[r0:r1] = codes
+    if S_all is not None:
+        chunks.error_scale(S_all)
     return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
 
 
