@@ -16,6 +16,7 @@ from .attention import (  # noqa: I001
     get_paged_mqa_logits_metadata,
 )
 from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
+from .einsum import einsum, fp8_einsum, tf32_hc_prenorm_gemm  # noqa: I001
 from .errors import DGArgumentError, DGUtilityError
 from .gemm import (  # noqa: I001
     aclnn_bf16_gemm_nn,
@@ -43,6 +44,22 @@ from .gemm import (  # noqa: I001
     fp8_gemm_nt_skip_head_mid,
     fp8_gemm_tn,
     fp8_gemm_tt,
+)
+from .grouped import (
+    bf16_m_grouped_gemm_nt_masked,
+    fp8_m_grouped_gemm_nt_masked,
+    k_grouped_bf16_gemm_tn_contiguous,
+    k_grouped_fp8_gemm_nt_contiguous,
+    k_grouped_fp8_gemm_tn_contiguous,
+    m_grouped_bf16_gemm_nn_contiguous,
+    m_grouped_bf16_gemm_nt_contiguous,
+    m_grouped_bf16_gemm_nt_masked,
+    m_grouped_fp8_fp4_gemm_nn_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
+    m_grouped_fp8_gemm_nn_contiguous,
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
 )
 from .layout import (
     get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
@@ -109,6 +126,23 @@ init_dist = utils.init_dist
 uneven_all_gather = utils.uneven_all_gather
 
 __all__ = [
+    "k_grouped_bf16_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_fp8_gemm_tn_contiguous",
+    "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked",
+    "einsum",
+    "fp8_einsum",
+    "tf32_hc_prenorm_gemm",
     "fp8_fp4_mqa_logits",
     "fp8_fp4_paged_mqa_logits",
     "fp8_mqa_logits",

@@ -1,0 +1,645 @@
+"""Einsum-style batched GEMMs (``einsum``, ``fp8_einsum``) and the hyper-connection prenorm GEMM.
+
+Every function is DeepGEMM's (or, under ``ascend950``, DeepGEMM-Ascend's) public function of the
+same name and signature; outputs are written in place, ``None`` is returned.  The expressions are
+batched GEMMs ``D[batch] = epilogue(A[batch] @ B[batch]^T)``: each batch is one
+:func:`core.scaled_matmul` call (spec 8; port 1.7, 2.3).  The accumulator follows the active
+accumulation model (``exact`` by default: one rounding of the exact sum, where the device may
+add partial sums in float32 atomics).
+
+Accepted expressions
+--------------------
+================  =========================  ===================  ======================
+expression        DeepGEMM einsum (bf16)     DeepGEMM fp8_einsum  DeepGEMM-Ascend (both)
+================  =========================  ===================  ======================
+'bmk,bnk->mn'     yes (c rules of spec 8.1)  no                   no
+'bhr,hdr->bhd'    yes (no c)                 sm90 and sm100       yes (+ FP8 output)
+'bhd,hdr->bhr'    yes (no c)                 sm100                yes
+'bhd,bhr->hdr'    no                         sm100                yes
+================  =========================  ===================  ======================
+
+``tf32_hc_prenorm_gemm``: ``d = a_f32 @ conv(b)^T`` and ``sqr_sum = sum_k a_f32^2``, each the
+exact sum over its K split rounded once to float32.  ``conv`` is the tensor core's reading of the
+float32 ``b``:
+
+* DeepGEMM (sm90, sm100): TF32, the 13 low mantissa bits dropped (truncation toward zero,
+  spec 8.3 and trap 17), :func:`tf32_truncate`;
+* DeepGEMM-Ascend: HF32 with round-to-nearest-even (port 2.6 "rounded to HF32 nearest-even";
+  the width is not visible in the port).  We take HF32 as float32 with
+  :data:`HF32_MANTISSA_BITS` = 11 stored mantissa bits, CANN's documented HF32 precision
+  ("HF32 shares the same value range with float32, but its mantissa precision (11 bits) is
+  close to FP16 (10 bits)": CANN ENABLE_HF32_EXECUTION), :func:`hf32_round`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import core
+from . import formats as fm
+from ._args import BF16, E4M3, F32, as_array, as_pair, elem_stride, resolve_c
+from .api import profiled
+from .epilogue import FP8Quantization
+from .errors import arg_error
+from .gemm import _OUT_FORMAT, _alpha_of, _ascend_recipes, _cuda_recipes, resolve_scales
+from .grouped import Task, execute
+from .profiles import get_profile
+
+__all__ = ["einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "tf32_truncate", "hf32_round",
+           "TF32_DROPPED_BITS", "HF32_MANTISSA_BITS"]
+
+_OUT_DTYPES = (BF16, F32)
+_I16 = np.dtype(np.int16)
+
+#: float32 mantissa bits the CUDA tensor core ignores when it reads float32 as TF32 (23 - 10).
+TF32_DROPPED_BITS = 13
+#: Stored mantissa bits of Ascend's HF32 (CANN: "mantissa precision (11 bits)").
+# Note: the port says "rounded to HF32 nearest-even" without the width; 11 stored bits is
+# CANN's documented HF32 precision, not verified on the device.
+HF32_MANTISSA_BITS = 11
+
+
+# ----------------------------------------------------------------------------------------------
+# TF32 / HF32 readings of float32
+# ----------------------------------------------------------------------------------------------
+
+def _f32_bits(x: Any, func: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype != F32:
+        raise arg_error(func, "x", "a float32 array", a)
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _keep_nan(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """NaN inputs stay NaN (canonical quiet NaN with the input's sign) instead of turning into inf."""
+    nan = ((bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)) & ((bits & np.uint32(0x007FFFFF)) != 0)
+    if nan.any():
+        out = np.where(nan, (bits & np.uint32(0x80000000)) | np.uint32(0x7FC00000), out)
+    return out
+
+
+def tf32_truncate(x: Any) -> np.ndarray:
+    """float32 -> float32 holding its TF32 reading: the 13 low mantissa bits cleared.
+
+    x: float32 array, any shape.  Truncation toward zero of the significand (the tensor core
+    ignores those bits when it reads float32 operands from memory; spec trap 17).  Subnormals
+    are truncated at the same bit position; +-inf unchanged; NaN stays NaN.
+    """
+    bits = _f32_bits(x, "tf32_truncate")
+    mask = np.uint32((0xFFFFFFFF << TF32_DROPPED_BITS) & 0xFFFFFFFF)
+    out = _keep_nan(bits, bits & mask)
+    return out.view(np.float32).reshape(np.shape(x))
+
+
+def hf32_round(x: Any) -> np.ndarray:
+    """float32 -> float32 holding its HF32 value: round to nearest, ties to even, at 11 mantissa bits.
+
+    x: float32 array, any shape.  The float32 significand is rounded to ``HF32_MANTISSA_BITS``
+    stored bits (the 12 low bits become zero), a carry propagating into the exponent; values
+    beyond the largest HF32 number round to +-inf (IEEE overflow), subnormals are rounded at the
+    same bit position, NaN stays NaN.
+    """
+    bits = _f32_bits(x, "hf32_round")
+    drop = 23 - HF32_MANTISSA_BITS
+    half = np.uint32((1 << (drop - 1)) - 1)
+    lsb = (bits >> np.uint32(drop)) & np.uint32(1)
+    rounded = (bits + half + lsb) & np.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
+    out = _keep_nan(bits, rounded)
+    return out.view(np.float32).reshape(np.shape(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# batched helpers
+# ----------------------------------------------------------------------------------------------
+
+_EXPRS_CUDA = ("bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr")
+_EXPRS_BATCHED = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
+
+
+def _inner_stride_ok(x: np.ndarray) -> bool:
+    """stride(-1) == 1 or stride(-2) == 1 (a K-major or MN-major batched operand)."""
+    if x.size == 0:
+        return True
+    return elem_stride(x, -1) == 1 or elem_stride(x, -2) == 1 or x.shape[-1] == 1 or x.shape[-2] == 1
+
+
+def _row_major_last(x: np.ndarray) -> bool:
+    return x.size == 0 or x.shape[-1] == 1 or elem_stride(x, -1) == 1
+
+
+def _permutation(func: str, expr: str, accepted: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                           tuple[int, ...] | None]:
+    """(perm of a, perm of b, perm of d or None when d is not permuted) turning expr into a bmm
+    (batch, M, N, K); the batch index of d is then d.transpose(perm_d)[batch]."""
+    if expr not in accepted:
+        raise arg_error(func, "expr", "one of " + ", ".join(repr(e) for e in accepted),
+                        f"{expr!r} (Unsupported einsum expression)")
+    return {
+        "bhr,hdr->bhd": ((1, 0, 2), (0, 1, 2), (1, 0, 2)),
+        "bhd,hdr->bhr": ((1, 0, 2), (0, 2, 1), (1, 0, 2)),
+        "bhd,bhr->hdr": ((1, 2, 0), (1, 2, 0), None),
+    }[expr]
+
+
+def _batch_index(perm_d: tuple[int, ...] | None, g: int) -> tuple[Any, ...]:
+    """Where batch g of the bmm lives in the caller's d."""
+    if perm_d is None:
+        return (g,)
+    return (slice(None), g)  # both permuted expressions move d's head axis (1) to the front
+
+
+def _permuted(x: np.ndarray, func: str, arg: str, perm: tuple[int, ...]) -> np.ndarray:
+    if x.ndim != 3:
+        raise arg_error(func, arg, "a 3-D array", x)
+    return x.transpose(perm)
+
+
+def _bmm_shapes(func: str, a3: np.ndarray, b3: np.ndarray, d3: np.ndarray) -> tuple[int, int, int, int]:
+    batch, m, k = a3.shape
+    if b3.shape[0] != batch or b3.shape[2] != k or d3.shape != (batch, m, b3.shape[1]):
+        raise arg_error(func, "b", "operand shapes of one batched GEMM (batch, M, K) x (batch, N, K) -> "
+                        f"(batch, M, N); a gives (batch, M, K) = {a3.shape}", f"b -> {b3.shape}, d -> {d3.shape}")
+    return batch, m, b3.shape[1], k
+
+
+# ----------------------------------------------------------------------------------------------
+# einsum (bf16)
+# ----------------------------------------------------------------------------------------------
+
+def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) -> None:
+    """'bmk,bnk->mn': D (+)= sum_s A[s] @ B[s]^T over the whole (s, k) contraction."""
+    if D.dtype == F32:
+        same = c is not None and resolve_c(c, D, func)[1]
+        if not same:
+            raise arg_error(func, "c", "d itself for a float32 d (the kernel accumulates into d)",
+                            "None" if c is None else "a separate array")
+    elif c is not None:
+        raise arg_error(func, "c", "None for a bfloat16 d", "an array")
+    for name, x in (("a", A), ("b", B)):
+        if x.ndim != 3 or not x.flags.c_contiguous:
+            raise arg_error(func, name, "a contiguous 3-D array", x)
+    if D.ndim != 2 or (D.dtype == F32 and not D.flags.c_contiguous):
+        raise arg_error(func, "d", "a 2-D array (contiguous when float32)", D)
+    s, m, k = A.shape
+    if B.shape[0] != s or B.shape[2] != k or D.shape != (m, B.shape[1]):
+        raise arg_error(func, "b", f"b (S, N, K) with S = {s}, K = {k} and d (M, N) with M = {m}",
+                        f"b {B.shape}, d {D.shape}")
+    n = B.shape[1]
+    if m == 0 or n == 0:
+        execute(func, D, [])
+        return
+    if s * k == 0:
+        execute(func, D, [], zero=None if D.dtype == F32 else np.ones(m, bool))
+        return
+    a2 = np.ascontiguousarray(A.transpose(1, 0, 2)).reshape(m, s * k)
+    b2 = np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(n, s * k)
+    ep = core.Epilogue(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.Epilogue(fm.BF16)
+    execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
+
+
+def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False) -> None:
+    """DeepGEMM's bf16 einsum (spec 8.1).
+
+    'bmk,bnk->mn': a (S, M, K), b (S, N, K) bfloat16 contiguous; d (M, N): float32 with c = d
+    (d += sum_s a[s] @ b[s]^T, one float32 rounding) or bfloat16 with c None (one rounding of the
+    sum); use_cublaslt must be False.
+    'bhr,hdr->bhd': a (B, H, R), b (H, D, R), d (B, H, D) bfloat16, stride(-1) == 1 for all;
+    d[b, h] = bf16(a[b, h] @ b[h]^T).  'bhd,hdr->bhr': a (B, H, D), b (H, D, R), d (B, H, R);
+    d[b, h] = bf16(a[b, h] @ b[h]).  c must be None for these two; use_cublaslt selects
+    cuBLASLt on the device (same single rounding here).
+    """
+    func = "einsum"
+    A, B, D = as_array(a, func, "a"), as_array(b, func, "b"), as_array(d, func, "d")
+    assert A is not None and B is not None and D is not None
+    if A.dtype != BF16:
+        raise arg_error(func, "a", "dtype bfloat16", A)
+    if B.dtype != BF16:
+        raise arg_error(func, "b", "dtype bfloat16", B)
+    if D.dtype not in _OUT_DTYPES:
+        raise arg_error(func, "d", "dtype bfloat16 or float32", D)
+    c_arr = as_array(c, func, "c", allow_none=True)
+    if c_arr is not None and c_arr.dtype != D.dtype:
+        raise arg_error(func, "c", f"dtype {D.dtype} (d's dtype)", c_arr)
+    if not isinstance(use_cublaslt, (bool, np.bool_)):
+        raise arg_error(func, "use_cublaslt", "a bool", repr(use_cublaslt))
+    if expr == "bmk,bnk->mn":
+        if use_cublaslt:
+            raise arg_error(func, "use_cublaslt", "False for 'bmk,bnk->mn'", "True")
+        _bmk_bnk_mn(func, A, B, D, c_arr)
+        return
+    perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_CUDA)
+    if c_arr is not None:
+        raise arg_error(func, "c", f"None for {expr!r}", c_arr)
+    if D.dtype != BF16:
+        raise arg_error(func, "d", f"dtype bfloat16 for {expr!r}", D)
+    for name, x in (("a", A), ("b", B), ("d", D)):
+        if x.ndim != 3 or not _row_major_last(x):
+            raise arg_error(func, name, "a 3-D array with stride(2) == 1", x)
+    assert perm_d is not None
+    a3, b3, d3 = A.transpose(perm_a), B.transpose(perm_b), D.transpose(perm_d)
+    batch, _m, _n, _k = _bmm_shapes(func, a3, b3, d3)
+    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.Epilogue(fm.BF16), _batch_index(perm_d, g))
+             for g in range(batch)]
+    execute(func, D, tasks)
+
+
+def _ascend_epilogue(func: str, epilogue: Any, d_dtype: np.dtype, fp8_pair: bool, c: Any,
+                     fp8_ok: bool) -> tuple[float | None, Any]:
+    """DeepGEMM-Ascend's resolve_epilogue_class: (alpha, sfd) with sfd set for FP8 output.
+
+    At most one of an epilogue object and an FP8 (d, sfd) pair; FP8Quantization needs an E4M3 d
+    and no c, and only the batched FP8 path takes it.
+    """
+    if fp8_pair and epilogue is not None:
+        raise arg_error(func, "epilogue", "None with an FP8 (d, sfd) output pair (at most one of them)",
+                        repr(epilogue))
+    if isinstance(epilogue, FP8Quantization):
+        if not fp8_ok:
+            raise arg_error(func, "epilogue", "Identity() or Alpha(alpha) (FP8Quantization needs the batched FP8 "
+                            "path: fp8_einsum 'bhr,hdr->bhd')", repr(epilogue))
+        if d_dtype != E4M3:
+            raise arg_error(func, "d", "a float8_e4m3fn d with FP8Quantization", f"dtype {d_dtype}")
+        if c is not None:
+            raise arg_error(func, "c", "None with an FP8 output", "an array")
+        return None, epilogue.sfd
+    if d_dtype == E4M3 and not fp8_pair:
+        raise arg_error(func, "d", "dtype bfloat16 or float32 (float8_e4m3fn only with FP8Quantization or a "
+                        "(d, sfd) pair)", f"dtype {d_dtype}")
+    return _alpha_of(func, None, epilogue), None
+
+
+def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False,
+                   epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's bf16 einsum (port 1.7): batched bf16 GEMMs with optional c and alpha.
+
+    'bhr,hdr->bhd': a (B, H, R), b (H, D, R) -> d (B, H, D); 'bhd,hdr->bhr': a (B, H, D),
+    b (H, D, R) -> d (B, H, R); 'bhd,bhr->hdr': a (B, H, D), b (B, H, R) -> d (H, D, R) (the sum
+    over B).  a, b bfloat16 (one of the two last strides 1); d bfloat16 or float32 with
+    stride(-1) == 1; c None, an array of d's shape and dtype, or d itself: d = c + [alpha *] acc
+    (bf16 d: bf16(c + bf16(acc))).  epilogue: Identity() or Alpha(alpha).  use_cublaslt=True
+    raises (not implemented by the port).
+    """
+    func = "einsum"
+    if not isinstance(use_cublaslt, (bool, np.bool_)):
+        raise arg_error(func, "use_cublaslt", "a bool", repr(use_cublaslt))
+    if use_cublaslt:
+        raise arg_error(func, "use_cublaslt", "False (DeepGEMM-Ascend: the cuBLASLt path is not implemented)", "True")
+    perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_BATCHED)
+    A, B, D = as_array(a, func, "a"), as_array(b, func, "b"), as_array(d, func, "d")
+    assert A is not None and B is not None and D is not None
+    a3, b3 = _permuted(A, func, "a", perm_a), _permuted(B, func, "b", perm_b)
+    d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
+    for name, x in (("a", a3), ("b", b3)):
+        if x.dtype != BF16:
+            raise arg_error(func, name, "dtype bfloat16", x)
+        if not _inner_stride_ok(x):
+            raise arg_error(func, name, "stride(-1) == 1 or stride(-2) == 1 after the permutation", x)
+    if D.dtype not in _OUT_DTYPES:
+        raise arg_error(func, "d", "dtype bfloat16 or float32", D)
+    if not _row_major_last(D):
+        raise arg_error(func, "d", "stride(-1) == 1", D)
+    alpha, _ = _ascend_epilogue(func, epilogue, D.dtype, False, c, fp8_ok=False)
+    batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
+    # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
+    # separate c into d first.  Both are accepted here and in fp8_einsum (same result).
+    c_val = resolve_c(c, D, func)[0] if c is not None else None
+    if batch == 0 or m == 0 or n == 0:
+        execute(func, D, [])
+        return
+    if k == 0:
+        _k_zero(func, D, c_val)
+        return
+    out = _OUT_FORMAT[D.dtype]
+    tasks = []
+    for g in range(batch):
+        idx = _batch_index(perm_d, g)
+        ep = core.Epilogue(out, alpha, None if c_val is None else c_val[idx])
+        tasks.append(Task(core.Operand(a3[g]), core.Operand(b3[g]), ep, idx))
+    execute(func, D, tasks)
+
+
+def _k_zero(func: str, D: np.ndarray, c_val: np.ndarray | None) -> None:
+    """early_return with K == 0: d := c, or 0 without c."""
+    if c_val is None:
+        execute(func, D, [], zero=np.ones(D.shape[0], bool))
+    else:
+        execute(func, D, [], fill=[((slice(None),), c_val)])
+
+
+einsum = profiled("einsum", deepgemm=_einsum_cuda, deepgemm_ascend=_einsum_ascend)
+
+
+# ----------------------------------------------------------------------------------------------
+# fp8_einsum
+# ----------------------------------------------------------------------------------------------
+
+def _fp8_bmm_operands(func: str, a: Any, b: Any, perm_a: tuple[int, ...], perm_b: tuple[int, ...]
+                      ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    X, sfx = as_pair(a, func, "a", sf_optional=True)
+    Y, sfy = as_pair(b, func, "b", sf_optional=True)
+    a3, b3 = _permuted(X, func, "a[0]", perm_a), _permuted(Y, func, "b[0]", perm_b)
+    sfa3 = None if sfx is None else _permuted(sfx, func, "a[1]", perm_a)
+    sfb3 = None if sfy is None else _permuted(sfy, func, "b[1]", perm_b)
+    for name, x in (("a", a3), ("b", b3)):
+        if x.dtype != E4M3:
+            raise arg_error(func, f"{name}[0]", "dtype float8_e4m3fn", x)
+        if not _inner_stride_ok(x):
+            raise arg_error(func, f"{name}[0]", "stride(-1) == 1 or stride(-2) == 1 after the permutation", x)
+    return a3, sfa3, b3, sfb3
+
+
+def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
+                     recipe: tuple[int, int, int] = (1, 128, 128)) -> None:
+    """DeepGEMM's FP8 einsum (spec 8.2): a batched FP8 GEMM D[batch] = C[batch] + A[batch] @ B[batch]^T.
+
+    'bhr,hdr->bhd' (sm90, sm100): a = (x (B, H, R) float8_e4m3fn, sfa (B, H, ceil(R / 128))),
+    b = (y (H, D, R), sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, D).
+    'bhd,hdr->bhr' (sm100): a = (x (B, H, D), sfa (B, H, ceil(D / 128))), b = (y (H, D, R),
+    sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, R).
+    'bhd,bhr->hdr' (sm100): a = (x (B, H, D), sfa (ceil(B / gran_k), H, D)), b = (y (B, H, R),
+    sfb (ceil(B / gran_k), H, R)), d (H, D, R) (the sum over B; usually float32 with c = d).
+    Scales follow recipe (gran_m, gran_n, gran_k) as in fp8_fp4_gemm_nt, permuted with the data.
+    d bfloat16 or float32 (sm90: bfloat16, K-major operands, gran_k 128); c as in the dense GEMM.
+    """
+    func = "fp8_einsum"
+    profile = get_profile()
+    accepted = _EXPRS_BATCHED if profile.arch_major == 10 else ("bhr,hdr->bhd",)
+    perm_a, perm_b, perm_d = _permutation(func, expr, accepted)
+    a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
+    D = as_array(d, func, "d")
+    assert D is not None
+    d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
+    if not _row_major_last(D):
+        raise arg_error(func, "d", "stride(-1) == 1", D)
+    batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
+    if D.dtype not in _OUT_DTYPES:
+        raise arg_error(func, "d", "dtype bfloat16 or float32", D)
+    if batch == 0 or m == 0 or n == 0:
+        execute(func, D, [])
+        return
+    c_val = resolve_c(c, D, func)[0] if c is not None else None
+    if k == 0:
+        _k_zero(func, D, c_val)
+        return
+    ga, gka, gb, gkb, _ = _cuda_recipes(func, sfa3, sfb3, recipe, None, None, profile)
+    scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
+    scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
+    if profile.arch_major == 9:
+        if D.dtype != BF16:
+            raise arg_error(func, "d", "dtype bfloat16 on sm90 (the 1D2D batched kernel)", D)
+        for name, x in (("a", a3), ("b", b3)):
+            if x.size and elem_stride(x, -1) != 1:
+                raise arg_error(func, f"{name}[0]", "K-major operands on sm90", x)
+        if gb == 1:
+            # Note: sm90's batched kernel is 1D2D only and would misread per-row SFB (gran_n 1).
+            raise arg_error(func, "recipe", "a per-block SFB (gran_n 128) for sm90's 1D2D batched kernel",
+                            repr(recipe))
+        # Note: sm90 accepts c but its 1D2D batched kernel has no accumulating epilogue: d ends
+        # up bf16(A @ B^T) and c is discarded (spec 8.2); reproduced here rather than rejected.
+        c_val = None
+    out = _OUT_FORMAT[D.dtype]
+    tasks = []
+    for g in range(batch):
+        idx = _batch_index(perm_d, g)
+        ep = core.Epilogue(out, None, None if c_val is None else c_val[idx])
+        tasks.append(Task(core.Operand(a3[g], scales_a[g], gka), core.Operand(b3[g], scales_b[g], gkb), ep, idx))
+    execute(func, D, tasks)
+
+
+def _check_fp8_output(func: str, d3: np.ndarray, sfd: Any, n: int, m: int, batch: int) -> np.ndarray:
+    """FP8Quantization's host checks (port 3) on the permuted d and on sfd."""
+    if not _row_major_last(d3) or (d3.size and batch > 1 and elem_stride(d3, 0) != n):
+        raise arg_error(func, "d", f"an E4M3 d with stride(-1) == 1 and, after the permutation, stride(0) == N = {n}",
+                        d3)
+    if n % 64:
+        raise arg_error(func, "d", "N divisible by 64 for FP8 output (scales pair 64 columns)", f"N = {n}")
+    s = as_array(sfd, func, "sfd")
+    assert s is not None
+    want = (m, batch * n // 64)
+    if s.dtype != _I16 or s.ndim != 2 or tuple(s.shape) != want:
+        raise arg_error(func, "sfd", f"an int16 array of shape (M, batch * N / 64) = {want}", s)
+    if s.size and not ((elem_stride(s, 0) == 1 or m == 1) and (want[1] == 1 or elem_stride(s, 1) == m)):
+        raise arg_error(func, "sfd", f"an MN-major array with strides (1, {m})", s)
+    if not s.flags.writeable:
+        raise arg_error(func, "sfd", "a writeable array", s)
+    return s
+
+
+def _fp8_quantize_rows(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeepGEMM-Ascend's FP8Quantization of one (M, N) bf16 tile: (E4M3 codes, UE8M0 bytes).
+
+    v: bfloat16 (M, N), N % 32 == 0 (the accumulator already rounded to bf16).  Per row and per
+    32 consecutive columns: amax = max |v|; scale byte e = max(E(amax) + [significand > 1.75],
+    113) - 8, i.e. sf = 2^ceil(log2(amax / 448)) floored at 2^-22; q = e4m3_RN_saturating(v / sf)
+    (exact division by a power of two).  Returns uint8 codes (M, N) and bytes (M, N / 32).
+    """
+    m, n = v.shape
+    x = v.astype(np.float32).reshape(m, n // 32, 32)
+    amax = np.abs(x).max(axis=2) if n else np.zeros((m, 0), np.float32)
+    bits = amax.view(np.uint32)
+    exp = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+    up = (bits & np.uint32(0x7FFFFF)) > np.uint32(0x600000)  # significand > 1.75
+    e = np.maximum(exp + up, 113) - 8
+    scaled = np.ldexp(x.astype(np.float64), (127 - e)[:, :, None])
+    q = fm.encode(scaled, fm.E4M3, fm.SATURATING_RNE).reshape(m, n)
+    return q, e.astype(np.uint8)
+
+
+def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
+                       recipe: tuple[int, int, int] = (1, 1, 32), epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's FP8 einsum (port 1.7, 2.3): MX-scaled batched FP8 GEMMs.
+
+    Expressions and shapes as DeepGEMM's sm100 fp8_einsum; scales per 32 along K (recipe
+    default (1, 1, 32)): float32 powers of two or int16 UE8M0 pairs, permuted with the data.
+    d bfloat16 or float32 (d = c + [alpha *] acc, bf16 d with c: bf16(c + bf16(acc))), or, for
+    'bhr,hdr->bhd' only, FP8 output: d = (D (B, H, D) float8_e4m3fn, SFD int16 (B, H * D / 64))
+    or D with epilogue=FP8Quantization(SFD): acc -> bf16 -> per-32-column UE8M0 scale (floor
+    2^-22) -> E4M3 RN saturating; SFD[b, h * D / 64 + p] packs the scale bytes of columns
+    64p..64p+31 (low byte) and 64p+32..64p+63 (high byte) of head h.  epilogue: Identity(),
+    Alpha(alpha) or FP8Quantization(sfd).
+    """
+    func = "fp8_einsum"
+    profile = get_profile()
+    perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_BATCHED)
+    fp8_pair = isinstance(d, (tuple, list))
+    if fp8_pair:
+        if expr != "bhr,hdr->bhd":
+            raise arg_error(func, "d", f"an output tensor for {expr!r} (an FP8 (d, sfd) pair only for 'bhr,hdr->bhd')",
+                            "a pair")
+        D_out, sfd_arg = as_pair(d, func, "d")
+    else:
+        D_opt = as_array(d, func, "d")
+        assert D_opt is not None
+        D_out, sfd_arg = D_opt, None
+    D: np.ndarray = D_out
+    a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
+    d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
+    if not _row_major_last(D):
+        raise arg_error(func, "d", "stride(-1) == 1", D)
+    batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
+    if fp8_pair and D.dtype != E4M3:
+        raise arg_error(func, "d", "a float8_e4m3fn d in the (d, sfd) pair", D)
+    if D.dtype not in _OUT_DTYPES + (E4M3,):
+        raise arg_error(func, "d", "dtype bfloat16 or float32 (or float8_e4m3fn for FP8 output)", D)
+    if isinstance(epilogue, FP8Quantization) and expr != "bhr,hdr->bhd":
+        raise arg_error(func, "epilogue", "no FP8Quantization for " + repr(expr) + " (FP8 output only for "
+                        "'bhr,hdr->bhd')", repr(epilogue))
+    alpha, sfd_epi = _ascend_epilogue(func, epilogue, D.dtype, fp8_pair, c, fp8_ok=True)
+    if fp8_pair and c is not None:
+        raise arg_error(func, "c", "None with an FP8 output", "an array")
+    fp8_out = fp8_pair or sfd_epi is not None
+    sfd = None
+    if fp8_out:
+        sfd = _check_fp8_output(func, d3, sfd_arg if fp8_pair else sfd_epi, n, m, batch)
+    if batch == 0:
+        execute(func, D, [])
+        return
+    c_val = resolve_c(c, D, func)[0] if c is not None else None
+    if m == 0 or n == 0:
+        execute(func, D, [])
+        return
+    if k == 0:
+        if sfd is not None:
+            sfd[...] = 0
+        _k_zero(func, D, c_val)
+        return
+    ga, gka, gb, gkb = _ascend_recipes(func, recipe, None, None)
+    scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
+    scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
+    tasks = []
+    for g in range(batch):
+        idx = _batch_index(perm_d, g)
+        a_op = core.Operand(a3[g], scales_a[g], gka)
+        b_op = core.Operand(b3[g], scales_b[g], gkb)
+        if sfd is None:
+            ep = core.Epilogue(_OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
+            tasks.append(Task(a_op, b_op, ep, idx))
+        else:
+            tasks.append(Task(a_op, b_op, core.Epilogue(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
+    execute(func, D, tasks)
+
+
+def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int) -> Callable[[np.ndarray], None]:
+    def write(v: np.ndarray) -> None:
+        q, e = _fp8_quantize_rows(v)
+        D[idx] = q.view(E4M3)
+        pairs = fm.pack_ue8m0_int16(e)  # (M, N / 64): low byte = first 32 columns
+        sfd[:, g * (n // 64):(g + 1) * (n // 64)] = pairs
+    return write
+
+
+fp8_einsum = profiled("fp8_einsum", deepgemm=_fp8_einsum_cuda, deepgemm_ascend=_fp8_einsum_ascend)
+
+
+# ----------------------------------------------------------------------------------------------
+# tf32_hc_prenorm_gemm
+# ----------------------------------------------------------------------------------------------
+
+def _split_ranges(k: int, block: int, splits: int) -> list[tuple[int, int]]:
+    """DeepGEMM's K split (spec 8.3): nb = K / block blocks, split s gets q + (s < r) blocks
+    starting at s * q + min(s, r), q = nb // S, r = nb % S."""
+    nb = k // block
+    q, r = divmod(nb, splits)
+    out = []
+    for s in range(splits):
+        b0 = s * q + min(s, r)
+        b1 = b0 + q + (1 if s < r else 0)
+        out.append((b0 * block, b1 * block))
+    return out
+
+
+def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend: bool) -> None:
+    func = "tf32_hc_prenorm_gemm"
+    profile = get_profile()
+    A, B = as_array(a, func, "a"), as_array(b, func, "b")
+    D, S = as_array(d, func, "d"), as_array(sqr_sum, func, "sqr_sum")
+    assert A is not None and B is not None and D is not None and S is not None
+    for name, x in (("a", A), ("b", B)):
+        if x.ndim != 2:
+            raise arg_error(func, name, "a 2-D array", x)
+        if x.size and x.shape[-1] > 1 and elem_stride(x, -1) != 1:
+            raise arg_error(func, name, "a K-major array (stride(-1) == 1)", x)
+    if not _row_major_last(D):
+        raise arg_error(func, "d", "an N-major d (stride(-1) == 1)", D)
+    if not S.flags.c_contiguous:
+        raise arg_error(func, "sqr_sum", "a contiguous array", S)
+    m, k = A.shape
+    n, k2 = B.shape
+    if num_splits is not None:
+        if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)):
+            raise arg_error(func, "num_splits", "None or an int", repr(num_splits))
+        splits = int(num_splits)
+        if splits < 1 or (ascend and splits != 1):
+            raise arg_error(func, "num_splits", "None or 1 (DeepGEMM-Ascend reduces its K splits in the kernel)"
+                            if ascend else "None or an int >= 1", repr(num_splits))
+        want_d: tuple[int, ...] = (splits, m, n)
+        want_s: tuple[int, ...] = (splits, m)
+    else:
+        splits = 1
+        want_d, want_s = (m, n), (m,)
+    if D.shape != want_d or S.shape != want_s or k2 != k:
+        raise arg_error(func, "d", f"b (N, {k}), d {want_d} and sqr_sum {want_s} (num_splits={num_splits})",
+                        f"b {B.shape}, d {D.shape}, sqr_sum {S.shape}")
+    if n <= 0 or k <= 0:
+        raise arg_error(func, "b", "N > 0 and K > 0", B)
+    for name, x, dt in (("a", A, BF16), ("b", B, F32), ("d", D, F32), ("sqr_sum", S, F32)):
+        if x.dtype != dt:
+            raise arg_error(func, name, f"dtype {dt}", x)
+    for name, x in (("d", D), ("sqr_sum", S)):
+        if not x.flags.writeable:
+            raise arg_error(func, name, "a writeable array", x)
+    if m == 0:  # both targets return before their kernel's shape limits are checked
+        return
+    if ascend:
+        if n > 64 or n % 8 or k % 256:
+            raise arg_error(func, "b", "N <= 64, N % 8 == 0 and K % 256 == 0 (DeepGEMM-Ascend)", f"N = {n}, K = {k}")
+    else:
+        n_max = 32 if profile.arch_major == 9 else 128
+        if n > n_max or n % 8 or k % 64:
+            raise arg_error(func, "b", f"N <= {n_max}, N % 8 == 0 and K % 64 == 0 on {profile.name}",
+                            f"N = {n}, K = {k}")
+    b_conv = hf32_round(B) if ascend else tf32_truncate(B)
+    a_sq = np.square(A.astype(np.float64))  # exact: 16-bit significands within float64's range
+    ones = np.ones((1, k), np.float32)
+    ranges = _split_ranges(k, 64, splits)
+    # Note: a split with no K block (num_splits > K / 64) stores the empty sum 0 here; the device
+    # kernel stores an accumulator it never cleared.
+    sq = [core.scaled_matmul(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.Epilogue(fm.F32),
+                             fp32_block=profile.fp32_block).out[:, 0] for k0, k1 in ranges]
+    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.Epilogue(fm.F32),
+                  (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
+    execute(func, D, tasks)
+    if num_splits is None:
+        S[...] = sq[0]
+    else:
+        for s, v in enumerate(sq):
+            S[s] = v
+
+
+def _hc_prenorm_cuda(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
+    """DeepGEMM's hyper-connection prenorm GEMM (spec 8.3), split K.
+
+    a (M, K) bfloat16 K-major; b (N, K) float32 K-major; d float32 N-major, (M, N) or (S, M, N)
+    with num_splits = S; sqr_sum float32 contiguous, (M,) or (S, M).  sm90: N <= 32; sm100:
+    N <= 128; N % 8 == 0 and K % 64 == 0.  With nb = K / 64 blocks, split s covers blocks
+    [s q + min(s, r), ...) of count q + (s < r), q = nb // S, r = nb % S, and
+    d[s] = f32(sum_{k in split} a[:, k] tf32(b)[:, k]^T), sqr_sum[s] = f32(sum_{k in split} a^2)
+    (the caller sums over s).  tf32 = :func:`tf32_truncate`.
+    """
+    _hc_prenorm(a, b, d, sqr_sum, num_splits, ascend=False)
+
+
+def _hc_prenorm_ascend(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
+    """DeepGEMM-Ascend's prenorm GEMM (port 1.9, 2.6): HF32 instead of TF32, no split output.
+
+    a (M, K) bfloat16; b (N, K) float32; d (M, N) float32 (or (1, M, N) with num_splits=1);
+    sqr_sum (M,) (or (1, M)).  N <= 64, N % 8 == 0, K % 256 == 0.
+    d = f32(a @ hf32(b)^T), sqr_sum = f32(sum_k a^2), hf32 = :func:`hf32_round`.
+    """
+    _hc_prenorm(a, b, d, sqr_sum, num_splits, ascend=True)
+
+
+tf32_hc_prenorm_gemm = profiled("tf32_hc_prenorm_gemm", deepgemm=_hc_prenorm_cuda, deepgemm_ascend=_hc_prenorm_ascend)
