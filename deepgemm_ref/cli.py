@@ -260,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
     chk.add_argument("--lambda", dest="lam", type=float, default=8.0,
                      help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
-    chk.add_argument("--u-acc", dest="u_acc", type=float, default=2.0**-24,
-                     help="unit roundoff of the device accumulator (default 2^-24, float32)")
+    chk.add_argument("--u-acc", dest="u_acc", type=float, default=None,
+                     help="unit roundoff of the device accumulator (default: the case's, 2^-24 for float32)")
     chk.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
     chk.add_argument("--case", action="append", help="only this case id (repeatable)")
     chk.add_argument("--json", action="store_true", help="JSON report")

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core
+from . import core, trace
 from . import formats as fm
 from ._args import BF16, E4M3, F32, as_array, as_pair, elem_stride, resolve_c
 from .api import profiled
@@ -607,11 +607,21 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     ranges = _split_ranges(k, 64, splits)
     # Note: a split with no K block (num_splits > K / 64) stores the empty sum 0 here; the device
     # kernel stores an accumulator it never cleared.
-    sq = [core.scaled_matmul(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.Epilogue(fm.F32),
-                             fp32_block=profile.fp32_block).out[:, 0] for k0, k1 in ranges]
+    want_acc, want_S = trace.wants()
+    sq_res = [core.scaled_matmul(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]),
+                                 core.Epilogue(fm.F32), fp32_block=profile.fp32_block, want_acc=want_acc,
+                                 want_S=want_S) for k0, k1 in ranges]
+    sq = [r.out[:, 0] for r in sq_res]
     tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.Epilogue(fm.F32),
                   (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
     execute(func, D, tasks)
+    cap = trace.active()
+    if cap is not None and cap.records:
+        # the second output's accumulator and error scale, for the golden workflow
+        for key, part in (("acc", [r.acc for r in sq_res]), ("S", [r.S for r in sq_res])):
+            if all(p is not None for p in part):
+                arr = np.stack([p[:, 0] for p in part])  # type: ignore[index]
+                cap.records[-1].extra[f"sqr_sum.{key}"] = arr[0] if num_splits is None else arr
     if num_splits is None:
         S[...] = sq[0]
     else:

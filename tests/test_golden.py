@@ -425,3 +425,52 @@ def test_heatmaps_show_each_bug(bundle, tmp_path):
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
     assert (tmp_path / "tile.png").read_bytes() != (tmp_path / "scale.png").read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# every kernel family through the workflow (issues 5, 6, 7 case types)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke") / "b"
+    golden.generate(golden.preset("smoke"), root)
+    return root
+
+
+def test_smoke_preset_round_trip_every_family(smoke, tmp_path):
+    kernels = {c["kernel"] for c in golden.preset("smoke")}
+    for family_kernel in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+                          "k_grouped_fp8_gemm_tn_contiguous", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm",
+                          "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"):
+        assert family_kernel in kernels
+    golden.replay(smoke, tmp_path / "o.safetensors")
+    reports = golden.check(smoke, tmp_path / "o.safetensors")
+    assert reports and all(r.status == "pass" for r in reports), [r.id for r in reports if r.status != "pass"]
+    b = golden.load_bundle(smoke)
+    masked = b.case("sm100-grouped-masked-fp8").golden()["defined"]
+    assert masked.any() and not masked.all()  # rows past masked_m are excluded from checks
+
+
+@pytest.mark.torch
+def test_smoke_replay_with_torch_tensors(smoke, tmp_path):
+    pytest.importorskip("torch")
+    golden.replay(smoke, tmp_path / "o.safetensors", use_torch=True)
+    reports = golden.check(smoke, tmp_path / "o.safetensors")
+    assert all(r.status == "pass" for r in reports), [r.id for r in reports if r.status != "pass"]
+
+
+def test_catches_group_boundary_off_by_one(smoke):
+    """A port that ends a psum group one row early (or assigns a row to the next expert) fails."""
+    case = golden.load_bundle(smoke).case("sm100-grouped-psum-fp8")
+    layout = case.inputs()["grouped_layout"].copy()
+    layout[0] -= 1  # the first group loses its last row
+    d, _ = _rerun(smoke, "sm100-grouped-psum-fp8", grouped_layout=layout)
+    rep = _check_one(smoke, "sm100-grouped-psum-fp8", d)
+    assert rep.status == "fail" and rep.failed == d.shape[1]  # exactly that row, every column
+    mind = golden.load_bundle(smoke).case("sm100-grouped-mindices-bf16")
+    ids = mind.inputs()["grouped_layout"].copy()
+    last0 = int(np.flatnonzero(ids == 0)[-1])
+    ids[last0] = -1  # the boundary moved up by one row
+    d2, _ = _rerun(smoke, "sm100-grouped-mindices-bf16", grouped_layout=ids)
+    assert _check_one(smoke, "sm100-grouped-mindices-bf16", d2).status == "fail"

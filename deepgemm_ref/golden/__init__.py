@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import probes, safetensors  # probes registers the probe case family
+from . import families, probes, safetensors  # families and probes register their case builders
 from .bundle import Bundle, BundleError, CaseData, generate, load_bundle, verify
 from .cases import CaseSpec, build_case, register_family
 from .check import CaseReport, CheckOptions, check_case, format_report
@@ -27,7 +27,7 @@ from .replay import replay
 __all__ = [
     "safetensors", "Bundle", "BundleError", "CaseData", "CaseSpec", "CaseReport", "CheckOptions",
     "generate", "load_bundle", "verify", "replay", "check", "check_outputs", "format_report",
-    "preset", "PRESETS", "build_case", "register_family", "load_outputs", "probes",
+    "preset", "PRESETS", "build_case", "register_family", "load_outputs", "probes", "families",
 ]
 
 
@@ -72,7 +72,11 @@ def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: Check
             if dev.shape != want.shape or dev.dtype != want.dtype:
                 raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
                                   f"expected shape {want.shape} and dtype {want.dtype}")
-            g = {"main": want, **{k: v for k, v in golden.items() if k in ("acc", "acc_lo", "S", "defined")}}
+            if name == next(iter(case.entry["outputs"])):
+                g = {"main": want, **{k: v for k, v in golden.items() if k in ("acc", "acc_lo", "S", "defined")}}
+            else:  # a second output: its own accumulator and error scale when the kernel reports them
+                g = {"main": want, **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
+                                      if f"extra.{name}.{k}" in golden}}
             label = case_id if len(case.entry["outputs"]) == 1 else f"{case_id}/{name}"
             reports.append(check_case(label, dev, g, case.entry.get("check", {}), inputs, options))
     if progress is not None:

@@ -75,11 +75,31 @@ def call_kernel(module: Any, function: str, args: list[ArgRef], kwargs: Mapping[
               **{k: _materialise(v, tensors, outputs) for k, v in kwargs.items()})
 
 
+def run_case_call(module: Any, entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping[str, ArgRef],
+                  tensors: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Setup calls, derived inputs, the kernel call; a returned output lands in ``outputs``."""
+    for call in entry.get("setup", []):
+        _call_desc(module, call, tensors, outputs)
+    for call in entry.get("derived", []):
+        tensors[call["name"]] = _call_desc(module, call, tensors, outputs)
+    result = call_kernel(module, entry["function"], args, kwargs, tensors, outputs)
+    ret = entry.get("returns")
+    if ret:
+        outputs[ret] = result
+
+
+def _call_desc(module: Any, call: Mapping[str, Any], tensors: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
+    return call_kernel(module, call["function"], [ArgRef.from_json(a) for a in call.get("args", [])],
+                       {k: ArgRef.from_json(v) for k, v in call.get("kwargs", {}).items()}, tensors, outputs)
+
+
 def _fresh_outputs(
     outputs: Mapping[str, Mapping[str, Any]], tensors: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     out = {}
     for name, o in outputs.items():
+        if o["init"] == "returned":
+            continue
         if o["init"] == "zeros":
             out[name] = np.zeros(o["shape"], np.dtype(_DTYPES[o["dtype"]]))
         elif o["init"] == "nan":
@@ -100,16 +120,17 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
 
     with numerics(arch=built.spec.profile, accumulation="exact"):
         outs = _fresh_outputs(built.outputs, built.inputs)
+        tensors = dict(built.inputs)
         with trace.capture(want_acc=True, want_S=True) as cap:
-            call_kernel(deepgemm_ref, built.function, built.args, built.kwargs, built.inputs, outs)
+            run_case_call(deepgemm_ref, _entry_of(built), built.args, built.kwargs, tensors, outs)
     golden: dict[str, np.ndarray] = {}
-    for name, arr in outs.items():
-        golden[name] = np.ascontiguousarray(arr)
+    for name in built.outputs:
+        golden[name] = np.ascontiguousarray(outs[name])
     stats: dict[str, Any] = {}
     if cap.records:
         rec = cap.records[-1]
-        main = next(iter(outs))
-        shape = outs[main].shape
+        main = next(iter(built.outputs))
+        shape = golden[main].shape
         if rec.acc is not None:
             golden["acc"] = np.ascontiguousarray(rec.acc, np.float64)
         if rec.acc_lo is not None:
@@ -132,6 +153,10 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
 # a byte of a bundle; they are recorded for the record.
 _BLAS_ENV = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                         "DEEPGEMM_REF_NUM_THREADS") if k in os.environ}
+
+
+def _entry_of(built: BuiltCase) -> dict[str, Any]:
+    return {"function": built.function, "setup": built.setup, "derived": built.derived, "returns": built.returns}
 
 
 def _environment() -> dict[str, Any]:
@@ -192,6 +217,9 @@ def _case_entry(built: BuiltCase, tensors: Mapping[str, Any], rel_file: str, fil
         "kwargs": {k: v.to_json() for k, v in built.kwargs.items()},
         "outputs": built.outputs,
         "transforms": built.transforms,
+        "setup": built.setup,
+        "derived": built.derived,
+        "returns": built.returns,
         "check": built.check,
         "seed": built.spec.seed,
         "generator": "numpy PCG64(SeedSequence(seed, spawn_key=(crc32(case id),)))",

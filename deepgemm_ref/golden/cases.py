@@ -96,6 +96,13 @@ class BuiltCase:
     outputs: dict[str, dict[str, Any]]  # output name -> {"init": input name or "zeros", "shape", "dtype"}
     transforms: dict[str, dict[str, Any]] = field(default_factory=dict)
     check: dict[str, Any] = field(default_factory=dict)
+    # Calls made before the kernel: ``setup`` (runtime settings, e.g. the contiguous-layout
+    # alignment) and ``derived`` inputs computed by the library itself, in order (e.g. the
+    # paged-MQA schedule): [{"name", "function", "args": [ArgRef json], "kwargs": {...}}].
+    setup: list[dict[str, Any]] = field(default_factory=list)
+    derived: list[dict[str, Any]] = field(default_factory=list)
+    # The output that is the kernel's return value (MQA logits), if any.
+    returns: str | None = None
 
 
 Builder = Callable[[CaseSpec, np.random.Generator], BuiltCase]
@@ -262,3 +269,4 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
 
 
 register_family("gemm", build_gemm)
+register_family("gemm_skip_head_mid", build_gemm)

@@ -23,7 +23,7 @@ import numpy as np
 from ..config import numerics
 from ..interop import from_numpy, to_numpy
 from . import safetensors as st
-from .bundle import BundleError, CaseData, _fresh_outputs, call_kernel, load_bundle
+from .bundle import BundleError, CaseData, _fresh_outputs, load_bundle, run_case_call
 
 __all__ = ["replay"]
 
@@ -106,8 +106,9 @@ def replay(
             with _profile(mod, ours, case.entry["profile"]):
                 dev_inputs = _apply_transforms(mod, case, dev_inputs)
         with _profile(mod, ours, case.entry["profile"], accumulation):
-            call_kernel(mod, case.entry["function"], case.args, case.kwargs, dev_inputs, dev_outs)
-        for name, v in dev_outs.items():
+            run_case_call(mod, case.entry, case.args, case.kwargs, dev_inputs, dev_outs)
+        for name in case.entry["outputs"]:
+            v = dev_outs[name]
             if use_torch and hasattr(v, "cpu"):
                 v = v.cpu()
             results[f"{case_id}/{name}"] = np.ascontiguousarray(to_numpy(v, "replay", name))
