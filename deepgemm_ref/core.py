@@ -313,10 +313,17 @@ def _up(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def _chunk_rows(m: int, n: int, k: int) -> int:
-    """Rows of ``a`` per chunk: about 16 MiB of float64 temporaries (some ten (rows, N) arrays and
-    two (rows, K) ones) per chunk, so peak memory stays close to the operands and the output."""
+    """Rows of ``a`` per chunk.
+
+    A chunk's temporaries are some ten (rows, N) float64 arrays and two (rows, K) ones.  Their
+    budget is a quarter of the float64 copies of A, B and D (at least 32 MiB), so peak memory
+    stays within 1.5x of those copies, and chunks stay tall enough (>= 256 rows when possible)
+    for the BLAS to run at full speed instead of re-reading B for every thin slice of A.
+    """
     per_row = 8 * (n * 10 + k * 2)
-    return max(1, min(m, (16 << 20) // max(per_row, 1)))
+    budget = max(32 << 20, 2 * (m * k + n * k + m * n))  # bytes: 1/4 of 8 * (mk + nk + mn)
+    rows = budget // max(per_row, 1)
+    return max(1, min(m, max(rows, min(m, 256) if per_row * 256 <= 4 * budget else rows)))
 
 
 @dataclass
