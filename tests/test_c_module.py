@@ -1,0 +1,51 @@
+"""deepgemm_ref._C: the helpers DeepGEMM and DeepGEMM-Ascend keep in their extension module."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import deepgemm_ref as dg
+from deepgemm_ref import formats as fm
+
+from . import reference as ref
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32).astype(BF16)
+
+
+def test_bmm_equal_per_batch_dense_gemms():
+    with dg.numerics(arch="ascend950"):
+        a, b = _rand((3, 12, 96), 1), _rand((3, 10, 96), 2)
+        d = np.zeros((3, 12, 10), np.float32)
+        dg._C.bf16_bmm(a, b, d)
+        for i in range(3):
+            di = np.zeros((12, 10), np.float32)
+            dg.bf16_gemm_nt(a[i], b[i], di)
+            assert np.array_equal(d[i], di)
+        qa = [dg.per_token_cast_to_fp8(a[i], use_ue8m0=True, gran_k=32) for i in range(3)]
+        qb = [dg.per_token_cast_to_fp8(b[i], use_ue8m0=True, gran_k=32) for i in range(3)]
+        pa = (np.stack([q[0] for q in qa]), np.stack([q[1] for q in qa]))
+        pb = (np.stack([q[0] for q in qb]), np.stack([q[1] for q in qb]))
+        d8 = np.zeros((3, 12, 10), BF16)
+        dg._C.fp8_bmm(pa, pb, d8)
+        for i in range(3):
+            vals_a = ref.dequant(qa[i][0].view(np.uint8), qa[i][1], 32, fm.E4M3)
+            vals_b = ref.dequant(qb[i][0].view(np.uint8), qb[i][1], 32, fm.E4M3)
+            assert np.array_equal(d8[i].view(np.uint16), ref.ref_gemm(vals_a, vals_b, fm.BF16))
+
+
+def test_jit_controls_and_profile_gating():
+    with dg.numerics(arch="ascend950"):
+        dg._C.set_dry_run(True)
+        assert dg._C.get_dry_run() is True
+        dg._C.set_dry_run(False)
+        assert dg._C.npu_sleep(10, marker=1) is None and dg._C.get_jit() is None
+        assert dg._C.init("0.1.0", "/tmp") is None and dg._C._mega_moe_block_n == 256
+    with pytest.raises(dg.DGArgumentError, match="not provided"):
+        dg._C.set_dry_run(True)
+    assert dg._C.init("/lib", "/cuda") is None
