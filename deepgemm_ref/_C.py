@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import profiled
+import numpy as np
 
-__all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "fp8_bmm", "bf16_bmm", "_mega_moe_block_n"]
+from .api import not_implemented, profiled
+from .errors import arg_error
+from .mega import get_ring_limit_for_mega_moe, get_symm_buffer_size_for_mega_moe, get_token_alignment_for_mega_moe
+from .mega._layout import alloc_bytes, zero_bytes
+
+__all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "fp8_bmm", "bf16_bmm", "_mega_moe_block_n",
+           "get_token_alignment_for_mega_moe", "get_ring_limit_for_mega_moe", "get_symm_buffer_size_for_mega_moe",
+           "SymmBuffer", "fp8_fp4_mega_moe", "bf16_mega_moe"]
 
 _ASCEND_ONLY = {"deepgemm": "a DeepGEMM-Ascend _C addition that DeepGEMM 2.6.1 does not export"}
 _state = {"dry_run": False}
@@ -94,3 +101,90 @@ def _bf16_bmm(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = "nk", 
 
 fp8_bmm = profiled("fp8_bmm", _ASCEND_ONLY, deepgemm_ascend=_fp8_bmm)
 bf16_bmm = profiled("bf16_bmm", _ASCEND_ONLY, deepgemm_ascend=_bf16_bmm)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mega MoE raw bindings
+# ----------------------------------------------------------------------------------------------
+
+_RAW_MEGA_MOE = ("a raw binding over device addresses (sym_buffer_ptrs) that the Python wrapper calls; the "
+                 "emulator has no device memory to address: call deepgemm_ref.{name} (the wrapper, emulated "
+                 "across every rank in one process) instead")
+
+
+@not_implemented(_RAW_MEGA_MOE.format(name="fp8_fp4_mega_moe"))
+def _raw_fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, cumulative_local_expert_recv_stats: Any,
+                               sym_buffer: Any, sym_buffer_ptrs: Any, rank_idx: Any, num_max_tokens_per_rank: Any,
+                               num_experts: Any, num_topk: Any, recipe: Any, activation: Any, activation_clamp: Any,
+                               fast_math: Any, num_ring_tokens: Any, /) -> None:
+    """DeepGEMM's ``_C.fp8_fp4_mega_moe`` (not implemented)."""
+
+
+@not_implemented(_RAW_MEGA_MOE.format(name="bf16_mega_moe"))
+def _raw_bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, cumulative_local_expert_recv_stats: Any,
+                            sym_buffer: Any, sym_buffer_ptrs: Any, rank_idx: Any, num_max_tokens_per_rank: Any,
+                            num_experts: Any, num_topk: Any, activation: Any, activation_clamp: Any, fast_math: Any,
+                            num_ring_tokens: Any, /) -> None:
+    """DeepGEMM's ``_C.bf16_mega_moe`` (not implemented)."""
+
+
+@not_implemented(_RAW_MEGA_MOE.format(name="fp8_fp4_mega_moe"))
+def _raw_fp8_fp4_mega_moe_ascend(y: Any, l1_weights_tuple: Any, l2_weights_tuple: Any,
+                                 shared_l1_weights_tuple_opt: Any, shared_l2_weights_tuple_opt: Any,
+                                 cumulative_local_expert_recv_stats: Any, sym_buffer: Any, sym_buffer_ptrs: Any,
+                                 rank_idx: Any, num_max_tokens_per_rank: Any, num_experts: Any, num_topk: Any,
+                                 hidden: Any, intermediate_hidden: Any, num_shared_experts: Any, recipe: Any,
+                                 activation: Any, activation_clamp_opt: Any, fast_math: Any) -> None:
+    """DeepGEMM-Ascend's ``_C.fp8_fp4_mega_moe`` (not implemented)."""
+
+
+fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_raw_fp8_fp4_mega_moe_cuda,
+                            deepgemm_ascend=_raw_fp8_fp4_mega_moe_ascend)
+bf16_mega_moe = profiled("bf16_mega_moe", {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 Mega MoE (port 1.10)"},
+                         deepgemm=_raw_bf16_mega_moe_cuda)
+
+_LEASES: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+
+
+class _CSymmBuffer:
+    """DeepGEMM-Ascend's ``_C.SymmBuffer(rank_idx, num_ranks, hccl_group_name, num_bytes)``: leases a
+    zero-filled int8 ``buffer`` of ``num_bytes`` for ``rank_idx`` of the group named
+    ``hccl_group_name`` (one lease per (group, rank) for the process lifetime, as the HCCL
+    registration; reused and zero-filled again by a later construction); ``buffer_ptrs`` lists
+    each rank's buffer address in this process (0 for a rank that has not leased one yet).
+    Buffers above 64 MiB are anonymous memory maps.
+    """
+
+    def __init__(self, rank_idx: int, num_ranks: int, hccl_group_name: str, num_bytes: int) -> None:
+        func = "_C.SymmBuffer"
+        for arg, v in (("num_ranks", num_ranks), ("num_bytes", num_bytes)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise arg_error(func, arg, "a positive int", repr(v))
+        if isinstance(rank_idx, bool) or not isinstance(rank_idx, (int, np.integer)) or not 0 <= rank_idx < num_ranks:
+            raise arg_error(func, "rank_idx", f"an int in [0, {num_ranks})", repr(rank_idx))
+        if not isinstance(hccl_group_name, str):
+            raise arg_error(func, "hccl_group_name", "a str", type(hccl_group_name).__name__)
+        key = (hccl_group_name, int(rank_idx))
+        lease = _LEASES.get(key)
+        if lease is None or lease[0] < num_bytes:
+            lease = (int(num_bytes), alloc_bytes(int(num_bytes)))
+            _LEASES[key] = lease
+        else:
+            zero_bytes(lease[1])  # the pool zero-fills on reuse too (port 1.10)
+        # Note: no HCCL and no device memory: the lease is a NumPy int8 array in this process and
+        # buffer_ptrs are host addresses.
+        self._group, self._num_ranks = hccl_group_name, int(num_ranks)
+        self.buffer = lease[1][: int(num_bytes)].view(np.int8)
+
+    @property
+    def buffer_ptrs(self) -> list[int]:
+        out = []
+        for r in range(self._num_ranks):
+            lease = _LEASES.get((self._group, r))
+            out.append(0 if lease is None else int(lease[1].__array_interface__["data"][0]))
+        return out
+
+
+SymmBuffer = profiled("SymmBuffer", {"deepgemm": "DeepGEMM 2.6.1 builds the symmetric buffer in Python "
+                                     "(deep_gemm.SymmBuffer) over torch symmetric memory; _C has no class"},
+                      deepgemm_ascend=_CSymmBuffer)

@@ -5,7 +5,7 @@ arrays (ml_dtypes for the narrow formats) and torch CPU tensors.  Golden outputs
 result rounded once to the output dtype.  This module only assembles the namespace.
 """
 
-from . import _C, epilogue, formats, locality_domain, testing, utils
+from . import _C, epilogue, formats, locality_domain, mega, testing, utils
 from ._version import __version__
 from .api import profiled as _profiled
 from .attention import (  # noqa: I001
@@ -69,6 +69,13 @@ from .layout import (
     transform_k_grouped_sf_into_required_layout,
     transform_sf_into_required_layout,
 )
+from .mega import (
+    SymmBuffer,
+    bf16_mega_moe,
+    fp8_fp4_mega_moe,
+    get_symm_buffer_for_mega_moe,
+    transform_weights_for_mega_moe,
+)
 from .profiles import get_arch, get_profile, set_arch
 
 # Note: the quantisation utilities and testing helpers stay available under ascend950 although
@@ -126,6 +133,12 @@ init_dist = utils.init_dist
 uneven_all_gather = utils.uneven_all_gather
 
 __all__ = [
+    "SymmBuffer",
+    "get_symm_buffer_for_mega_moe",
+    "transform_weights_for_mega_moe",
+    "fp8_fp4_mega_moe",
+    "bf16_mega_moe",
+    "mega",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",

@@ -10,6 +10,7 @@ A name the active target does not provide raises the argument error saying so.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from .errors import DGArgumentError
 from .profiles import Profile, get_profile
 
-__all__ = ["ProfiledFunction", "profiled", "TARGET_LABEL"]
+__all__ = ["ProfiledFunction", "profiled", "not_implemented", "TARGET_LABEL"]
 
 TARGET_LABEL = {"deepgemm": "DeepGEMM 2.6.1", "deepgemm-ascend": "DeepGEMM-Ascend"}
 
@@ -78,3 +79,18 @@ def profiled(
     """``profiled("f", deepgemm=f_cuda, deepgemm_ascend=f_npu)``: keyword names use ``_`` for ``-``."""
     return ProfiledFunction(name, {k.replace("_", "-") if k.startswith("deepgemm") else k: v for k, v in impls.items()},
                             missing)
+
+
+def not_implemented(reason: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a function kept only for its signature: calling it raises ``NotImplementedError``
+    naming the function and ``reason``; ``deepgemm-ref info`` lists it with the reason."""
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def raiser(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"{func.__name__}: not implemented: {reason}")
+
+        raiser.__not_implemented__ = reason  # type: ignore[attr-defined]
+        return raiser
+
+    return wrap

@@ -41,8 +41,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if args.verbose:
             for n in done:
                 print(f"  [x] {n}")
-        for n in missing:
-            print(f"  [ ] {n}")
+        for n, why in missing.items():
+            print(f"  [ ] {n}: {why}")
         for n, why in names.NOT_PROVIDED.items():
             print(f"  (not provided) {n}: {why}")
     return 0

@@ -13,7 +13,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["SignatureEntry", "reference_entries", "resolve", "implementation_status"]
+__all__ = ["SignatureEntry", "reference_entries", "resolve", "implementation_status", "not_implemented_reason"]
 
 # Names deliberately not provided, with the reason (shown by ``deepgemm-ref info``).
 NOT_PROVIDED: dict[str, str] = {
@@ -58,13 +58,31 @@ def resolve(entry: SignatureEntry) -> Any:
     return obj
 
 
-def implementation_status(target: str) -> tuple[list[str], list[str]]:
-    """(implemented, missing) qualified names for ``target``."""
+def not_implemented_reason(obj: Any, target: str) -> str | None:
+    """Why ``obj`` (as ``target`` would call it) is not implemented, or None when it is."""
+    from .api import ProfiledFunction
+
+    if obj is None:
+        return "no such name in deepgemm_ref"
+    if isinstance(obj, ProfiledFunction):
+        impl = obj.__wrapped_impls__.get(target)
+        if impl is None:
+            return f"not provided for {target}"
+        obj = impl
+    reason = getattr(obj, "__not_implemented__", None)
+    return str(reason) if reason else None
+
+
+def implementation_status(target: str) -> tuple[list[str], dict[str, str]]:
+    """(implemented qualified names, {missing qualified name: reason}) for ``target``."""
     done: list[str] = []
-    missing: list[str] = []
+    missing: dict[str, str] = {}
     for e in reference_entries(target):
         if e.module.startswith("deep_gemm.legacy"):
             continue
-        obj = resolve(e)
-        (done if obj is not None and not getattr(obj, "__not_implemented__", False) else missing).append(e.qualified)
+        reason = not_implemented_reason(resolve(e), target)
+        if reason is None:
+            done.append(e.qualified)
+        else:
+            missing[e.qualified] = reason
     return done, missing

@@ -49,3 +49,31 @@ def test_jit_controls_and_profile_gating():
     with pytest.raises(dg.DGArgumentError, match="not provided"):
         dg._C.set_dry_run(True)
     assert dg._C.init("/lib", "/cuda") is None
+
+
+def test_raw_mega_moe_bindings_raise_not_implemented_with_the_reason():
+    for arch, n in (("sm100", 15), ("ascend950", 19)):
+        with dg.numerics(arch=arch):
+            with pytest.raises(NotImplementedError, match="sym_buffer_ptrs"):
+                dg._C.fp8_fp4_mega_moe(*([None] * n))
+    with pytest.raises(NotImplementedError, match="bf16_mega_moe"):
+        dg._C.bf16_mega_moe(*([None] * 14))
+    with dg.numerics(arch="ascend950"), pytest.raises(dg.DGArgumentError, match="no BF16 Mega MoE"):
+        dg._C.bf16_mega_moe(*([None] * 14))
+
+
+def test_ascend_c_symm_buffer_leases_zero_filled_memory_and_reuses_it():
+    with dg.numerics(arch="ascend950"):
+        a = dg._C.SymmBuffer(0, 2, "test-group-lease", 4096)
+        assert a.buffer.dtype == np.int8 and a.buffer.shape == (4096,) and not a.buffer.any()
+        ptrs = a.buffer_ptrs
+        assert ptrs[0] == a.buffer.__array_interface__["data"][0] and ptrs[1] == 0
+        a.buffer[:10] = 7
+        b = dg._C.SymmBuffer(1, 2, "test-group-lease", 1024)
+        assert b.buffer_ptrs == [ptrs[0], b.buffer.__array_interface__["data"][0]]
+        again = dg._C.SymmBuffer(0, 2, "test-group-lease", 2048)  # the pool reuses the lease, zero-filled
+        assert again.buffer_ptrs[0] == ptrs[0] and again.buffer.shape == (2048,) and not again.buffer.any()
+        with pytest.raises(dg.DGArgumentError, match="rank_idx"):
+            dg._C.SymmBuffer(2, 2, "test-group-lease", 16)
+    with pytest.raises(dg.DGArgumentError, match="not provided by DeepGEMM 2.6.1"):
+        dg._C.SymmBuffer(0, 1, "g", 16)

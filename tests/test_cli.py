@@ -11,6 +11,18 @@ def test_info(capsys):
     assert "active arch profile: sm100" in out
     assert "numpy" in out and "ml_dtypes" in out
     assert "public names implemented" in out
+    # Every name that is not implemented is listed with its reason.
+    from deepgemm_ref import names
+
+    for target in ("deepgemm", "deepgemm-ascend"):
+        done, missing = names.implementation_status(target)
+        assert done and all(why for why in missing.values())
+        for n, why in missing.items():
+            assert f"[ ] {n}: {why}" in out
+    assert set(names.implementation_status("deepgemm")[1]) == {
+        "deep_gemm._C.fp8_fp4_mega_moe", "deep_gemm._C.bf16_mega_moe", "deep_gemm.init_dist",
+        "deep_gemm.uneven_all_gather"}
+    assert set(names.implementation_status("deepgemm-ascend")[1]) == {"deep_gemm._C.fp8_fp4_mega_moe"}
 
 
 def test_demo(capsys):

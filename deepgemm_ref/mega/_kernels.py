@@ -1,0 +1,503 @@
+"""``fp8_fp4_mega_moe`` and ``bf16_mega_moe``: argument checks, the emulated collective, outputs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+
+from .. import formats as fm
+from .. import trace
+from .._args import as_array, as_pair, elem_stride
+from ..api import profiled
+from ..config import get_numerics
+from ..errors import arg_error
+from ..profiles import get_profile
+from ..runtime import get_num_sms
+from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
+from ._group import EmulatedGroup
+from ._layout import BLOCK_N
+from ._pipeline import ExpertWeights, PipelineConfig, RankOptions, RankTokens, run
+from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
+
+__all__ = ["fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+I8, I16, I32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
+_ASCEND_NUM_CORES = 32
+Kind = Literal["fp8", "bf16"]
+
+
+@dataclass
+class _RankCall:
+    """One rank's validated call (or binding): what the collective needs from it."""
+
+    func: str
+    kind: Kind
+    target: str
+    registry: EmulatedGroup
+    rank: int
+    buffer: SymmBuffer
+    num_tokens: int
+    y: np.ndarray | None
+    weights: ExpertWeights
+    shared: ExpertWeights | None
+    stats: np.ndarray | None
+    options: RankOptions
+
+
+# ----------------------------------------------------------------------------------------------
+# argument checks
+# ----------------------------------------------------------------------------------------------
+
+def _recipe(func: str, recipe: Any) -> None:
+    ok = isinstance(recipe, (tuple, list)) and len(recipe) == 3 and all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in recipe)
+    if not ok or tuple(int(v) for v in recipe) != (1, 1, 32):
+        raise arg_error(func, "recipe", "(1, 1, 32)", repr(recipe))
+
+
+def _activation(func: str, activation: Any) -> None:
+    if activation != "swiglu":
+        raise arg_error(func, "activation", "'swiglu'", repr(activation))
+
+
+def _clamp(func: str, activation_clamp: Any) -> float | None:
+    if activation_clamp is None:
+        return None
+    if isinstance(activation_clamp, bool) or not isinstance(activation_clamp, (int, float, np.integer, np.floating)):
+        raise arg_error(func, "activation_clamp", "None or a float >= 0", repr(activation_clamp))
+    with np.errstate(over="ignore"):
+        c = float(np.float32(activation_clamp))  # the binding takes a C++ float
+    if not c >= 0:
+        raise arg_error(func, "activation_clamp", "None or a float >= 0", repr(activation_clamp))
+    return c
+
+
+def _bool(func: str, arg: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise arg_error(func, arg, "a bool", repr(v))
+    return bool(v)
+
+
+def _contiguous(x: np.ndarray) -> bool:
+    return x.flags.c_contiguous or x.size <= 1
+
+
+def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> SymmBuffer:
+    if not isinstance(sym_buffer, cls):
+        what = "a DeepGEMM-Ascend SymmBuffer" if cls is _AscendSymmBuffer else "a DeepGEMM SymmBuffer"
+        raise arg_error(func, "sym_buffer", f"{what} made under the active profile", repr(sym_buffer))
+    if sym_buffer.buffer is None or sym_buffer.group is None or sym_buffer.x is None:  # type: ignore[attr-defined]
+        raise arg_error(func, "sym_buffer", "a live SymmBuffer", "a destroyed SymmBuffer")
+    if sym_buffer._mma != kind:
+        # Note: DeepGEMM re-slices the byte buffer with the kernel's own layout and checks only its
+        # size; a buffer made for the other MMA type is rejected here instead of being misread.
+        raise arg_error(func, "sym_buffer", f"a buffer made with mma_type={kind!r}", f"mma_type={sym_buffer._mma!r}")
+    return sym_buffer
+
+
+def _y(func: str, y: Any, buf: SymmBuffer) -> np.ndarray:
+    ya = as_array(y, func, "y")
+    assert ya is not None
+    t, h = buf.num_max_tokens_per_rank, buf.hidden
+    if ya.ndim != 2 or ya.shape[0] > t or ya.shape[1] != h:
+        raise arg_error(func, "y", f"a 2-D (N, hidden = {h}) array with N <= num_max_tokens_per_rank = {t}", ya)
+    # Note: DeepGEMM does not check y's dtype, width or contiguity (the kernel writes bf16 rows at
+    # stride hidden); the emulator requires what the kernel assumes.  DeepGEMM-Ascend checks it.
+    if ya.dtype != BF16 or not _contiguous(ya) or not ya.flags.writeable:
+        raise arg_error(func, "y", "a contiguous, writeable bfloat16 array", ya)
+    return ya
+
+
+def _stats(func: str, stats: Any, num_local_experts: int) -> np.ndarray | None:
+    s = as_array(stats, func, "cumulative_local_expert_recv_stats", allow_none=True)
+    if s is None:
+        return None
+    if s.dtype != I32 or s.size != num_local_experts or not _contiguous(s) or not s.flags.writeable:
+        raise arg_error(func, "cumulative_local_expert_recv_stats",
+                        f"a contiguous, writeable int32 array of {num_local_experts} elements", s)
+    return s.reshape(-1)
+
+
+def _grouped_weight(func: str, arg: str, w: np.ndarray, dtype: np.dtype, dtype_name: str) -> None:
+    if w.ndim != 3:
+        raise arg_error(func, arg, "a 3-D (num_local_experts, n, k) weight tensor", w)
+    if w.dtype != dtype:
+        raise arg_error(func, arg, dtype_name, w)
+    if w.size and elem_stride(w, -1) != 1:
+        raise arg_error(func, arg, "K-major weights (stride(-1) == 1)", w)
+
+
+def _layout2(func: str, arg: str, sf: np.ndarray, groups: int, mn: int, k: int) -> None:
+    """DeepGEMM's check_sf_layout(sf, mn, k, 1, 32, groups, tma_stride_check) for packed int32 SFs."""
+    want = (groups, mn, -(-k // 128))
+    if sf.dtype != I32 or sf.shape != want:
+        raise arg_error(func, arg, f"int32 packed UE8M0 SFs of shape {want} (layout 2)", sf)
+    a4 = -(-mn // 4) * 4
+    ok = (elem_stride(sf, -2) == 1 or mn == 1) and (want[2] <= 1 or elem_stride(sf, -1) == a4)
+    ok = ok and (groups <= 1 or elem_stride(sf, -3) == elem_stride(sf, -1) * want[2])
+    if not ok:
+        raise arg_error(func, arg, f"the MN-major TMA-aligned layout (strides (.., 1, {a4}); "
+                        "transform_sf_into_required_layout, then transform_weights_for_mega_moe)", sf)
+
+
+def _cuda_common(func: str, kind: Kind, sym_buffer: Any, activation: Any, activation_clamp: Any,
+                 fast_math: Any) -> tuple[SymmBuffer, float | None, bool]:
+    _activation(func, activation)
+    clamp = _clamp(func, activation_clamp)
+    fm_ = _bool(func, "fast_math", fast_math)
+    buf = _buffer(func, sym_buffer, _CudaSymmBuffer, "fp8xfp4" if kind == "fp8" else "bf16xbf16")
+    return buf, clamp, fm_
+
+
+def _check_experts(func: str, buf: SymmBuffer, e_l: int, hidden: int, intermediate: int) -> None:
+    r = buf._registry.size()
+    if buf.num_experts != e_l * r:
+        raise arg_error(func, "l1_weights", f"num_experts / num_ranks = {buf.num_experts} / {r} local experts",
+                        f"{e_l} local experts")
+    if (hidden, intermediate) != (buf.hidden, buf.intermediate_hidden):
+        # Note: DeepGEMM takes hidden and intermediate_hidden from the weights and only checks the
+        # buffer's size; weights of another shape than the buffer's are rejected here.
+        raise arg_error(func, "l1_weights", f"hidden = {buf.hidden}, intermediate_hidden = {buf.intermediate_hidden} "
+                        "(the SymmBuffer's)", f"hidden = {hidden}, intermediate_hidden = {intermediate}")
+
+
+def _arch_sm100(func: str) -> None:
+    if get_profile().arch_major != 10:
+        raise arg_error(func, "arch", "the sm100 profile (the mega-MoE kernels are SM100 only)",
+                        f"profile {get_profile().name!r}")
+
+
+def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuffer, num_tokens: int,
+                      stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
+    w1, s1 = as_pair(l1_weights, func, "l1_weights")
+    w2, s2 = as_pair(l2_weights, func, "l2_weights")
+    assert s1 is not None and s2 is not None
+    for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
+        if w.dtype == E4M3:
+            # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
+            # them as packed FP4 (MXFP8FP4); the emulator rejects them.
+            raise arg_error(func, arg, "int8 packed FP4 weights (the kernel's MMA is FP8 x FP4)", w)
+        _grouped_weight(func, arg, w, I8, "int8 packed FP4 weights")
+    e_l, n1, h = int(w1.shape[0]), int(w1.shape[1]), int(w1.shape[2]) * 2
+    e_l2, h2, i = int(w2.shape[0]), int(w2.shape[1]), int(w2.shape[2]) * 2
+    if num_tokens > buf.num_max_tokens_per_rank:
+        raise arg_error(func, "y", f"at most num_max_tokens_per_rank = {buf.num_max_tokens_per_rank} rows",
+                        f"{num_tokens} rows")
+    if e_l2 != e_l:
+        raise arg_error(func, "l2_weights[0]", f"{e_l} local experts (as l1_weights)", w2)
+    if h2 != h:
+        raise arg_error(func, "l2_weights[0]", f"hidden = {h} rows (from l1_weights)", w2)
+    if n1 != 2 * i:
+        raise arg_error(func, "l1_weights[0]", f"2 * intermediate_hidden = {2 * i} rows (from l2_weights)", w1)
+    if not _contiguous(w1) or not _contiguous(w2):
+        raise arg_error(func, "l1_weights[0]" if not _contiguous(w1) else "l2_weights[0]", "contiguous weights",
+                        w1 if not _contiguous(w1) else w2)
+    _layout2(func, "l1_weights[1]", s1, e_l, 2 * i, h)
+    _layout2(func, "l2_weights[1]", s2, e_l, h, i)
+    st = _stats(func, stats, e_l)
+    _check_experts(func, buf, e_l, h, i)
+    return CudaFp4Weights(w1, s1, w2, s2), st
+
+
+def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuffer, num_tokens: int,
+                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
+    w1 = as_array(l1_weights, func, "l1_weights")
+    w2 = as_array(l2_weights, func, "l2_weights")
+    assert w1 is not None and w2 is not None
+    _grouped_weight(func, "l1_weights", w1, BF16, "bfloat16 weights")
+    _grouped_weight(func, "l2_weights", w2, BF16, "bfloat16 weights")
+    e_l, n1, h = (int(v) for v in w1.shape)
+    e_l2, h2, i = (int(v) for v in w2.shape)
+    if num_tokens > buf.num_max_tokens_per_rank:
+        raise arg_error(func, "y", f"at most num_max_tokens_per_rank = {buf.num_max_tokens_per_rank} rows",
+                        f"{num_tokens} rows")
+    if e_l2 != e_l or h2 != h or n1 != 2 * i:
+        raise arg_error(func, "l2_weights", f"({e_l}, {h}, {n1 // 2}) to match l1_weights {tuple(w1.shape)}", w2)
+    if not _contiguous(w1) or not _contiguous(w2):
+        raise arg_error(func, "l1_weights" if not _contiguous(w1) else "l2_weights", "contiguous weights",
+                        w1 if not _contiguous(w1) else w2)
+    st = _stats(func, stats, e_l)
+    _check_experts(func, buf, e_l, h, i)
+    return CudaBf16Weights(w1, w2), st
+
+
+def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
+                    num_local_experts: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
+    w, s = as_pair(pair, func, arg)
+    assert s is not None
+    shared = num_local_experts is None
+    lead = () if shared else (num_local_experts,)
+    want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
+    want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)
+    dt = E4M3 if shared else I8
+    if w.dtype != dt or tuple(w.shape) != want_w or not _contiguous(w):
+        raise arg_error(func, f"{arg}[0]", f"contiguous {'float8_e4m3fn' if shared else 'int8 (packed FP4)'} "
+                        f"weights of shape {want_w} (transform_weights_for_mega_moe's layout)", w)
+    if s.dtype != I16 or tuple(s.shape) != want_s or not _contiguous(s):
+        raise arg_error(func, f"{arg}[1]", f"contiguous int16 SFs of shape {want_s}", s)
+    return w, s
+
+
+def _prepare_ascend(func: str, l1_weights: Any, l2_weights: Any, shared_l1: Any, shared_l2: Any, buf: SymmBuffer,
+                    num_tokens: int, stats: Any) -> tuple[ExpertWeights, ExpertWeights | None, np.ndarray | None]:
+    num_shared = int(getattr(buf, "num_shared_experts", 0))
+    if (shared_l1 is not None) != (num_shared > 0) or (shared_l2 is not None) != (num_shared > 0):
+        raise arg_error(func, "shared_l1_weights", f"shared weights exactly when the buffer has shared experts "
+                        f"(num_shared_experts = {num_shared})", f"{type(shared_l1).__name__}, "
+                        f"{type(shared_l2).__name__}")
+    if get_num_sms() != _ASCEND_NUM_CORES:
+        raise arg_error(func, "get_num_sms()", f"{_ASCEND_NUM_CORES} (Mega MoE uses every AI core)",
+                        repr(get_num_sms()))
+    e_l = buf.num_experts // buf._registry.size()
+    h, i = buf.hidden, buf.intermediate_hidden
+    st = _stats(func, stats, e_l)
+    w1, s1 = _ascend_weights(func, "l1_weights", l1_weights, 2 * i, h, e_l)
+    w2, s2 = _ascend_weights(func, "l2_weights", l2_weights, h, i, e_l)
+    routed = AscendWeights(w1, s1, w2, s2)
+    shared = None
+    if num_shared > 0:
+        si = num_shared * i
+        v1, t1 = _ascend_weights(func, "shared_l1_weights", shared_l1, 2 * si, h, None)
+        v2, t2 = _ascend_weights(func, "shared_l2_weights", shared_l2, h, si, None)
+        shared = AscendWeights(v1, t1, v2, t2, shared=True)
+    del num_tokens
+    return routed, shared, st
+
+
+# ----------------------------------------------------------------------------------------------
+# the collective
+# ----------------------------------------------------------------------------------------------
+
+def read_tokens(func: str, call: _RankCall) -> RankTokens:
+    """One rank's first N tokens from its buffer, with the target's top-k semantics."""
+    buf = call.buffer
+    n = call.num_tokens
+    if buf.buffer is None or buf.x is None:  # type: ignore[attr-defined]
+        raise arg_error(func, "sym_buffer", f"rank {call.rank}'s buffer alive", "a destroyed SymmBuffer")
+    x = buf.x[:n]  # type: ignore[attr-defined]
+    scales = None
+    if call.kind == "fp8":
+        if call.target == "deepgemm":
+            b = fm.unpack_ue8m0_int32(np.ascontiguousarray(buf.x_sf[:n]))  # type: ignore[attr-defined]
+        else:
+            b = fm.unpack_ue8m0_int16(np.ascontiguousarray(buf.x_sf[:n]))  # type: ignore[attr-defined]
+        scales = fm.ue8m0_decode(b[:, : buf.hidden // 32])
+    idx = np.asarray(buf.topk_idx[:n])  # type: ignore[attr-defined]
+    e = buf.num_experts
+    if call.target == "deepgemm":
+        idx32 = idx.astype(np.int32)  # the kernel reads int64 ids as int32
+        bad = idx32 >= e
+        if np.any(bad):
+            t, k = (int(v) for v in np.argwhere(bad)[0])
+            # Note: DeepGEMM's kernel reads out of bounds for ids >= num_experts; the emulator raises.
+            raise arg_error(func, "sym_buffer.topk_idx", f"expert ids < num_experts = {e} (or negative for masked "
+                            f"slots) on rank {call.rank}", f"{int(idx[t, k])} at token {t}, slot {k}")
+        eff = np.where(idx32 < 0, -1, idx32).astype(np.int64)
+    else:
+        eff = np.where((idx >= 0) & (idx < e), idx, -1).astype(np.int64)  # outside [0, E): masked
+    return RankTokens(x, scales, eff, np.asarray(buf.topk_weights[:n], np.float32))  # type: ignore[attr-defined]
+
+
+def _config(call: _RankCall) -> tuple[Any, ...]:
+    return (call.kind,) + call.buffer._config
+
+
+def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> None:
+    """Compute the layer for ``out_ranks`` from every rank's call, then write their outputs."""
+    ranks = sorted(calls)
+    first = calls[ranks[0]]
+    for r in ranks:
+        if _config(calls[r]) != _config(first):
+            raise arg_error(func, "sym_buffer", f"every rank's call on the same configuration as rank {ranks[0]} "
+                            f"{_config(first)}", f"rank {r}: {_config(calls[r])}")
+    tokens = [read_tokens(func, calls[r]) for r in ranks]
+    profile = get_profile()
+    want_acc, want_S = trace.wants()
+    cfg = PipelineConfig(first.target, first.kind, model=get_numerics().accumulation,  # type: ignore[arg-type]
+                         fp32_block=profile.fp32_block, want_stages=trace.active() is not None,
+                         want_acc=want_acc, want_S=want_S)
+    shared = [calls[r].shared for r in ranks] if first.target == "deepgemm-ascend" else None
+    # Note: the ring scratch views (l1_acts, l2_acts and their SFs) are not written: their contents
+    # on a device depend on the scheduling; every stage's golden is in the trace record instead.
+    res = run(tokens, [calls[r].weights for r in ranks], [calls[r].options for r in ranks], cfg, out_ranks, shared)
+    # Everything is computed: now write.
+    debug = first.target == "deepgemm" and _debug_zero()
+    for r in out_ranks:
+        c = calls[r]
+        if c.y is not None:
+            c.y[...] = res.y[r]
+        received = res.counts[r].sum(axis=1)
+        if c.stats is not None:
+            c.stats[...] = (c.stats.astype(np.int64) + received).astype(np.int32)  # int32 atomics wrap
+        if first.target == "deepgemm-ascend":
+            c.buffer.expert_recv_count[...] = res.counts[r].T.astype(np.int32)  # type: ignore[attr-defined]
+    for r in out_ranks:
+        c = calls[r]
+        st = {"rank": r, "num_tokens": c.num_tokens, "num_received": int(res.counts[r].sum()),
+              "fast_math": int(c.options.fast_math), **res.stats}
+        trace.record(func, acc=res.acc[r], S=res.S.get(r), defined=None, stats=st, extra=res.stages.get(r, {}))
+    if debug:
+        from ._layout import zero_bytes
+
+        for r in out_ranks:
+            buf = calls[r].buffer.buffer
+            if buf is not None:
+                zero_bytes(buf)
+
+
+def _debug_zero() -> bool:
+    v = os.environ.get("DG_COMM_KERNEL_DEBUG")
+    try:
+        return bool(v) and int(v) != 0  # type: ignore[arg-type]
+    except ValueError:
+        return False
+
+
+def _submit(call: _RankCall) -> None:
+    # Note: a device call blocks until every rank has joined; here the calls before the last one
+    # return at once and every rank's outputs are written by the last call (collective=True), or
+    # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
+    reg = call.registry
+    reg._bound[call.rank] = call
+    if not reg.collective:
+        missing = [r for r in range(reg.size()) if r not in reg._bound]
+        if missing:
+            raise arg_error(call.func, "sym_buffer", "every other rank's weights and token count (a previous call "
+                            "of that rank, or EmulatedGroup.bind) for a collective=False call",
+                            f"nothing for ranks {missing}")
+        calls = {r: reg._bound[r] for r in range(reg.size())}
+        _complete(call.func, calls, [call.rank])
+        return
+    reg._pending[call.rank] = call
+    if len(reg._pending) < reg.size():
+        return
+    calls = dict(reg._pending)
+    reg._pending.clear()
+    _complete(call.func, calls, list(range(reg.size())))
+
+
+# ----------------------------------------------------------------------------------------------
+# public kernels
+# ----------------------------------------------------------------------------------------------
+
+def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                           cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
+                           activation: str = "swiglu", activation_clamp: float | None = None,
+                           fast_math: bool = True) -> None:
+    """The fused FP8 x FP4 expert-parallel MoE layer (DeepGEMM, sm100); collective over the group.
+
+    y:          (N, H) bfloat16 output, N <= num_max_tokens_per_rank (written when the collective completes)
+    l1_weights: (W1 int8 (E_l, 2I, H/2), S1 int32 (E_l, 2I, H/128) layout 2), as returned by
+                ``transform_weights_for_mega_moe`` (gate/up interleaved by 8, SF UTCCP-transposed)
+    l2_weights: (W2 int8 (E_l, H, I/2), S2 int32 (E_l, H, I/128) layout 2, UTCCP-transposed)
+    sym_buffer: this rank's SymmBuffer; before the call ``x[:N]`` (e4m3), ``x_sf[:N]`` (per-32 UE8M0,
+                packed int32), ``topk_idx[:N]`` (int64, negative = masked) and ``topk_weights[:N]``
+                (float32) hold this rank's tokens
+    cumulative_local_expert_recv_stats: None or int32 (E_l,), += routes received per local expert
+
+    Math, for every token t and valid slot k routed to expert e (rank e // E_l):
+    ``y[t] = bf16(sum_k bf16(requant(swiglu(bf16(x_t W1_e^T)) * w_tk) W2_e^T))`` (see deepgemm_ref.mega).
+    """
+    func = "fp8_fp4_mega_moe"
+    _recipe(func, recipe)
+    buf, clamp, fast = _cuda_common(func, "fp8", sym_buffer, activation, activation_clamp, fast_math)
+    n = int(as_array(y, func, "y").shape[0])  # type: ignore[union-attr]
+    weights, stats = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
+    ya = _y(func, y, buf)
+    _arch_sm100(func)
+    _submit(_RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                      RankOptions(clamp, fast)))
+
+
+def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                        cumulative_local_expert_recv_stats: Any = None, activation: str = "swiglu",
+                        activation_clamp: float | None = None, fast_math: bool = True) -> None:
+    """The fused BF16 expert-parallel MoE layer (DeepGEMM, sm100); collective over the group.
+
+    y: (N, H) bfloat16; l1_weights: W1 bfloat16 (E_l, 2I, H) interleaved by ``transform_weights_for_mega_moe``;
+    l2_weights: W2 bfloat16 (E_l, H, I); sym_buffer.x[:N] bfloat16 tokens, topk_idx, topk_weights as in
+    :func:`fp8_fp4_mega_moe`.  The intermediate is ``bf16(swiglu(bf16(x W1^T)) * w)`` instead of FP8.
+    """
+    func = "bf16_mega_moe"
+    buf, clamp, fast = _cuda_common(func, "bf16", sym_buffer, activation, activation_clamp, fast_math)
+    n = int(as_array(y, func, "y").shape[0])  # type: ignore[union-attr]
+    weights, stats = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
+    ya = _y(func, y, buf)
+    _arch_sm100(func)
+    _submit(_RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                      RankOptions(clamp, fast)))
+
+
+def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                             shared_l1_weights: Any = None, shared_l2_weights: Any = None,
+                             cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
+                             activation: str = "swiglu", activation_clamp: float | None = None,
+                             fast_math: bool = True) -> None:
+    """The fused FP8 x FP4 expert-parallel MoE layer (DeepGEMM-Ascend); collective over the group.
+
+    y:          (N, H) bfloat16, contiguous, N <= num_max_tokens_per_rank
+    l1_weights: (int8 (E_l, 2I/256, 256, H/2), int16 (E_l, 2I/256, H/64, 256)) from
+                ``transform_weights_for_mega_moe`` (128 + 128 gate/up blocks, SF bytes + 6)
+    l2_weights: (int8 (E_l, H/256, 256, I/2), int16 (E_l, H/256, I/64, 256))
+    shared_l1_weights, shared_l2_weights: the S shared experts as one wide expert (e4m3 NZ
+                (2SI/256, 256, H) / (H/256, 256, SI) with int16 SFs), exactly when S > 0
+    sym_buffer: x[:N] e4m3, x_sf[:N] int16 UE8M0 pairs, topk_idx[:N] (ids outside [0, E) masked),
+                topk_weights[:N] float32
+    Re-quantisation floors amax at 1e-4; the shared-expert slot follows the routed slots in the combine.
+    """
+    func = "fp8_fp4_mega_moe"
+    _recipe(func, recipe)
+    _activation(func, activation)
+    if not (isinstance(fast_math, (bool, np.bool_)) and fast_math):
+        raise arg_error(func, "fast_math", "True (DeepGEMM-Ascend supports only fast math)", repr(fast_math))
+    buf = _buffer(func, sym_buffer, _AscendSymmBuffer, "fp8xfp4")
+    ya = _y(func, y, buf)
+    n = int(ya.shape[0])
+    routed, shared, stats = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
+                                            n, cumulative_local_expert_recv_stats)
+    clamp = _clamp(func, activation_clamp)
+    _submit(_RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
+                      RankOptions(clamp, True)))
+
+
+def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
+              shared_l1_weights: Any, shared_l2_weights: Any, activation_clamp: Any, fast_math: Any) -> None:
+    """EmulatedGroup.bind: validate like a kernel call against rank ``rank``'s registered buffer."""
+    func = "EmulatedGroup.bind"
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < group.size():
+        raise arg_error(func, "rank", f"an int in [0, {group.size()})", repr(rank))
+    buf = group.buffer(rank)
+    if buf is None:
+        raise arg_error(func, "rank", "a rank with a SymmBuffer", f"rank {rank} has none")
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or not \
+            0 <= num_tokens <= buf.num_max_tokens_per_rank:
+        raise arg_error(func, "num_tokens", f"0 <= num_tokens <= {buf.num_max_tokens_per_rank}", repr(num_tokens))
+    n = int(num_tokens)
+    clamp = _clamp(func, activation_clamp)
+    fast = _bool(func, "fast_math", fast_math)
+    if isinstance(buf, _AscendSymmBuffer):
+        routed, shared, _ = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
+                                            n, None)
+        call = _RankCall(func, "fp8", "deepgemm-ascend", group, rank, buf, n, None, routed, shared, None,
+                         RankOptions(clamp, True))
+    else:
+        kind: Kind = "fp8" if buf._mma == "fp8xfp4" else "bf16"
+        prep = _prepare_cuda_fp8 if kind == "fp8" else _prepare_cuda_bf16
+        weights, _ = prep(func, l1_weights, l2_weights, buf, n, None)
+        call = _RankCall(func, kind, "deepgemm", group, rank, buf, n, None, weights, None, None,
+                         RankOptions(clamp, fast))
+    group._bound[rank] = call
+
+
+_BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xfp4 only)"}
+
+fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_fp8_fp4_mega_moe_cuda,
+                            deepgemm_ascend=_fp8_fp4_mega_moe_ascend)
+bf16_mega_moe = profiled("bf16_mega_moe", _BF16_MISSING, deepgemm=_bf16_mega_moe_cuda)

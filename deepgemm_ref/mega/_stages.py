@@ -1,0 +1,488 @@
+"""The unfused mega-MoE pipeline as stage functions: dispatch, grouped GEMM, SwiGLU + FP8, combine.
+
+These are DeepGEMM's test baseline (``tests/test_mega_moe.py``: DeepEP dispatch, a psum-layout
+grouped GEMM, TileLang's ``swiglu_apply_weight_to_fp8``, the grouped GEMM again, DeepEP combine),
+over all ranks of one process.  Each takes the previous stage's output, so feeding a device's
+stage-k output gives the golden of stage k + 1 conditioned on the device: a single FP8 rounding
+flip on the device does not cascade into false failures downstream.
+
+Row order (a destination rank's "dispatch order"): local expert by local expert, each expert's
+routes in increasing (source rank, token, slot), each expert's segment starting at
+``align(previous end, expert_alignment)``; ``psum_num_recv_tokens_per_expert`` holds the END offset
+of every segment (the psum layout of the grouped GEMMs).  Padding rows are zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+
+from .. import core, trace
+from .. import formats as fm
+from .._args import as_array, as_pair
+from ..api import profiled
+from ..config import get_numerics
+from ..errors import arg_error
+from ..interop import caller_kind, from_numpy
+from ..layout import sf_values
+from ..profiles import get_profile
+from . import _swiglu as sw
+from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
+from ._weights import PlainWeights
+
+__all__ = [
+    "MegaMoEDispatch",
+    "mega_moe_dispatch",
+    "mega_moe_grouped_gemm",
+    "swiglu_apply_weight_to_fp8",
+    "mega_moe_combine",
+]
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+I8 = np.dtype(np.int8)
+
+
+@dataclass
+class MegaMoEDispatch:
+    """One destination rank's received rows, in dispatch order (see the module docstring).
+
+    recv_x:            (M, H) float8_e4m3fn or bfloat16
+    recv_x_sf:         per-32 UE8M0 scales in the target's grouped-GEMM layout: DeepGEMM int32
+                       (M, H / 128) MN-major TMA-aligned (layout 2); DeepGEMM-Ascend int16 UE8M0
+                       pairs (M, H / 64) MN-major; None for bfloat16 tokens
+    recv_topk_weights: float32 (M,) route weight of every row (0 in padding rows)
+    psum_num_recv_tokens_per_expert: int32 (E_l,) END row of every local expert's segment
+    src:               int64 (M, 3): (source rank, token, slot) of every row, -1 in padding rows
+    num_tokens_per_rank: every source rank's token count N_s; num_topk: K
+    """
+
+    recv_x: np.ndarray
+    recv_x_sf: np.ndarray | None
+    recv_topk_weights: np.ndarray
+    psum_num_recv_tokens_per_expert: np.ndarray
+    src: np.ndarray
+    num_tokens_per_rank: tuple[int, ...]
+    num_topk: int
+
+
+def _int(func: str, arg: str, v: Any, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise arg_error(func, arg, f"an int >= {minimum}", repr(v))
+    return int(v)
+
+
+def _seq(func: str, arg: str, v: Any, n: int | None = None) -> list[Any]:
+    if not isinstance(v, (list, tuple)) or (n is not None and len(v) != n):
+        raise arg_error(func, arg, "a list with one entry per rank" + (f" ({n})" if n is not None else ""),
+                        f"{type(v).__name__}" + (f" of length {len(v)}" if isinstance(v, (list, tuple)) else ""))
+    return list(v)
+
+
+def _scale_bytes(values: np.ndarray) -> np.ndarray:
+    """float64 powers of two (2^(b - 127), NaN for 255) -> UE8M0 bytes."""
+    m, e = np.frexp(np.where(np.isfinite(values), values, 1.0))
+    b = np.clip(e.astype(np.int64) - 1 + 127, 0, 254)
+    return np.where(np.isnan(values), 255, b).astype(np.uint8)
+
+
+def _packed_mn_major(b: np.ndarray, ascend: bool) -> np.ndarray:
+    """UE8M0 bytes (M, G) -> DeepGEMM layout 2 int32 (M, ceil(G / 4)) or Ascend int16 pairs (M, G / 2), MN-major."""
+    m, g = b.shape
+    per = 2 if ascend else 4
+    cols = -(-g // per)
+    padded = np.zeros((m, cols * per), np.uint8)
+    padded[:, :g] = b
+    words = fm.pack_ue8m0_int16(padded) if ascend else fm.pack_ue8m0_int32(padded)
+    rows = m if ascend else -(-m // 4) * 4
+    phys = np.zeros((cols, rows), words.dtype)
+    phys[:, :m] = words.T
+    return phys.T[:m]
+
+
+def _tokens(func: str, x: Any, idx: Any, weights: Any, num_experts: int, target: str) -> list[RankTokens]:
+    xs = _seq(func, "x", x)
+    R = len(xs)
+    idxs = _seq(func, "topk_idx", idx, R)
+    ws = _seq(func, "topk_weights", weights, R)
+    out: list[RankTokens] = []
+    for s in range(R):
+        if isinstance(xs[s], (tuple, list)):
+            xv, sf = as_pair(xs[s], func, f"x[{s}]")
+            if xv.dtype != E4M3 or xv.ndim != 2 or sf is None:
+                raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
+            scales = sf_values(sf, xv.shape[0], xv.shape[1], 1, 32, func=func, arg=f"x[{s}][1]")
+        else:
+            xv = as_array(xs[s], func, f"x[{s}]")  # type: ignore[assignment]
+            assert xv is not None
+            if xv.dtype != BF16 or xv.ndim != 2:
+                raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
+            scales = None
+        ia = as_array(idxs[s], func, f"topk_idx[{s}]")
+        wa = as_array(ws[s], func, f"topk_weights[{s}]")
+        assert ia is not None and wa is not None
+        n = xv.shape[0]
+        if ia.ndim != 2 or ia.shape[0] != n or ia.dtype.kind not in "iu":
+            raise arg_error(func, f"topk_idx[{s}]", f"an integer ({n}, K) array", ia)
+        if wa.shape != ia.shape or wa.dtype != np.float32:
+            raise arg_error(func, f"topk_weights[{s}]", f"a float32 {ia.shape} array", wa)
+        if s and (xv.shape[1] != out[0].x.shape[1] or ia.shape[1] != out[0].topk_idx.shape[1]
+                  or (scales is None) != (out[0].x_scales is None)):
+            raise arg_error(func, f"x[{s}]", "the hidden size, top-k and format of x[0]", xv)
+        ia64 = ia.astype(np.int64)
+        if target == "deepgemm":
+            i32 = ia64.astype(np.int32)
+            if np.any(i32 >= num_experts):
+                t, k = (int(v) for v in np.argwhere(i32 >= num_experts)[0])
+                raise arg_error(func, f"topk_idx[{s}]", f"expert ids < num_experts = {num_experts} (negative: masked)",
+                                f"{int(ia64[t, k])} at token {t}, slot {k}")
+            eff = np.where(i32 < 0, -1, i32).astype(np.int64)
+        else:
+            eff = np.where((ia64 >= 0) & (ia64 < num_experts), ia64, -1)
+        out.append(RankTokens(xv, scales, eff, np.asarray(wa, np.float32)))
+    return out
+
+
+def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: int, expert_alignment: int = 1,
+                       cumulative_local_expert_recv_stats: Any = None) -> list[MegaMoEDispatch]:
+    """Expert-parallel dispatch of every source rank's tokens (one row per routed (token, slot)).
+
+    x:            per source rank, (float8_e4m3fn (N_s, H), per-32 UE8M0 SF in any form:
+                  DeepGEMM's packed int32 (N_s, H / 128), DeepGEMM-Ascend's int16 pairs (N_s, H / 64),
+                  float32 powers of two (N_s, H / 32)) or bfloat16 (N_s, H)
+    topk_idx:     per source rank, integer (N_s, K); masked slots follow the active target
+                  (DeepGEMM: negative after int32 truncation, ids >= num_experts are an error;
+                  DeepGEMM-Ascend: any id outside [0, num_experts))
+    topk_weights: per source rank, float32 (N_s, K)
+    num_experts:  E, a multiple of the rank count R = len(x); rank r owns experts [r E_l, (r + 1) E_l)
+    expert_alignment: segment alignment of the psum layout (DeepGEMM's test uses
+                  get_theoretical_mk_alignment_for_contiguous_layout(); 1 is compact)
+    cumulative_local_expert_recv_stats: None or per destination rank int32 (E_l,), += received routes
+
+    Returns one :class:`MegaMoEDispatch` per destination rank.
+    """
+    func = "mega_moe_dispatch"
+    target = get_profile().target
+    e = _int(func, "num_experts", num_experts, 1)
+    align = _int(func, "expert_alignment", expert_alignment, 1)
+    tokens = _tokens(func, x, topk_idx, topk_weights, e, target)
+    R = len(tokens)
+    if e % R:
+        raise arg_error(func, "num_experts", f"a multiple of the rank count {R}", repr(e))
+    e_l = e // R
+    stats = None
+    if cumulative_local_expert_recv_stats is not None:
+        stats = []
+        for r, st in enumerate(_seq(func, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats, R)):
+            sa = as_array(st, func, f"cumulative_local_expert_recv_stats[{r}]")
+            assert sa is not None
+            if sa.dtype != np.int32 or sa.size != e_l or not sa.flags.writeable:
+                raise arg_error(func, f"cumulative_local_expert_recv_stats[{r}]", f"a writeable int32 ({e_l},) array",
+                                sa)
+            stats.append(sa.reshape(-1))
+    routes = route(tokens, e)
+    fp8 = tokens[0].x_scales is not None
+    hdim = tokens[0].x.shape[1]
+    x_all = np.concatenate([t.x for t in tokens])
+    sc_all = np.concatenate([t.x_scales for t in tokens]) if fp8 else None
+    w_all = np.concatenate([t.topk_weights for t in tokens])
+    out = []
+    extra: dict[str, np.ndarray] = {}
+    for r in range(R):
+        ends, starts, total = [], [], 0
+        for i in range(e_l):
+            seg = routes.rows(r * e_l + i)
+            start = -(-total // align) * align
+            starts.append(start)
+            total = start + (seg.stop - seg.start)
+            ends.append(total)
+        m = total
+        recv_x = np.zeros((m, hdim), x_all.dtype)
+        scales = np.zeros((m, hdim // 32), np.float64) if fp8 else None
+        wts = np.zeros(m, np.float32)
+        src = np.full((m, 3), -1, np.int64)
+        for i in range(e_l):
+            seg = routes.rows(r * e_l + i)
+            rows = slice(starts[i], ends[i])
+            glob = routes.token_offsets[routes.src[seg]] + routes.tok[seg]
+            recv_x[rows] = x_all[glob]
+            if scales is not None and sc_all is not None:
+                scales[rows] = sc_all[glob]
+            wts[rows] = w_all[glob, routes.slot[seg]]
+            src[rows] = np.stack([routes.src[seg], routes.tok[seg], routes.slot[seg]], axis=1)
+        recv_sf = None
+        if scales is not None:
+            b = _scale_bytes(scales)
+            b[src[:, 0] < 0] = 0  # padding rows
+            recv_sf = _packed_mn_major(b, ascend=target == "deepgemm-ascend")
+        d = MegaMoEDispatch(recv_x, recv_sf, wts, np.array(ends, np.int32), src,
+                            tuple(t.num_tokens for t in tokens), int(tokens[0].topk_idx.shape[1]))
+        out.append(d)
+        if stats is not None:
+            counts = np.diff(np.searchsorted(routes.expert, np.arange(r * e_l, (r + 1) * e_l + 1)))
+            stats[r][...] = (stats[r].astype(np.int64) + counts).astype(np.int32)
+        extra[f"rank{r}.recv_x"] = recv_x
+        extra[f"rank{r}.src"] = src
+    if trace.active() is not None:
+        trace.record(func, extra=extra)
+    return out
+
+
+def _psum_rows(func: str, psum: Any, m: int, groups: int, align: int) -> list[tuple[int, int]]:
+    arg = "psum_num_recv_tokens_per_expert"
+    ends = np.asarray(psum) if isinstance(psum, (list, tuple)) else as_array(psum, func, arg)
+    assert ends is not None
+    if ends.ndim != 1 or ends.size != groups or ends.dtype.kind not in "iu":
+        raise arg_error(func, "psum_num_recv_tokens_per_expert", f"an integer ({groups},) array of END rows", ends)
+    out, prev = [], 0
+    for g, end in enumerate(int(v) for v in ends):
+        start = -(-prev // align) * align if g else 0
+        if not start <= end <= m:
+            raise arg_error(func, "psum_num_recv_tokens_per_expert", f"END rows with align(previous end, {align}) "
+                            f"<= end <= {m}", f"{end} for group {g}")
+        out.append((start, end))
+        prev = end
+    return out
+
+
+def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
+                           expert_alignment: int = 1) -> np.ndarray:
+    """``d[r] = bf16(a[r] @ B[g]^T)`` for the rows r of every group g (psum layout); other rows 0.
+
+    a: (float8_e4m3fn (M, K), per-32 SF in any form (M rows)) or bfloat16 (M, K)
+    b: un-transformed grouped weights, as DeepGEMM's baseline passes them: (int8 packed FP4
+       (G, N, K / 2) or float8_e4m3fn (G, N, K), per-32 SF (G, N, ...) in any form) or bfloat16 (G, N, K);
+       ``inverse_transform_weights_for_mega_moe`` recovers them from the fused kernel's layout
+    psum_num_recv_tokens_per_expert: int (G,) END rows; group g starts at align(end_{g-1}, expert_alignment)
+    Returns bfloat16 (M, N).  One core.scaled_matmul call per non-empty group.
+    """
+    func = "mega_moe_grouped_gemm"
+    align = _int(func, "expert_alignment", expert_alignment, 1)
+    if isinstance(a, (tuple, list)):
+        av, asf = as_pair(a, func, "a")
+        if av.dtype != E4M3 or av.ndim != 2 or asf is None:
+            raise arg_error(func, "a", "(float8_e4m3fn (M, K), SF) or bfloat16 (M, K)", av)
+        m, k = av.shape
+        a_sc: np.ndarray | None = sf_values(asf, m, k, 1, 32, func=func, arg="a[1]")
+    else:
+        av = as_array(a, func, "a")  # type: ignore[assignment]
+        assert av is not None
+        if av.dtype != BF16 or av.ndim != 2:
+            raise arg_error(func, "a", "(float8_e4m3fn (M, K), SF) or bfloat16 (M, K)", av)
+        m, k = av.shape
+        a_sc = None
+    if isinstance(b, (tuple, list)):
+        bw, bsf = as_pair(b, func, "b")
+        if bw.ndim != 3 or bw.dtype not in (I8, E4M3) or a_sc is None:
+            raise arg_error(func, "b", "(int8 packed FP4 or float8_e4m3fn (G, N, K'), SF) with FP8 a", bw)
+        kb = bw.shape[2] * (2 if bw.dtype == I8 else 1)
+        weights = PlainWeights(bw, bsf, kb)
+    else:
+        bw = as_array(b, func, "b")  # type: ignore[assignment]
+        assert bw is not None
+        if bw.ndim != 3 or bw.dtype != BF16 or a_sc is not None:
+            raise arg_error(func, "b", "bfloat16 (G, N, K) with bfloat16 a", bw)
+        kb = bw.shape[2]
+        weights = PlainWeights(bw, None, kb)
+    if kb != k:
+        raise arg_error(func, "b", f"K = {k} (from a)", bw)
+    groups, n = int(bw.shape[0]), int(bw.shape[1])
+    segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, align)
+    want_acc, want_S = trace.wants()
+    d = np.zeros((m, n), BF16)
+    acc = np.zeros((m, n)) if want_acc else None
+    S = np.zeros((m, n)) if want_S else None
+    defined = np.zeros((m, n), bool)
+    model = get_numerics().accumulation
+    for g, (r0, r1) in enumerate(segs):
+        if r1 <= r0:
+            continue
+        op_a = core.Operand(av[r0:r1]) if a_sc is None else core.Operand(av[r0:r1], a_sc[r0:r1], 32)
+        # weights as the core's row-chunked operand (see _pipeline._gemm), result transposed
+        res = core.scaled_matmul(weights.operand(g), op_a, core.Epilogue(fm.BF16), model=model,
+                                 fp32_block=get_profile().fp32_block, want_acc=want_acc, want_S=want_S)
+        d[r0:r1] = res.out.T
+        defined[r0:r1] = True
+        if acc is not None and res.acc is not None:
+            acc[r0:r1] = res.acc.T
+        if S is not None and res.S is not None:
+            S[r0:r1] = res.S.T
+    trace.record(func, acc=acc, S=S, defined=defined)
+    return from_numpy(d, caller_kind(a))
+
+
+def _avail(func: str, avail_tokens: Any, m: int) -> int:
+    if avail_tokens is None:
+        return m
+    v = as_array(avail_tokens, func, "avail_tokens") if not isinstance(avail_tokens, (int, np.integer)) else \
+        np.array([avail_tokens])
+    assert v is not None
+    if v.size != 1 or v.dtype.kind not in "iu" or not 0 <= int(v.reshape(-1)[0]) <= m:
+        raise arg_error(func, "avail_tokens", f"None or one int in [0, {m}]", v)
+    return int(v.reshape(-1)[0])
+
+
+def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, num_per_channels: int,
+                                use_col_major_scales: bool, round_scale: bool, ue8m0_scale: bool,
+                                clamp_value: float | None = None, fmt: str = "e4m3", num_sms: int | None = None,
+                                output_bf16: bool = False, fast_math: bool = True, *,
+                                semantics: Literal["fused", "baseline"] = "fused") -> tuple[Any, ...]:
+    """SwiGLU with the top-k weight and per-channel-group FP8 quantisation (TileLang's op).
+
+    x:            bfloat16 (M, 2I): gate = x[:, :I], up = x[:, I:] (un-interleaved L1 output)
+    topk_weights: float32 (M,) route weights, or None (no weight: shared experts)
+    avail_tokens: None (all rows) or the number of leading rows to process; later rows are zero
+    num_per_channels: channels per scale group (32 in the mega-MoE pipeline)
+    use_col_major_scales, round_scale, ue8m0_scale: the scale output form (see below)
+    clamp_value:  None or the activation clamp c (gate <= c, |up| <= c)
+    semantics:    ``"fused"`` (default): the active target's fused kernel (bf16 clamp; DeepGEMM no
+                  amax floor, byte 0 for amax 0; DeepGEMM-Ascend amax floor 1e-4); ``"baseline"``:
+                  TileLang's op (float32 clamp, amax floor 1e-4) - the two differ only there
+    fast_math:    the fp32 model's reciprocal-then-multiply in DeepGEMM's fused kernel; no effect
+                  in the exact model
+
+    v = swiglu(gate, up) * w (see deepgemm_ref.mega); per group of num_per_channels channels,
+    sf = 2^ceil(log2(amax / 448)) (round_scale) or amax / 448, y = e4m3(v / sf).
+    Returns (y float8_e4m3fn (M, I), y_sf) or, with output_bf16, (y, y_sf, bfloat16(v)).  y_sf:
+    ue8m0_scale: int32 (M, ceil(G / 4)) MN-major packed UE8M0 (strides (1, align(M, 4)));
+    otherwise float32 (M, G), column-major (strides (1, align(M, 4))) with use_col_major_scales.
+    """
+    # Note: ``semantics`` is this package's keyword (the fused kernels and TileLang's op differ in
+    # the amax floor and the clamp precision, spec 10.7); the default mirrors the fused kernel.
+    func = "swiglu_apply_weight_to_fp8"
+    kind = caller_kind(x)
+    xa = as_array(x, func, "x")
+    assert xa is not None
+    if fmt != "e4m3":
+        raise arg_error(func, "fmt", "'e4m3'", repr(fmt), utility=True)
+    if semantics not in ("fused", "baseline"):
+        raise arg_error(func, "semantics", "'fused' or 'baseline'", repr(semantics))
+    gran = _int(func, "num_per_channels", num_per_channels, 1)
+    if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[1] % (2 * gran):
+        raise arg_error(func, "x", f"a bfloat16 (M, 2I) array with I a multiple of num_per_channels = {gran}", xa)
+    if ue8m0_scale and not (round_scale and use_col_major_scales):
+        raise arg_error(func, "ue8m0_scale", "round_scale=True and use_col_major_scales=True with UE8M0 scales",
+                        repr((round_scale, use_col_major_scales)), utility=True)
+    m, i = xa.shape[0], xa.shape[1] // 2
+    w = None
+    if topk_weights is not None:
+        w = as_array(topk_weights, func, "topk_weights")
+        assert w is not None
+        if w.dtype != np.float32 or w.size != m:
+            raise arg_error(func, "topk_weights", f"float32 ({m},)", w)
+        w = w.reshape(-1)
+    # Note: rows from avail_tokens on are zero in the outputs (TileLang leaves them uninitialised),
+    # and UE8M0 scales require round_scale and column-major scales (TileLang writes garbage otherwise).
+    rows = _avail(func, avail_tokens, m)
+    c = None if clamp_value is None else float(clamp_value)
+    profile = get_profile()
+    model = get_numerics().accumulation
+    cfg = PipelineConfig(profile.target, "fp8", model=model, semantics=semantics)
+    opts = RankOptions(c, bool(fast_math))
+    v, q8, sf, st = swiglu_stage(xa[:rows], None if w is None else w[:rows], opts, cfg, quantize=False)
+    y = np.zeros((m, i), E4M3)
+    groups = i // gran
+    if round_scale:
+        rule: sw.ScaleRule = ("cuda" if profile.target == "deepgemm" else "ascend") if semantics == "fused" \
+            else "tilelang"
+        codes, sfb = sw.requantize(v, rule, gran)
+        y[:rows] = codes.view(E4M3)
+    else:
+        codes, sff = sw.requantize_float_scale(v, gran)
+        y[:rows] = codes.view(E4M3)
+    a4 = -(-m // 4) * 4
+    if ue8m0_scale:
+        b = np.zeros((m, -(-groups // 4) * 4), np.uint8)
+        b[:rows, :groups] = sfb
+        phys = np.zeros((b.shape[1] // 4, a4), np.int32)
+        phys[:, :m] = fm.pack_ue8m0_int32(b).T
+        y_sf = phys.T[:m]
+    else:
+        vals = np.zeros((m, groups), np.float32)
+        if round_scale:
+            vals[:rows] = (sfb.astype(np.uint32) << np.uint32(23)).view(np.float32)
+        else:
+            vals[:rows] = sff
+        if use_col_major_scales:
+            phys32 = np.zeros((groups, a4), np.float32)
+            phys32[:, :m] = vals.T
+            y_sf = phys32.T[:m]
+        else:
+            y_sf = vals
+    extra = {"swiglu.output": v, "l2.acts": y}
+    if round_scale:
+        extra["l2.acts_sf"] = sfb
+    trace.record(func, defined=np.broadcast_to((np.arange(m) < rows)[:, None], (m, i)), stats=st, extra=extra)
+    result: tuple[Any, ...] = (from_numpy(y, kind), from_numpy(y_sf, kind))
+    if output_bf16:
+        yb = np.zeros((m, i), BF16)
+        yb[:rows] = q8
+        result += (from_numpy(yb, kind),)
+    return result
+
+
+def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output: Any = None) -> list[Any]:
+    """Combine: ``y_s[t] = bf16(sum over valid slots k, in increasing k, of o_{s,t,k} (+ shared_s[t]))``.
+
+    x:       per destination rank, bfloat16 (M_r, H) L2 outputs in that rank's dispatch order
+    handles: the :class:`MegaMoEDispatch` of every destination rank (row -> (source rank, token, slot))
+    shared_output: None, or per source rank bfloat16 (N_s, H) (DeepGEMM-Ascend's shared experts;
+             added after the routed slots)
+    Returns per source rank bfloat16 (N_s, H).  ``exact``: the exact sum rounded once; ``fp32``: a
+    float32 running sum from +0.  Each source rank's call records acc (exact sum) and S = sum |terms|.
+    """
+    func = "mega_moe_combine"
+    hs = _seq(func, "handles", handles)
+    xs = _seq(func, "x", x, len(hs))
+    kind = caller_kind(*xs)
+    if not hs or not all(isinstance(h, MegaMoEDispatch) for h in hs):
+        raise arg_error(func, "handles", "the MegaMoEDispatch list returned by mega_moe_dispatch", repr(type(handles)))
+    ns, k = hs[0].num_tokens_per_rank, hs[0].num_topk
+    R = len(ns)
+    shared = None if shared_output is None else _seq(func, "shared_output", shared_output, R)
+    hdim = None
+    xa_list = []
+    for r, (xr, h) in enumerate(zip(xs, hs, strict=True)):
+        xa = as_array(xr, func, f"x[{r}]")
+        assert xa is not None
+        if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[0] != h.src.shape[0] or (hdim is not None and
+                                                                                  xa.shape[1] != hdim):
+            raise arg_error(func, f"x[{r}]", f"bfloat16 ({h.src.shape[0]}, H) rows in rank {r}'s dispatch order", xa)
+        hdim = xa.shape[1]
+        xa_list.append(xa)
+    assert hdim is not None
+    j = k + (1 if shared is not None else 0)
+    comb = [np.zeros((n, j, hdim), BF16) for n in ns]
+    for xa, h in zip(xa_list, hs, strict=True):
+        valid = h.src[:, 0] >= 0
+        s, t, sl = h.src[valid, 0], h.src[valid, 1], h.src[valid, 2]
+        rows = xa[valid]
+        for src in np.unique(s):
+            sel = s == src
+            comb[int(src)][t[sel], sl[sel]] = rows[sel]
+    if shared is not None:
+        for src, sh in enumerate(shared):
+            sa = as_array(sh, func, f"shared_output[{src}]")
+            assert sa is not None
+            if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
+                raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
+            comb[src][:, k] = sa
+    model = get_numerics().accumulation
+    out = []
+    for src in range(R):
+        y, acc, S = combine_rows(comb[src], model)
+        trace.record(func, acc=acc, S=S, stats={"rank": src}, extra={"combine.input": comb[src]})
+        out.append(from_numpy(y, kind))
+    return out
+
+
+mega_moe_dispatch = profiled("mega_moe_dispatch", None, deepgemm=_mega_moe_dispatch, deepgemm_ascend=_mega_moe_dispatch)
+mega_moe_grouped_gemm = profiled("mega_moe_grouped_gemm", None, deepgemm=_mega_moe_grouped_gemm,
+                                 deepgemm_ascend=_mega_moe_grouped_gemm)
+swiglu_apply_weight_to_fp8 = profiled("swiglu_apply_weight_to_fp8", None, deepgemm=_swiglu_apply_weight_to_fp8,
+                                      deepgemm_ascend=_swiglu_apply_weight_to_fp8)
+mega_moe_combine = profiled("mega_moe_combine", None, deepgemm=_mega_moe_combine, deepgemm_ascend=_mega_moe_combine)
