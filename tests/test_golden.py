@@ -442,7 +442,7 @@ def test_smoke_preset_round_trip_every_family(smoke, tmp_path):
     kernels = {c["kernel"] for c in golden.preset("smoke")}
     for family_kernel in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
                           "k_grouped_fp8_gemm_tn_contiguous", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm",
-                          "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"):
+                          "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "fp8_fp4_mega_moe", "bf16_mega_moe"):
         assert family_kernel in kernels
     golden.replay(smoke, tmp_path / "o.safetensors")
     reports = golden.check(smoke, tmp_path / "o.safetensors")
@@ -474,3 +474,92 @@ def test_catches_group_boundary_off_by_one(smoke):
     ids[last0] = -1  # the boundary moved up by one row
     d2, _ = _rerun(smoke, "sm100-grouped-mindices-bf16", grouped_layout=ids)
     assert _check_one(smoke, "sm100-grouped-mindices-bf16", d2).status == "fail"
+
+
+# ---------------------------------------------------------------------------------------------
+# Mega MoE cases (issue 7 case types)
+# ---------------------------------------------------------------------------------------------
+
+def _rerun_mega(bundle, case_id, edit):
+    """Drive the emulator on a Mega MoE case after ``edit(inputs)`` (what a buggy port computes)."""
+    from deepgemm_ref.golden.bundle import _fresh_outputs, run_case_call
+
+    case = golden.load_bundle(bundle).case(case_id)
+    inputs = {k: np.array(v.data if isinstance(v, st.PackedFP4) else v) for k, v in case.inputs().items()}
+    edit(inputs)
+    outs = _fresh_outputs(case.entry["outputs"], inputs)
+    with dg.numerics(arch=case.entry["profile"]):
+        run_case_call(dg, case.entry, case.args, case.kwargs, inputs, outs)
+    return outs
+
+
+def test_mega_moe_cases_hold_every_rank_and_stage(smoke):
+    b = golden.load_bundle(smoke)
+    for case_id, ranks in (("sm100-mega-moe-fp8xfp4", 2), ("ascend950-mega-moe", 2)):
+        case = b.case(case_id)
+        g = case.golden()
+        assert g["y"].shape[0] == ranks and g["acc"].shape == g["y"].shape == g["S"].shape
+        # the golden y is the exact combine sum rounded once to bf16
+        assert np.array_equal(fm.encode(g["acc"], fm.BF16, fm.IEEE_RNE).astype(np.uint16), g["y"].view(np.uint16))
+        for r in range(ranks):
+            for stage in ("dispatch.src", "l1.output", "swiglu.output", "l2.acts", "l2.acts_sf", "l2.output",
+                          "combine.input"):
+                assert f"extra.rank{r}.{stage}" in g, (case_id, r, stage)
+            # the per-rank golden agrees with the stacked one
+            assert np.array_equal(g[f"extra.rank{r}.y"].view(np.uint16), g["y"][r].view(np.uint16))
+        # stats: every valid slot is received by exactly one expert
+        n_valid = sum(int(np.count_nonzero(case.inputs()[f"topk_idx.{r}"] >= 0)) for r in range(ranks))
+        assert int(g["stats"].sum()) == n_valid
+
+
+def test_mega_moe_check_catches_wrong_weights_experts_and_routes(smoke):
+    case_id = "sm100-mega-moe-fp8xfp4"
+    b = golden.load_bundle(smoke)
+    idx = b.case(case_id).inputs()["topk_idx.1"]
+    t, k = map(int, np.argwhere(idx >= 0)[0])
+
+    def reports(edit):
+        outs = _rerun_mega(smoke, case_id, edit)
+        reps = golden.check_outputs(b, {f"{case_id}/y": outs["y"], f"{case_id}/stats": outs["stats"]},
+                                    cases=[case_id])
+        return {r.id.rsplit("/", 1)[1]: r for r in reps}
+
+    def scaled_weight(inp):
+        inp["topk_weights.1"][t, k] *= 1.1  # a 10 % error on one slot's weight
+
+    rep = reports(scaled_weight)["y"]
+    assert rep.status != "pass"
+    assert {tuple(w["index"][:2]) for w in rep.worst if w["status"] != "pass"} == {(1, t)}
+
+    def wrong_expert(inp):
+        inp["topk_idx.1"][t, k] = (idx[t, k] + 1) % 4  # the classic off-by-one expert id
+
+    rep = reports(wrong_expert)
+    assert rep["y"].status == "fail" and rep["stats"].status == "fail"
+
+    def dropped(inp):
+        inp["topk_idx.1"][t, k] = -1  # the port loses one route
+
+    rep = reports(dropped)
+    assert rep["y"].status == "fail" and rep["stats"].status == "fail"
+    assert {tuple(w["index"][:2]) for w in rep["y"].worst if w["status"] == "fail"} == {(1, t)}
+
+
+def test_mega_moe_fp32_model_device_passes_the_check(smoke, tmp_path):
+    """A float32 device pipeline passes; where its activations land one rounding step away from the
+    golden ones (upstream flips), the tokens they feed may warn, never fail (golden.moe bound)."""
+    ids = ["sm100-mega-moe-fp8xfp4", "sm100-mega-moe-bf16", "ascend950-mega-moe"]
+    golden.replay(smoke, tmp_path / "o.safetensors", cases=ids, accumulation="fp32")
+    reports = golden.check(smoke, tmp_path / "o.safetensors", cases=ids)
+    assert len(reports) == 6 and all(r.failed == 0 for r in reports), [(r.id, r.status) for r in reports]
+    assert all(r.status == "pass" for r in reports if r.id.endswith("/stats"))
+
+
+def test_mega_moe_real_library_replay_needs_one_rank_or_the_emulator():
+    from deepgemm_ref.golden.moe import _group_of
+
+    class FakeModule:  # a library without deepgemm_ref.mega.EmulatedGroup
+        pass
+
+    with pytest.raises(golden.BundleError, match="ranks = 1"):
+        _group_of(FakeModule(), 2)

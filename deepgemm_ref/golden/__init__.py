@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import families, probes, safetensors  # families and probes register their case builders
+from . import families, moe, probes, safetensors  # families, moe and probes register their case builders
 from .bundle import Bundle, BundleError, CaseData, generate, load_bundle, verify
 from .cases import CaseSpec, build_case, register_family
 from .check import CaseReport, CheckOptions, check_case, format_report
@@ -27,7 +27,7 @@ from .replay import replay
 __all__ = [
     "safetensors", "Bundle", "BundleError", "CaseData", "CaseSpec", "CaseReport", "CheckOptions",
     "generate", "load_bundle", "verify", "replay", "check", "check_outputs", "format_report",
-    "preset", "PRESETS", "build_case", "register_family", "load_outputs", "probes", "families",
+    "preset", "PRESETS", "build_case", "register_family", "load_outputs", "probes", "families", "moe",
 ]
 
 
@@ -63,7 +63,9 @@ def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: Check
         case = bundle.case(case_id)
         golden = case.golden()
         inputs = case.inputs()
-        for name in case.entry["outputs"]:
+        outs = case.entry["outputs"]
+        main = case.entry.get("main_output") or next(iter(outs))  # the manifest's keys are sorted
+        for name in [main] + [n for n in outs if n != main]:
             key = "" if single else f"{case_id}/{name}"
             if key not in outputs:
                 raise BundleError(f"outputs: missing {key!r} (case {case_id!r}, output {name!r})")
@@ -72,8 +74,9 @@ def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: Check
             if dev.shape != want.shape or dev.dtype != want.dtype:
                 raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
                                   f"expected shape {want.shape} and dtype {want.dtype}")
-            if name == next(iter(case.entry["outputs"])):
-                g = {"main": want, **{k: v for k, v in golden.items() if k in ("acc", "acc_lo", "S", "defined")}}
+            if name == main:
+                keys = ("acc", "acc_lo", "S", "S_hard", "defined")
+                g = {"main": want, **{k: v for k, v in golden.items() if k in keys}}
             else:  # a second output: its own accumulator and error scale when the kernel reports them
                 g = {"main": want, **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
                                       if f"extra.{name}.{k}" in golden}}

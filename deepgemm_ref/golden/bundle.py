@@ -82,6 +82,14 @@ def run_case_call(module: Any, entry: Mapping[str, Any], args: list[ArgRef], kwa
         _call_desc(module, call, tensors, outputs)
     for call in entry.get("derived", []):
         tensors[call["name"]] = _call_desc(module, call, tensors, outputs)
+    if entry.get("driver"):
+        from .moe import DRIVERS
+
+        name = entry["driver"].get("name")
+        if name not in DRIVERS:
+            raise BundleError(f"manifest: unknown driver {name!r}")
+        DRIVERS[name](module, dict(entry), tensors, outputs)
+        return
     result = call_kernel(module, entry["function"], args, kwargs, tensors, outputs)
     ret = entry.get("returns")
     if ret:
@@ -127,7 +135,12 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
     for name in built.outputs:
         golden[name] = np.ascontiguousarray(outs[name])
     stats: dict[str, Any] = {}
-    if cap.records:
+    if cap.records and built.driver is not None:
+        stats = _stack_rank_records(cap.records, golden)
+        from .moe import hard_error_scale
+
+        golden["S_hard"] = hard_error_scale(golden, built.inputs)
+    elif cap.records:
         rec = cap.records[-1]
         main = next(iter(built.outputs))
         shape = golden[main].shape
@@ -144,6 +157,20 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
     return golden, stats
 
 
+def _stack_rank_records(records: list[Any], golden: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One record per rank (Mega MoE): stack ``acc`` / ``S`` along the rank axis of the main
+    output, keep each rank's stage goldens as ``extra.rank<r>.<name>``."""
+    for key in ("acc", "S"):
+        vals = [getattr(rec, key) for rec in records]
+        if all(v is not None for v in vals):
+            golden[key] = np.ascontiguousarray(np.stack([np.asarray(v, np.float64) for v in vals]))
+    golden["defined"] = np.ones(golden["y"].shape, bool)
+    for r, rec in enumerate(records):
+        for k, v in rec.extra.items():
+            golden[f"extra.rank{r}.{k}"] = np.ascontiguousarray(v)
+    return {"ranks": [dict(rec.stats) for rec in records]}
+
+
 # ----------------------------------------------------------------------------------------------
 # manifest
 # ----------------------------------------------------------------------------------------------
@@ -156,7 +183,8 @@ _BLAS_ENV = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS
 
 
 def _entry_of(built: BuiltCase) -> dict[str, Any]:
-    return {"function": built.function, "setup": built.setup, "derived": built.derived, "returns": built.returns}
+    return {"function": built.function, "setup": built.setup, "derived": built.derived, "returns": built.returns,
+            "driver": built.driver, "profile": built.spec.profile}
 
 
 def _environment() -> dict[str, Any]:
@@ -216,10 +244,12 @@ def _case_entry(built: BuiltCase, tensors: Mapping[str, Any], rel_file: str, fil
         "args": [a.to_json() for a in built.args],
         "kwargs": {k: v.to_json() for k, v in built.kwargs.items()},
         "outputs": built.outputs,
+        "main_output": next(iter(built.outputs)),
         "transforms": built.transforms,
         "setup": built.setup,
         "derived": built.derived,
         "returns": built.returns,
+        "driver": built.driver,
         "check": built.check,
         "seed": built.spec.seed,
         "generator": "numpy PCG64(SeedSequence(seed, spawn_key=(crc32(case id),)))",

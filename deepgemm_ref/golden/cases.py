@@ -103,6 +103,9 @@ class BuiltCase:
     derived: list[dict[str, Any]] = field(default_factory=list)
     # The output that is the kernel's return value (MQA logits), if any.
     returns: str | None = None
+    # A driver that makes the call instead of ``function(*args, **kwargs)`` (Mega MoE: buffers and
+    # weight transforms on every rank): {"name": key of golden.moe.DRIVERS, ...its parameters}.
+    driver: dict[str, Any] | None = None
 
 
 Builder = Callable[[CaseSpec, np.random.Generator], BuiltCase]

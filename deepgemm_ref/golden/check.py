@@ -158,7 +158,10 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
             epi = u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
         epi = np.where(np.isfinite(epi), epi, 0.0)
         E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
-        E_hard = _gamma(max(n, 1), u_acc) * S + epi
+        # A case may record a wider error scale for the deterministic bound (Mega MoE: upstream
+        # activation rounding flips, see golden.moe); by default both bounds use S.
+        S_hard = golden["S_hard"].astype(np.float64) if "S_hard" in golden else S
+        E_hard = _gamma(max(n, 1), u_acc) * S_hard + epi
         with np.errstate(invalid="ignore"):
             lo, hi = _interval_codes(ep, y, y_lo, E)
             soft = finite & (d_vals >= lo) & (d_vals <= hi)
@@ -185,7 +188,7 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
     elif rep.warned:
         rep.status = "warn"
     both = finite
-    if np.any(both):
+    if np.any(both) and gd.dtype.kind not in "iub":  # integer outputs (counters) are compared bitwise only
         rep.ulp_histogram = _histogram(ulp_distance(device[both], gd[both]))
         rep.calc_diff = float(calc_diff(d_vals[both], g_vals[both]))
     bad = defined & (~hard | special_bad)
