@@ -22,7 +22,8 @@ def test_info(capsys):
     assert set(names.implementation_status("deepgemm")[1]) == {
         "deep_gemm._C.fp8_fp4_mega_moe", "deep_gemm._C.bf16_mega_moe", "deep_gemm.init_dist",
         "deep_gemm.uneven_all_gather"}
-    assert set(names.implementation_status("deepgemm-ascend")[1]) == {"deep_gemm._C.fp8_fp4_mega_moe"}
+    assert set(names.implementation_status("deepgemm-ascend")[1]) == {"deep_gemm._C.fp8_fp4_mega_moe",
+                                                                       "deep_gemm.testing.envs.init_dist"}
 
 
 def test_demo(capsys):

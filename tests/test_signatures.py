@@ -112,3 +112,16 @@ def test_names_missing_under_the_other_target_raise_saying_so():
     with dg.numerics(arch="sm100"):
         with pytest.raises(dg.DGArgumentError, match="not provided by DeepGEMM 2.6.1"):
             dg.set_npu_arch(3510)
+
+
+@pytest.mark.parametrize("target,arch", [("deepgemm", "sm100"), ("deepgemm-ascend", "ascend950")])
+def test_every_missing_name_raises_not_implemented_with_its_reason(target, arch):
+    _, missing = names.implementation_status(target)
+    entries = {e.qualified: e for e in names.reference_entries(target)}
+    assert missing
+    with dg.numerics(arch=arch):
+        for qualified, reason in missing.items():
+            obj = names.resolve(entries[qualified])
+            with pytest.raises(NotImplementedError) as info:
+                obj(*([None] * len(entries[qualified].params)))
+            assert reason in str(info.value) and entries[qualified].name in str(info.value)

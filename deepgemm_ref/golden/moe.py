@@ -174,7 +174,7 @@ def _group_of(module: Any, ranks: int) -> Callable[[int], Any]:
     emulated = getattr(mega, "EmulatedGroup", None)
     if emulated is not None:
         group = emulated(ranks)
-        return group.rank  # type: ignore[no-any-return]
+        return group.rank
     from .bundle import BundleError
 
     why = (f"a Mega MoE case with {ranks} rank(s) replays through a real library only with ranks = 1 and an "

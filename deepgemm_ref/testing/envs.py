@@ -8,19 +8,19 @@ from typing import Any
 
 import numpy as np
 
+from ..api import not_implemented
+
 __all__ = ["init_dist", "init_seed", "dist_print"]
 
 
+@not_implemented("multi-process HCCL/NCCL initialisation is not emulated; deepgemm_ref runs every "
+                 "expert-parallel rank in one process (use deepgemm_ref.mega.EmulatedGroup(num_ranks).rank(r))")
 def init_dist(local_rank: int, num_local_ranks: int, seed: int = 0) -> Any:
     """Not implemented: the emulator runs every expert-parallel rank in one process.
 
     DeepGEMM-Ascend initialises HCCL process groups here; use the emulated groups of
-    ``deepgemm_ref.mega_moe`` instead.
+    ``deepgemm_ref.mega`` instead.
     """
-    raise NotImplementedError(
-        "init_dist: multi-process HCCL/NCCL initialisation is not emulated; deepgemm_ref runs every "
-        "expert-parallel rank in one process (see deepgemm_ref.mega_moe)"
-    )
 
 
 def init_seed(global_seed: int) -> None:
