@@ -25,8 +25,11 @@ from deepgemm_ref import names  # noqa: E402
 TARGETS = (("deepgemm", "sm100", "DeepGEMM 2.6.1 (profiles sm90, sm100)"),
            ("deepgemm-ascend", "ascend950", "DeepGEMM-Ascend (profile ascend950)"))
 EXTRAS = ("numerics", "set_numerics", "get_numerics", "reset_numerics", "Limited", "set_arch", "get_arch",
-          "get_profile", "DGArgumentError", "DGUtilityError")
-EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.formats", "deepgemm_ref.trace", "deepgemm_ref.golden")
+          "get_profile", "DGArgumentError", "DGUtilityError", "mega.EmulatedGroup", "mega.mega_moe_dispatch",
+          "mega.mega_moe_grouped_gemm", "mega.swiglu_apply_weight_to_fp8", "mega.mega_moe_combine",
+          "mega.inverse_transform_weights_for_mega_moe")
+EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.formats", "deepgemm_ref.trace", "deepgemm_ref.mega",
+                 "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe")
 
 
 def _sig(obj: object) -> str:
@@ -63,7 +66,9 @@ def generate() -> str:
                 out += [f"### `{ours}{_sig(obj)}`", "", _doc(obj), ""]
     out += ["## deepgemm_ref's own names", ""]
     for name in EXTRAS:
-        obj = getattr(dg, name)
+        obj: object = dg
+        for part in name.split("."):
+            obj = getattr(obj, part)
         out += [f"### `deepgemm_ref.{name}{_sig(obj)}`", "", _doc(obj), ""]
     for mod_name in EXTRA_MODULES:
         mod = __import__(mod_name, fromlist=["_"])
