@@ -1099,3 +1099,18 @@ def test_torch_tensors_are_accepted():
     b2 = _one_rank(p)
     mega.fp8_fp4_mega_moe(want, *p.cuda_weights(0), b2)
     assert torch.equal(y.view(torch.int16), torch.from_numpy(_bits(want).view(np.int16)))
+
+
+def test_buffer_views_take_torch_style_writes_without_torch():
+    group = mega.EmulatedGroup(1)
+    buf = mega.get_symm_buffer_for_mega_moe(group.rank(0), 4, 8, 2, 512, 512)
+    x = np.random.default_rng(0).standard_normal((8, 512)).astype(BF16)
+    q, sf = dg.per_token_cast_to_fp8(x, True, 32, True)
+    assert buf.x[:8].copy_(q) is not None
+    buf.x_sf[:8].copy_(sf)
+    assert np.array_equal(buf.x[:8].view(np.uint8), q.view(np.uint8)) and np.array_equal(buf.x_sf[:8], sf)
+    buf.topk_weights[:8] = np.arange(16, dtype=np.float32).reshape(8, 2)
+    doubled = buf.topk_weights[:8] * 2  # arithmetic gives plain arrays, never views of the buffer
+    assert type(doubled) is np.ndarray and doubled[7, 1] == 30
+    buf.x[:8].zero_()
+    assert not buf.x[:8].view(np.uint8).any()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import mmap
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "BLOCK_N",
     "ViewSpec",
     "BufferLayout",
+    "BufferView",
     "ring_limit",
     "cuda_layout",
     "ascend_layout",
@@ -324,13 +326,47 @@ def zero_bytes(buffer: np.ndarray) -> None:
         buffer[...] = 0
 
 
+class BufferView(np.ndarray):
+    """A NumPy view into a symmetric buffer that also takes torch-style writes.
+
+    DeepGEMM's scripts fill the buffer with ``buffer.x[:n].copy_(x)``; here ``copy_`` (and item
+    assignment) accept torch CPU tensors as well as arrays, converted without rounding (the
+    dtypes must match as DeepGEMM's ``copy_`` would cast; a bf16 / float8 tensor keeps its bits).
+    Arithmetic on a view gives plain ``numpy.ndarray`` results.
+    """
+
+    def copy_(self, src: Any) -> BufferView:
+        """``self[...] = src`` (a torch tensor or an array); returns ``self`` like torch."""
+        self[...] = src
+        return self
+
+    def zero_(self) -> BufferView:
+        """Zero the view in place; returns ``self``."""
+        np.ndarray.__setitem__(self, Ellipsis, 0)
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(value).__module__.startswith("torch"):
+            from ..interop import to_numpy
+
+            value = to_numpy(value, "SymmBuffer", "value")
+        np.ndarray.__setitem__(self, key, value)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        plain = tuple(x.view(np.ndarray) if isinstance(x, BufferView) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, BufferView) else x for x in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
+
+
 def make_views(buffer: np.ndarray, layout: BufferLayout) -> dict[str, np.ndarray | None]:
-    """NumPy views of ``buffer`` (int8, 1-D) for every named view of ``layout``."""
+    """Views of ``buffer`` (int8, 1-D) for every named view of ``layout`` (:class:`BufferView`)."""
     out: dict[str, np.ndarray | None] = {}
     for name, spec in layout.views.items():
         if spec is None:
             out[name] = None
             continue
         strides = None if spec.strides is None else tuple(s * spec.dtype.itemsize for s in spec.strides)
-        out[name] = np.ndarray(spec.shape, dtype=spec.dtype, buffer=buffer, offset=spec.offset, strides=strides)
+        out[name] = np.ndarray(spec.shape, dtype=spec.dtype, buffer=buffer, offset=spec.offset,
+                               strides=strides).view(BufferView)
     return out
