@@ -31,11 +31,11 @@ MIB = 2**20
 
 
 class CoreTimer:
-    """Seconds spent inside ``core.scaled_matmul`` (summed over the worker threads)."""
+    """Seconds spent inside ``core.exact_accumulator`` (summed over the worker threads)."""
 
     def __init__(self) -> None:
         self.total = 0.0
-        self._orig = att.core.scaled_matmul
+        self._orig = att.core.exact_accumulator
         self._lock = threading.Lock()
 
     def __enter__(self) -> CoreTimer:
@@ -47,11 +47,11 @@ class CoreTimer:
                 with self._lock:
                     self.total += time.perf_counter() - t0
 
-        att.core.scaled_matmul = timed
+        att.core.exact_accumulator = timed
         return self
 
     def __exit__(self, *exc: object) -> None:
-        att.core.scaled_matmul = self._orig
+        att.core.exact_accumulator = self._orig
 
 
 def measure(fn, baseline, repeat: int) -> tuple[float, float, float, int, object]:
@@ -82,7 +82,7 @@ def measure(fn, baseline, repeat: int) -> tuple[float, float, float, int, object
 def report(name: str, t_base: float, t: float, core_s: float, peak: int, out_bytes: int) -> None:
     print(row("  baseline: float64 matmul of the per-head scores", t_base, baseline=1.0))
     print(row(f"  {name}", t, **{"vs matmul": t / t_base}))
-    print(f"    inside core.scaled_matmul: {core_s * 1e3:.1f} ms summed over {num_threads()} worker thread(s) "
+    print(f"    inside core.exact_accumulator: {core_s * 1e3:.1f} ms summed over {num_threads()} worker thread(s) "
           f"= {core_s / t_base:.2f}x the baseline")
     print(f"    peak {peak / MIB:8.1f} MiB = output {out_bytes / MIB:.1f} MiB + {(peak - out_bytes) / MIB:.1f} MiB "
           f"(bound: output + 256 MiB: {'ok' if peak <= out_bytes + 256 * MIB else 'EXCEEDED'})")

@@ -616,7 +616,7 @@ def _task(plan: _Plan, sinks: _Sinks, want_S: bool, r0: int, r1: int, k0: int, k
     if plan.model == "exact":
         acc = core.exact_accumulator(qop, keys.operand, want_S=want_S)
         codes, value = _exact_logits(plan, qop, keys, w, acc.acc.reshape(rows, heads, n),
-                                     acc.err.reshape(rows, heads, n), needed, stats)
+                                     None if acc.all_exact else acc.err.reshape(rows, heads, n), needed, stats)
         head_S = acc.S
     else:
         res = core.scaled_matmul(qop, keys.operand, core.Epilogue(fm.F32), model=plan.model,
@@ -673,12 +673,12 @@ def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | Non
 # ----------------------------------------------------------------------------------------------
 
 def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x: np.ndarray,
-                  x_err: np.ndarray, needed: np.ndarray,
+                  x_err: np.ndarray | None, needed: np.ndarray,
                   stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Correctly rounded codes (rows, n) and float64 values of s_j sum_h w_h relu(x_h).
 
     x: the core's float64 accumulators (rows, H, n), modified in place (relu); x_err: their
-    rigorous error bounds (0 where the core's exactness certificate holds).  needed: bool
+    rigorous error bounds (0 where the core's exactness certificate holds; None: all exact).  needed: bool
     (rows, n), the pairs inside their row's key range (only those go to the exact fallback;
     the others are computed because a row group shares one key span, and are discarded).
     """
@@ -686,7 +686,7 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
     kop, kvs = keys.operand, keys.token_scale
     out = plan.out_fmt
     # The per-head dot products come certified from the core (module docstring, step 1).
-    exact_x = not np.any(x_err)
+    exact_x = x_err is None or not np.any(x_err)
     w64 = w.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
@@ -696,6 +696,7 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
         err = a * (_gamma(heads + 2) * (1 + 8 * U64))
         if not exact_x:
             # |relu(x^) - relu(x)| <= |x^ - x| <= x_err, weighted by |w| and summed over heads
+            assert x_err is not None
             err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * _gamma(heads + 2))
         if kvs is not None:
             z = t * kvs[None, :]
@@ -716,7 +717,7 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
     if np.any(pending):
         ii, jj = np.nonzero(pending)
         for i, j in zip(ii.tolist(), jj.tolist(), strict=True):
-            if not np.any(x_err[i, :, j]):
+            if x_err is None or not np.any(x_err[i, :, j]):
                 xs = [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
             else:
                 xs = _exact_head_dots(qop, kop, i, j, heads)

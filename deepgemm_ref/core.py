@@ -462,8 +462,19 @@ class _Chunk:
     y: np.ndarray  # float64 (rows, N): the GEMM of the scaled operands
     exact: np.ndarray  # bool: y is exactly the accumulator (exactness certificate)
     finite: np.ndarray  # bool: the operands' rows are finite
-    S: np.ndarray  # float64 upper bound of sum |a b| (Cauchy-Schwarz)
+    a_norm: np.ndarray  # (rows,) and (N,) upper bounds of the scaled rows' 2-norms
+    b_norm: np.ndarray
     n_round: int  # rounding-path length: |y - acc| <= gamma(n_round) * S
+    all_exact: bool = False  # every element certified exact (S is then never needed)
+    _S: np.ndarray | None = None
+
+    @property
+    def S(self) -> np.ndarray:
+        """float64 upper bound of sum |a b| (Cauchy-Schwarz), computed on first use."""
+        if self._S is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._S = _up(np.outer(self.a_norm, self.b_norm), 2)
+        return self._S
 
 
 class _CertifiedChunks:
@@ -507,14 +518,24 @@ class _CertifiedChunks:
                     n_round = k + 1
                 a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
                 # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
-                S = _up(np.outer(a_norm, self.b_norm), 2)
-                finite = np.isfinite(a64).all(axis=1)[:, None] & self.b_finite[None, :]
-                exact = np.zeros(y.shape, bool)
+                a_fin = np.isfinite(a64).all(axis=1)
+                finite = a_fin[:, None] & self.b_finite[None, :]
+                ch = _Chunk(r0, r1, y, np.zeros(y.shape, bool), finite, a_norm, self.b_norm, n_round)
                 if self.pow2:
                     qa = _quantum_exponents(a, a64, r0, r1)
-                    limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
-                    exact = (S < limit) & finite
-            yield _Chunk(r0, r1, y, exact, finite, S, n_round)
+                    # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
+                    # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
+                    # (powers of two scale exactly; an overflow to inf just fails this test).
+                    ra = a_norm * np.exp2(-qa)
+                    rb = self.b_norm * np.exp2(-self.qb)
+                    top = float(_up(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2)) if ra.size and rb.size else 0.0
+                    if a_fin.all() and self.b_finite.all() and top < 2.0**53:
+                        ch.exact[...] = True
+                        ch.all_exact = True
+                    else:
+                        limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
+                        ch.exact = (ch.S < limit) & finite
+            yield ch
 
     def error_scale(self, out: np.ndarray) -> None:
         """S = |A| @ |B|^T rounded up, into ``out`` (M, N); B's float64 copy is reused in place."""
@@ -541,6 +562,7 @@ class Accumulator:
     err: np.ndarray
     finite: np.ndarray
     S: np.ndarray | None = None
+    all_exact: bool = False  # err is zero everywhere (every element certified exact)
 
 
 def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumulator:
@@ -553,23 +575,30 @@ def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumu
     m, k = a.shape
     n = b.shape[0]
     acc = np.empty((m, n))
-    err = np.zeros((m, n))
+    err = np.zeros((m, n))  # calloc: pages are touched only where a bound is written
     fin = np.ones((m, n), bool)
     if m == 0 or n == 0:
         return Accumulator(acc, err, fin, np.zeros((m, n)) if want_S else None)
     if k == 0:
         acc[...] = 0.0
         return Accumulator(acc, err, fin, np.zeros((m, n)) if want_S else None)
-    chunks = _CertifiedChunks(a, b, False, _chunk_rows(m, n, k))
+    step = _chunk_rows(m, n, k)
+    chunks = _CertifiedChunks(a, b, False, step)
+    all_exact = True
     for ch in chunks:
-        acc[ch.r0:ch.r1] = ch.y
-        err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, _gamma(ch.n_round) * ch.S)
-        fin[ch.r0:ch.r1] = ch.finite
+        if step >= m:
+            acc = ch.y  # one chunk: no copy
+        else:
+            acc[ch.r0:ch.r1] = ch.y
+        if not ch.all_exact:
+            all_exact = False
+            err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, _gamma(ch.n_round) * ch.S)
+            fin[ch.r0:ch.r1] = ch.finite
     S = None
     if want_S:
         S = np.empty((m, n))
         chunks.error_scale(S)
-    return Accumulator(acc, err, fin, S)
+    return Accumulator(acc, err, fin, S, all_exact)
 
 
 def _exact_model(
@@ -588,7 +617,7 @@ def _exact_model(
     step = _chunk_rows(m, n, k)
     chunks = _CertifiedChunks(a, b, blocked, step)
     for ch in chunks:
-        r0, r1, y, exact, finite, S = ch.r0, ch.r1, ch.y, ch.exact, ch.finite, ch.S
+        r0, r1, y, exact, finite = ch.r0, ch.r1, ch.y, ch.exact, ch.finite
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
             # through) take the epilogue of y itself; the others must give the same bits at both
@@ -598,20 +627,23 @@ def _exact_model(
             undecided = decided.size - int(np.count_nonzero(decided))
             if undecided > decided.size // 8:
                 # Many candidates: evaluate both interval ends on the whole chunk.
-                err = _gamma(ch.n_round) * S
+                err = _gamma(ch.n_round) * ch.S
                 c_lo = ep.apply(np.nextafter(y - err, -np.inf), r0, r1)
                 c_hi = ep.apply(np.nextafter(y + err, np.inf), r0, r1)
                 decided |= c_lo == c_hi
             elif undecided:
                 pr, pc = np.nonzero(~decided)
-                err = _gamma(ch.n_round) * S[pr, pc]
+                err = _gamma(ch.n_round) * ch.S[pr, pc]
                 yv = y[pr, pc]
                 c_lo = ep.apply_points(np.nextafter(yv - err, -np.inf), pr + r0, pc)
                 c_hi = ep.apply_points(np.nextafter(yv + err, np.inf), pr + r0, pc)
                 same = c_lo == c_hi
                 decided[pr[same], pc[same]] = True
-        stats["exact"] = stats.get("exact", 0) + int(exact.sum())
-        stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
+        if ch.all_exact:
+            stats["exact"] = stats.get("exact", 0) + exact.size
+        else:
+            stats["exact"] = stats.get("exact", 0) + int(exact.sum())
+            stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
         if acc is not None:
             acc[r0:r1] = y
         pr, pc = np.nonzero(~decided)
