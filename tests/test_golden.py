@@ -563,3 +563,24 @@ def test_mega_moe_real_library_replay_needs_one_rank_or_the_emulator():
 
     with pytest.raises(golden.BundleError, match="ranks = 1"):
         _group_of(FakeModule(), 2)
+
+
+def test_blocked_check_matches_whole_array_statistics():
+    """check_case classifies large outputs in row blocks; the report equals a whole-array one."""
+    from deepgemm_ref.golden.check import _histogram, check_case
+    from deepgemm_ref.testing import calc_diff, ulp_distance
+
+    rng = np.random.default_rng(5)
+    m, n = 1100, 1000  # three row blocks
+    acc = rng.standard_normal((m, n)) * 4
+    gd = fm.cast(acc, fm.BF16, fm.IEEE_RNE).astype(ml_dtypes.bfloat16)
+    dev = gd.copy()
+    bits = dev.view(np.uint16)
+    bits[::97, ::89] += 1  # one-ulp differences spread over every block
+    bits[1050, 7] += 300  # one far-off element in the last block
+    golden_t = {"main": gd, "acc": acc, "S": np.abs(acc) * 16}
+    check = {"n": 16, "epilogue": {"out": "bf16", "alpha": None, "c": None, "c_mode": "kernel"}, "c_epi": 0}
+    rep = check_case("c", dev, golden_t, check, {}, golden.CheckOptions())
+    assert rep.calc_diff == pytest.approx(float(calc_diff(dev.astype(np.float64), gd.astype(np.float64))), rel=1e-9)
+    assert rep.ulp_histogram == _histogram(ulp_distance(dev, gd))
+    assert rep.status == "fail" and rep.worst[0]["index"] == [1050, 7] and rep.checked == m * n
