@@ -8,17 +8,29 @@ row-wise operations.  ``DEEPGEMM_REF_NUM_THREADS`` caps the pool (default: the C
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-__all__ = ["num_threads", "parallel_chunks"]
+__all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _lock = threading.Lock()
 _local = threading.local()
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's pool threads: start from a fresh pool and lock."""
+    global _pool, _pool_size, _lock
+    _pool, _pool_size, _lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def num_threads() -> int:
@@ -62,3 +74,71 @@ def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> N
 
     for f in [_get_pool(n).submit(run, b) for b in bounds]:
         f.result()
+
+
+_SET_SYMBOLS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                "openblas_set_num_threads64_")
+_GET_SYMBOLS = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                "openblas_get_num_threads64_")
+
+
+def _openblas() -> tuple[Any, Any] | None:
+    """(set_num_threads, get_num_threads) of the OpenBLAS loaded in this process, or None.
+
+    Looked up in ``/proc/self/maps`` (Linux; NumPy's wheels bundle OpenBLAS).
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and ln.split()[-1].startswith("/")})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        setter = next((getattr(lib, n) for n in _SET_SYMBOLS if hasattr(lib, n)), None)
+        getter = next((getattr(lib, n) for n in _GET_SYMBOLS if hasattr(lib, n)), None)
+        if setter is not None and getter is not None:
+            getter.restype = ctypes.c_int
+            return setter, getter
+    return None
+
+
+def limit_blas_threads(n: int) -> bool:
+    """Best effort: set the thread count of the OpenBLAS loaded in this process (a forked worker
+    keeps its parent's BLAS thread count, which ``OPENBLAS_NUM_THREADS`` no longer changes).
+    Returns False where the library cannot be found.  Only the speed depends on it."""
+    import ctypes
+
+    lib = _openblas()
+    if lib is None:
+        return False
+    lib[0](ctypes.c_int(max(1, int(n))))
+    return True
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[bool]:
+    """Run the body with a one-thread BLAS, restoring the previous count afterwards.
+
+    A multi-threaded OpenBLAS partitions a GEMM by thread count, so an inexact float64 GEMM (an
+    accumulator the exactness certificate does not cover, or its error scale) can differ in the
+    last bits between thread counts.  One BLAS thread makes every stored float64 tensor a function
+    of the inputs alone on a given machine, whatever the number of worker processes.  Yields
+    whether the BLAS could be pinned.
+    """
+    import ctypes
+
+    lib = _openblas()
+    if lib is None:
+        yield False
+        return
+    before = int(lib[1]())
+    lib[0](ctypes.c_int(1))
+    try:
+        yield True
+    finally:
+        lib[0](ctypes.c_int(before))

@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import __version__, trace
+from .._parallel import limit_blas_threads, single_threaded_blas
 from ..config import get_numerics, numerics
 from ..errors import DGArgumentError
 from . import safetensors as st
@@ -126,7 +127,9 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
     """Run the case through the emulator's exact model; returns (golden tensors, stats)."""
     import deepgemm_ref
 
-    with numerics(arch=built.spec.profile, accumulation="exact"):
+    # One BLAS thread: stored float64 tensors (acc, S) that no certificate makes exact would
+    # otherwise depend on the BLAS thread count (see _parallel.single_threaded_blas).
+    with single_threaded_blas(), numerics(arch=built.spec.profile, accumulation="exact"):
         outs = _fresh_outputs(built.outputs, built.inputs)
         tensors = dict(built.inputs)
         with trace.capture(want_acc=True, want_S=True) as cap:
@@ -373,9 +376,15 @@ def _run_cases(todo: list[CaseSpec], root: Path, overwrite: bool, jobs: int, exe
     threads = max(1, (os.cpu_count() or 1) // jobs)
     env_keys = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ.update({k: str(threads) for k in env_keys})  # inherited by the spawned workers
+    os.environ.update({k: str(threads) for k in env_keys})  # inherited by the workers
     try:
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        # Fork where the platform has it: workers start at once with the package imported, and
+        # scripts without a ``__main__`` guard work (spawn re-imports them); each worker then
+        # limits its BLAS threads (_parallel resets its own pool after a fork).  Spawn elsewhere.
+        # Results are exact, so neither the start method nor the thread counts change a byte.
+        fork = sys.platform == "linux" and "fork" in mp.get_all_start_methods()
+        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork" if fork else "spawn"),
+                                    initializer=limit_blas_threads, initargs=(threads,)) as pool:
             futures = {pool.submit(_generate_case_worker, s.to_dict(), str(root), overwrite): s.id for s in todo}
             failures = []
             for fut in cf.as_completed(futures):
