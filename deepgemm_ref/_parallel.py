@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas"]
+__all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas", "blas_pinned"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -76,6 +76,8 @@ def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> N
         f.result()
 
 
+_pinned = 0
+_pin_lock = threading.Lock()
 _SET_SYMBOLS = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                 "openblas_set_num_threads64_")
 _GET_SYMBOLS = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
@@ -132,13 +134,25 @@ def single_threaded_blas() -> Iterator[bool]:
     """
     import ctypes
 
+    global _pinned
     lib = _openblas()
     if lib is None:
         yield False
         return
-    before = int(lib[1]())
-    lib[0](ctypes.c_int(1))
+    with _pin_lock:
+        before = int(lib[1]())
+        lib[0](ctypes.c_int(1))
+        _pinned += 1
     try:
         yield True
     finally:
-        lib[0](ctypes.c_int(before))
+        with _pin_lock:
+            _pinned -= 1
+            if _pinned == 0:
+                lib[0](ctypes.c_int(before))
+
+
+def blas_pinned() -> bool:
+    """Whether a :func:`single_threaded_blas` block is active: callers then run independent GEMMs
+    on the package's own thread pool instead (same shapes, so the same bits)."""
+    return _pinned > 0

@@ -47,7 +47,8 @@ model keeps the two roundings, which are identical whenever the scales are power
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -56,6 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from . import formats as fm
+from ._parallel import blas_pinned, parallel_chunks
 from .config import Limited, get_numerics
 
 __all__ = ["Operand", "Epilogue", "MatmulResult", "Accumulator", "scaled_matmul", "exact_accumulator", "U64"]
@@ -500,42 +502,61 @@ class _CertifiedChunks:
             self.qb = _quantum_exponents(b, self.b64)
 
     def __iter__(self) -> Iterator[_Chunk]:
+        for r0 in range(0, self.a.shape[0], self.step):
+            yield self.chunk(r0)
+
+    def for_each(self, fn: Callable[[_Chunk], None]) -> None:
+        """``fn(chunk)`` for every chunk (rows are disjoint): in parallel on the package's thread
+        pool while the BLAS is pinned to one thread (golden generation), else in order."""
+        starts = list(range(0, self.a.shape[0], self.step))
+        if len(starts) > 1 and blas_pinned():
+
+            def run(i0: int, i1: int) -> None:
+                for r0 in starts[i0:i1]:
+                    fn(self.chunk(r0))
+
+            parallel_chunks(len(starts), 1, run)
+        else:
+            for r0 in starts:
+                fn(self.chunk(r0))
+
+    def chunk(self, r0: int) -> _Chunk:
+        """Rows [r0, r0 + step) of the GEMM with their certificates."""
         a, k = self.a, self.a.shape[1]
-        for r0 in range(0, a.shape[0], self.step):
-            r1 = min(a.shape[0], r0 + self.step)
-            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                a64 = a.rows(r0, r1)
-                if self.blocked:
-                    a_el = a.element_rows(r0, r1)
-                    sa_blk = a.block_scales(r0, r1, self.blk)
-                    y = np.zeros((r1 - r0, self.b64.shape[0]))
-                    for j in range(sa_blk.shape[1]):
-                        ks = slice(j * self.blk, min(k, (j + 1) * self.blk))
-                        y += np.outer(sa_blk[:, j], self.sb_blk[:, j]) * (a_el[:, ks] @ self.b64[:, ks].T)
-                    n_round = 2 * sa_blk.shape[1] + 2
+        r1 = min(a.shape[0], r0 + self.step)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            a64 = a.rows(r0, r1)
+            if self.blocked:
+                a_el = a.element_rows(r0, r1)
+                sa_blk = a.block_scales(r0, r1, self.blk)
+                y = np.zeros((r1 - r0, self.b64.shape[0]))
+                for j in range(sa_blk.shape[1]):
+                    ks = slice(j * self.blk, min(k, (j + 1) * self.blk))
+                    y += np.outer(sa_blk[:, j], self.sb_blk[:, j]) * (a_el[:, ks] @ self.b64[:, ks].T)
+                n_round = 2 * sa_blk.shape[1] + 2
+            else:
+                y = a64 @ self.b64.T
+                n_round = k + 1
+            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
+            # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
+            a_fin = np.isfinite(a64).all(axis=1)
+            finite = a_fin[:, None] & self.b_finite[None, :]
+            ch = _Chunk(r0, r1, y, np.zeros(y.shape, bool), finite, a_norm, self.b_norm, n_round)
+            if self.pow2:
+                qa = _quantum_exponents(a, a64, r0, r1)
+                # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
+                # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
+                # (powers of two scale exactly; an overflow to inf just fails this test).
+                ra = a_norm * np.exp2(-qa)
+                rb = self.b_norm * np.exp2(-self.qb)
+                top = float(_up(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2)) if ra.size and rb.size else 0.0
+                if a_fin.all() and self.b_finite.all() and top < 2.0**53:
+                    ch.exact[...] = True
+                    ch.all_exact = True
                 else:
-                    y = a64 @ self.b64.T
-                    n_round = k + 1
-                a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
-                # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
-                a_fin = np.isfinite(a64).all(axis=1)
-                finite = a_fin[:, None] & self.b_finite[None, :]
-                ch = _Chunk(r0, r1, y, np.zeros(y.shape, bool), finite, a_norm, self.b_norm, n_round)
-                if self.pow2:
-                    qa = _quantum_exponents(a, a64, r0, r1)
-                    # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
-                    # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
-                    # (powers of two scale exactly; an overflow to inf just fails this test).
-                    ra = a_norm * np.exp2(-qa)
-                    rb = self.b_norm * np.exp2(-self.qb)
-                    top = float(_up(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2)) if ra.size and rb.size else 0.0
-                    if a_fin.all() and self.b_finite.all() and top < 2.0**53:
-                        ch.exact[...] = True
-                        ch.all_exact = True
-                    else:
-                        limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
-                        ch.exact = (ch.S < limit) & finite
-            yield ch
+                    limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
+                    ch.exact = (ch.S < limit) & finite
+        return ch
 
     def error_scale(self, out: np.ndarray) -> None:
         """S = |A| @ |B|^T rounded up, into ``out`` (M, N); B's float64 copy is reused in place."""
@@ -543,10 +564,18 @@ class _CertifiedChunks:
         if self.blocked:
             self.b64 *= np.repeat(self.sb_blk, self.blk, axis=1)[:, :k]
         np.abs(self.b64, out=self.b64)
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            for r0 in range(0, a.shape[0], self.step):
-                r1 = min(a.shape[0], r0 + self.step)
-                out[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
+        starts = list(range(0, a.shape[0], self.step))
+
+        def rows(i0: int, i1: int) -> None:
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                for r0 in starts[i0:i1]:
+                    r1 = min(a.shape[0], r0 + self.step)
+                    out[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
+
+        if len(starts) > 1 and blas_pinned():
+            parallel_chunks(len(starts), 1, rows)
+        else:
+            rows(0, len(starts))
 
 
 @dataclass
@@ -616,7 +645,10 @@ def _exact_model(
 
     step = _chunk_rows(m, n, k)
     chunks = _CertifiedChunks(a, b, blocked, step)
-    for ch in chunks:
+    lock = threading.Lock()
+
+    def process(ch: _Chunk) -> None:
+        st: dict[str, int] = {}
         r0, r1, y, exact, finite = ch.r0, ch.r1, ch.y, ch.exact, ch.finite
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
@@ -640,17 +672,22 @@ def _exact_model(
                 same = c_lo == c_hi
                 decided[pr[same], pc[same]] = True
         if ch.all_exact:
-            stats["exact"] = stats.get("exact", 0) + exact.size
+            st["exact"] = exact.size
         else:
-            stats["exact"] = stats.get("exact", 0) + int(exact.sum())
-            stats["bounded"] = stats.get("bounded", 0) + int((decided & ~exact & finite).sum())
+            st["exact"] = int(exact.sum())
+            st["bounded"] = int((decided & ~exact & finite).sum())
         if acc is not None:
             acc[r0:r1] = y
         pr, pc = np.nonzero(~decided)
         _decide_pending(a, b, ep, _Pending(pr + r0, pc), codes, r0,
                         acc[r0:r1] if acc is not None else None,
-                        acc_lo[r0:r1] if acc_lo is not None else None, stats)
+                        acc_lo[r0:r1] if acc_lo is not None else None, st)
         out_codes[r0:r1] = codes
+        with lock:
+            for key, v in st.items():
+                stats[key] = stats.get(key, 0) + v
+
+    chunks.for_each(process)
     if S_all is not None:
         chunks.error_scale(S_all)
     return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
