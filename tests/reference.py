@@ -134,6 +134,25 @@ def exact_dot(a: np.ndarray, b: np.ndarray) -> Fraction:
     return sum((F(float(x)) * F(float(y)) for x, y in zip(a, b, strict=True)), F(0))
 
 
+def exact_dot_f32_code(a: np.ndarray, b: np.ndarray) -> int:
+    """float32 code of RN(sum_k a[k] b[k]) for float64 rows whose products are exact in float64.
+
+    math.fsum rounds the exact sum once to float64; a second rounding to float32 can only differ
+    from the direct one when the float64 result is exactly a float32 midpoint (midpoints are
+    float64 values and rounding is monotone), and then the sum is redone in rationals.  Fast
+    enough for long K, independent of the package's tiers.
+    """
+    import math
+
+    s = math.fsum((a * b).tolist())
+    f = np.float32(s)
+    if math.isfinite(s) and float(f) != s:
+        lo, hi = (f, np.nextafter(f, np.float32(np.inf))) if float(f) < s else (np.nextafter(f, np.float32(-np.inf)), f)
+        if (F(float(lo)) + F(float(hi))) / 2 == F(s):
+            return fm.encode_scalar(exact_dot(a, b), fm.F32, fm.IEEE_RNE)
+    return int(np.array([f], np.float32).view(np.uint32)[0])
+
+
 def ref_epilogue(acc: Fraction, out: fm.Format, alpha: float | None = None, c: float | None = None,
                  c_mode: str = "kernel") -> int:
     """Spec 6.1 / port 2.3, on an exact accumulator; returns the output code.

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import deepgemm_ref as dg
-from deepgemm_ref import core, gemm
+from deepgemm_ref import core, gemm, trace
 from deepgemm_ref import formats as fm
 from deepgemm_ref.errors import DGArgumentError
 
@@ -152,6 +152,53 @@ def test_exact_tie_and_tie_broken_by_2_pow_minus_40():
     a, b = _bf16_pair([1.0, 2.0**-12], [1.0, 2.0**-12])
     gemm.bf16_gemm_nt(a, b, d32)
     assert d32[0, 0] == np.float32(1.0)
+
+
+def test_long_k_float32_output_tiers_against_fractions():
+    """K > 2048 with a float32 output: the K-blocked GEMM bound, the pairwise tier and the
+    double-double tier each decide some elements, and all agree with exact rationals.
+
+    Row 0 holds random normals (most elements certified by the GEMM bound, some by the pairwise
+    sum); rows 1 and 2 hold an f32 tie 1 + 2^-24 (and the tie broken by 2^-64) buried under
+    K - 3 products that cancel exactly in pairs, so only an exact tier can round them.
+    """
+    rng = np.random.default_rng(41)
+    m, n, k = 3, 24, 4099
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k), dtype=np.float32)
+    half = (k - 3) // 2
+    for i, tail in ((1, 0.0), (2, 2.0**-32)):
+        a[i, 0], a[i, 1], a[i, 2] = 1.0, 2.0**-12, tail
+        a[i, 3:3 + 2 * half:2] = a[i, 4:4 + 2 * half:2]  # equal neighbours ...
+    b[:, :3] = [1.0, 2.0**-12, 2.0**-32]
+    b[:, 4:4 + 2 * half:2] = -b[:, 3:3 + 2 * half:2]  # ... against opposite ones: pairs cancel
+    a16, b16 = a.astype(BF16), b.astype(BF16)
+    d = np.zeros((m, n), np.float32)
+    with trace.capture() as cap:
+        gemm.bf16_gemm_nt(a16, b16, d)
+    stats = cap.records[-1].stats
+    assert stats.get("double_double", 0) >= 2 * n and stats.get("bounded", 0) > 0
+    expect = ref.ref_gemm(a16.astype(np.float64), b16.astype(np.float64), fm.F32)
+    assert np.array_equal(_codes(d), expect)
+    assert np.all(d[1] == np.float32(1.0)) and np.all(d[2] == np.float32(1 + 2.0**-23))
+
+
+def test_pairwise_tier_decides_what_the_gemm_bound_leaves():
+    """Random normals at K = 8192, float32 output: the a priori bound leaves elements open and
+    the pairwise float64 sum (error <= gamma(log2 K) sum |t|) settles them, matching rationals."""
+    rng = np.random.default_rng(43)
+    m, n, k = 2, 256, 8192
+    a16 = rng.standard_normal((m, k), dtype=np.float32).astype(BF16)
+    b16 = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
+    d = np.zeros((m, n), np.float32)
+    with trace.capture() as cap:
+        gemm.bf16_gemm_nt(a16, b16, d)
+    stats = cap.records[-1].stats
+    tiers = {key: v for key, v in stats.items() if key != "exact" and key != "bounded"}
+    assert sum(stats.values()) == m * n and sum(tiers.values()) > 0, stats
+    a64, b64 = a16.astype(np.float64), b16.astype(np.float64)
+    expect = [[ref.exact_dot_f32_code(a64[i], b64[j]) for j in range(n)] for i in range(m)]
+    assert np.array_equal(_codes(d), np.array(expect, np.uint32))
 
 
 def test_ties_through_fp32_scales_use_the_exact_fallback():
