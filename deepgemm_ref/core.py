@@ -810,6 +810,65 @@ def _f32_accumulate(acc32: np.ndarray, s32: np.ndarray | None, p32: np.ndarray) 
     return acc32
 
 
+def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
+    """Whether the fp32 model may scale the operands before the block GEMMs.
+
+    With FP8 / FP4 elements (every block sum exact in float64 and, when not zero, at least
+    2^(qa + qb) in magnitude) and power-of-two scales 2^ea, 2^eb, the model's
+    f32(f32(sa sb) * RN_f32(block sum)) equals RN_f32(block sum * 2^(ea + eb)) exactly, provided
+    no scaled block sum can become a float32 subnormal (ea + eb + qa + qb >= -126) and the scale
+    product is a float32 number (ea + eb <= 127, each scale itself a float32 number); overflow to
+    inf is the same on both sides.
+    Non-finite elements take the general path.
+    """
+    if not (a.pow2_scales and b.pow2_scales):
+        return False
+    qa, qb = a.fixed_quantum, b.fixed_quantum
+    assert qa is not None and qb is not None
+
+    def exp_range(op: Operand) -> tuple[float, float]:
+        if op.scales is None or op.scales.size == 0:
+            return 0.0, 0.0
+        e = np.log2(op.scales)  # exact for powers of two
+        return float(e.min()), float(e.max())
+
+    (lo_a, hi_a), (lo_b, hi_b) = exp_range(a), exp_range(b)
+    in_f32 = min(lo_a, lo_b) >= -149 and max(hi_a, hi_b) <= 127  # each scale a float32 number
+    return in_f32 and lo_a + lo_b + qa + qb >= -126 and hi_a + hi_b <= 127
+
+
+def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> MatmulResult:
+    """The fp32 model on pre-scaled operands (see :func:`_prescaled_fp32_ok`): per K block one
+    float64 GEMM of the scaled values (exact), one rounding to float32, one float32 add."""
+    m, k = a.shape
+    n = b.shape[0]
+    out_codes = np.empty((m, n), ep.out.code_dtype)
+    b_s = b.rows(0, n)
+    if not np.isfinite(b_s).all():
+        return _fp32_model(a, b, ep, blk, prescale=False)
+    step = _chunk_rows(m, n, k)
+    acc_all = np.empty((m, n), np.float32)
+    nb = -(-k // blk) if k else 0
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        for r0 in range(0, m, step):
+            r1 = min(m, r0 + step)
+            a_s = a.rows(r0, r1)
+            if not np.isfinite(a_s).all():  # NaN / inf elements: the general path (nothing written yet)
+                return _fp32_model(a, b, ep, blk, prescale=False)
+            acc = np.zeros((r1 - r0, n), np.float32)
+            y = np.empty((r1 - r0, n))  # reused buffers: no page faults per block
+            part = np.empty((r1 - r0, n), np.float32)
+            for j in range(nb):
+                ks = slice(j * blk, min(k, (j + 1) * blk))
+                np.matmul(a_s[:, ks], b_s[:, ks].T, out=y)  # exact block sum
+                np.copyto(part, y, casting="same_kind")  # one rounding to float32 (RNE)
+                acc += part
+            acc_all[r0:r1] = acc
+            out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
+    return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
+                        {"fp32": m * n})
+
+
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
     """Exact block sums a_el @ b_el^T, rounded once to float32 (float64 exact for FP8/FP4 blocks)."""
     y = a_el @ b_el.T
@@ -838,7 +897,7 @@ def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.nd
     return out
 
 
-def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResult:
+def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool = True) -> MatmulResult:
     """Per K block: partial = RN_f32(exact block sum); acc = f32(acc + f32(f32(sa * sb) * partial))."""
     m, k = a.shape
     n = b.shape[0]
@@ -849,6 +908,8 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResul
         blk = math.gcd(blk, b.block)
     exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
     out_codes = np.empty((m, n), ep.out.code_dtype)
+    if prescale and exact_ok and _prescaled_fp32_ok(a, b):
+        return _fp32_model_prescaled(a, b, ep, blk)
     b_el = b.element_rows(0, n)
     sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None
     step = _chunk_rows(m, n, k)
@@ -868,7 +929,9 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int) -> MatmulResul
                     ca = sa[:, j] if sa is not None else np.ones(r1 - r0, np.float32)
                     cb = sb[:, j] if sb is not None else np.ones(n, np.float32)
                     s32 = np.multiply.outer(ca, cb)  # float32 * float32: one rounding
-                acc = _f32_accumulate(acc, s32, part)
+                if s32 is not None:
+                    np.multiply(part, s32, out=part)
+                acc += part
             acc_all[r0:r1] = acc
             out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
     return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,

@@ -280,6 +280,35 @@ def test_fp32_model_within_bound_and_deterministic():
     assert np.mean(_codes(r1.out) != _codes(exact.out)) < 0.2  # mostly equal; differences are real rounding
 
 
+def test_fp32_model_prescaled_path_equals_the_general_one():
+    """The fp32 model's fast path (operands scaled before the block GEMMs) gives the bytes of the
+    per-block f32(f32(sa sb) * partial) path, including scales near the float32 range's ends,
+    overflow to inf and FP4 operands; the general path is forced with prescale=False."""
+    rng = np.random.default_rng(77)
+    fast = 0
+    for _ in range(150):
+        m, n, k = int(rng.integers(1, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 300))
+        blk = int(rng.choice([32, 128]))
+
+        def operand(rows: int, k: int = k, blk: int = blk) -> core.Operand:
+            if rng.random() < 0.5:
+                v = rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 9, (rows, k)))
+                vals, codes = v.clip(-448, 448).astype(E4M3), None
+            else:
+                vals, codes = rng.integers(0, 16, (rows, k)).astype(np.uint8), fm.E2M1
+            lo, hi = sorted(rng.integers(-127, 128, 2) if rng.random() < 0.5 else rng.integers(-20, 10, 2))
+            return core.Operand(vals, np.exp2(rng.integers(lo, hi + 1, (rows, -(-k // blk)))), blk, codes)
+
+        a, b = operand(m), operand(n)
+        fast += core._prescaled_fp32_ok(a, b)
+        for out in (fm.BF16, fm.F32):
+            r1 = core._fp32_model(a, b, core.Epilogue(out), 128)
+            r2 = core._fp32_model(a, b, core.Epilogue(out), 128, prescale=False)
+            assert r1.out.tobytes() == r2.out.tobytes()
+            assert np.array_equal(r1.acc, r2.acc, equal_nan=True)
+    assert 0 < fast < 150  # both paths are exercised
+
+
 def test_limited_model_loses_bits_and_is_deterministic():
     m, n, k = 8, 8, 512
     x, w = _rand((m, k), 32), _rand((n, k), 33)
