@@ -242,7 +242,7 @@ class Epilogue:
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
-            s, e = fm.two_sum(self.c[rows, cols].astype(np.float64), z)
+            s, e = _two_sum_ieee(self.c[rows, cols].astype(np.float64), z)
             return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
         return self.apply_points(_dd_to_f64_directed(hi, lo, up), rows, cols)
 
@@ -255,22 +255,39 @@ class Epilogue:
             return fm.round_f64(z, self.out).view(self.out.code_dtype)
         if self._round_first:
             z = fm.round_f64(z, self.out).astype(np.float64)
-        s, e = fm.two_sum(c.astype(np.float64), z)
+        s, e = _two_sum_ieee(c.astype(np.float64), z)
         return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
 
     def apply_exact(self, x: Fraction, m: int, n: int) -> Any:
-        """The same epilogue on one exact rational accumulator value (the slow specification)."""
+        """The same epilogue on one exact rational accumulator value (the slow specification).
+
+        A rounding that overflows gives an infinity (a float), which then follows IEEE
+        arithmetic: inf + finite c is inf, inf + -inf is NaN.
+        """
         v: Fraction | float = x
         if self.alpha is not None:
             v = _rn(Fraction(self.alpha) * x, fm.F32)
         if self.c is not None:
-            if self._round_first:
+            if self._round_first and not _nonfinite(v):
                 v = _rn(Fraction(v), self.out)
             cv = float(self.c[m, n])
-            if not math.isfinite(cv):
+            if not math.isfinite(cv) or _nonfinite(v):
                 return fm.encode(np.array([cv + float(v)]), self.out, fm.IEEE_RNE)[0]
             v = Fraction(cv) + Fraction(v)
+        if _nonfinite(v):
+            return fm.encode(np.array([float(v)]), self.out, fm.IEEE_RNE)[0]
         return fm.encode_scalar(Fraction(v), self.out, fm.IEEE_RNE)
+
+
+def _nonfinite(v: Fraction | float) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def _two_sum_ieee(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TwoSum whose error term is 0 where the sum is not finite (inf + finite = inf, inf - inf =
+    NaN, as IEEE addition gives; TwoSum's own error term would be NaN there)."""
+    s, e = fm.two_sum(a, b)
+    return s, np.where(np.isfinite(s), e, 0.0)
 
 def _rn(x: Fraction, fmt: fm.Format) -> float:
     return fm.decode_scalar(fm.encode_scalar(x, fmt, fm.IEEE_RNE), fmt)

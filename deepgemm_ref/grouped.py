@@ -1184,10 +1184,11 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
                 raise arg_error(func, name, "dtype bfloat16", x)
         sa = OperandSpec(A, major_of(A, func, "a"), False, A.shape[0], A.shape[1])
         sb = OperandSpec(B, major_of(B, func, "b"), False, B.shape[0], B.shape[1])
-    if sa.major != "MN" or sb.major != "MN":
+    k = sa.k
+    # An empty K (every group empty) has no memory layout to check: d := c, as the spec says.
+    if k and (sa.major != "MN" or sb.major != "MN"):
         raise arg_error(func, "a" if sa.major != "MN" else "b",
                         "a (K, M) and b (K, N) row-major (MN-major after the transposition)", "a K-major operand")
-    k = sa.k
     if (sa.mn, sb.mn, sb.k) != (m, n, k):
         raise arg_error(func, "b", f"a (K, M) = ({k}, {m}) and b (K, N) = ({k}, {n}) to match d {dd.shape}",
                         f"a {sa.data.shape[::-1]} and b {sb.data.shape[::-1]}")

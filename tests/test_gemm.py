@@ -481,6 +481,33 @@ def test_deepgemm_style_calc_diff(kind, threshold):
 # zero-sized problems, c semantics, bad input
 # ---------------------------------------------------------------------------------------------
 
+def test_c_epilogue_overflow_and_infinite_c_follow_ieee():
+    """bf16(acc) overflowing to inf, then + c, stays inf (not NaN); an infinite c gives inf
+    (or NaN against the opposite infinity), in the vectorised and the exact-rational epilogue."""
+    big_a, four = np.array([[2.0**127]], BF16), np.array([[4.0]], BF16)
+    d = np.zeros((1, 1), BF16)
+    gemm.bf16_gemm_nt(big_a, four, d, c=np.array([[1.0]], BF16))
+    assert _codes(d)[0, 0] == 0x7F80
+    gemm.bf16_gemm_nt(-big_a, four, d, c=np.array([[np.inf]], BF16))
+    assert np.isnan(d.astype(np.float32)[0, 0])
+    d32 = np.zeros((1, 1), np.float32)
+    gemm.bf16_gemm_nt(np.ones((1, 1), BF16), np.ones((1, 1), BF16), d32, c=np.array([[-np.inf]], np.float32))
+    assert d32[0, 0] == -np.inf
+    with dg.numerics(arch="ascend950"):
+        d32[...] = 0
+        gemm.bf16_gemm_nt(big_a, four, d32, c=np.array([[2.0]], np.float32), alpha=2.0**100)
+        assert d32[0, 0] == np.inf  # f32(alpha * acc) overflows; inf + 2 = inf
+    # the rational specification used by the last-resort tier
+    acc = ref.F(2) ** 129
+    for out, c, want in ((fm.BF16, 1.0, 0x7F80), (fm.F32, np.inf, 0x7F800000)):
+        ep = core.Epilogue(out, None, np.array([[c]], np.float64))
+        assert int(ep.apply_exact(acc, 0, 0)) == want
+    ep = core.Epilogue(fm.F32, 2.0, np.array([[1.0]], np.float64))
+    assert int(ep.apply_exact(acc, 0, 0)) == 0x7F800000
+    ep = core.Epilogue(fm.BF16, None, np.array([[-np.inf]], np.float64))
+    assert np.isnan(fm.decode_scalar(int(ep.apply_exact(acc, 0, 0)), fm.BF16))
+
+
 def test_zero_k_copies_c_or_zeroes():
     a = np.zeros((3, 0), BF16)
     b = np.zeros((2, 0), BF16)

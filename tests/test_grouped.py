@@ -532,6 +532,23 @@ def test_ascend_k_zero_clears_d_and_cuda_needs_k():
     assert np.all(d == 3.0)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ascend_k_grouped_all_groups_empty_copies_c(fp8):
+    """SUM_K = 0: no layout to check on the (0, M) operands; d := c (spec: early return)."""
+    m, n = 4, 8
+    if fp8:
+        a = (np.zeros((0, m), E4M3), np.zeros((0, m), np.int16))
+        b = (np.zeros((0, n), E4M3), np.zeros((0, n), np.int16))
+        fn = G.k_grouped_fp8_gemm_tn_contiguous
+    else:
+        a, b, fn = np.zeros((0, m), BF16), np.zeros((0, n), BF16), G.k_grouped_bf16_gemm_tn_contiguous
+    c = np.arange(2 * m * n, dtype=np.float32).reshape(2, m, n)
+    d = np.full((2, m, n), 7.0, np.float32)
+    with dg.numerics(arch="ascend950"):
+        fn(a, b, d, [0, 0], np.array([0, 0], np.int32), c=c)
+    assert d.tobytes() == c.tobytes()
+
+
 def test_ascend_empty_group_after_unaligned_end():
     with dg.numerics(arch="ascend950"):
         x, w = _rand((512, 32), 3).astype(BF16), _rand((3, 4, 32), 4).astype(BF16)
