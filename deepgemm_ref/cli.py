@@ -145,6 +145,10 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise DGArgumentError(f"golden: cannot read the specification: {e}") from e
     if args.case:
+        unknown = sorted(set(args.case) - {s["id"] for s in specs})
+        if unknown:
+            raise DGArgumentError(f"golden: --case: no case {', '.join(map(repr, unknown))} in "
+                                  f"{'preset ' + repr(args.preset) if args.preset else args.spec}")
         specs = [s for s in specs if s["id"] in set(args.case)]
     manifest = golden.generate(specs, args.out, force=args.force, resume=args.resume, jobs=args.jobs,
                                executor=args.executor, scheduler=args.scheduler, progress=_Progress("golden"))
@@ -180,7 +184,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from .golden.plot import plot_reports
 
         written = plot_reports(reports, args.plot)
-        print(f"wrote {len(written)} heatmap(s) under {args.plot}")
+        print(f"wrote {len(written)} heatmap(s) under {args.plot}", file=sys.stderr)  # stdout may be JSON
     return 1 if any(r.status == "fail" for r in reports) else 0
 
 
@@ -211,6 +215,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _preset_names() -> list[str]:
+    from .golden import PRESETS
+
+    return list(PRESETS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgemm-ref", description="DeepGEMM reference emulator and golden values")
     p.add_argument("--version", action="version", version=f"deepgemm-ref {__version__}")
@@ -230,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=_cmd_list)
 
     gen = sub.add_parser("golden", help="generate a golden bundle from a preset or a case specification")
-    gen.add_argument("--preset", help="smoke, ascend-headline or deepgemm-tests-small")
+    gen.add_argument("--preset",
+                     help="one of: " + ", ".join(_preset_names()) + " (deepgemm-ref list -v shows the cases)")
     gen.add_argument("--spec", help="a JSON or TOML file with a list of case tables")
     gen.add_argument("--out", required=True, help="bundle directory")
     gen.add_argument("--case", action="append", help="only this case id (repeatable)")

@@ -17,6 +17,7 @@ import deepgemm_ref as dg
 from deepgemm_ref import core, golden
 from deepgemm_ref import formats as fm
 from deepgemm_ref.cli import main
+from deepgemm_ref.errors import DGArgumentError
 from deepgemm_ref.golden import safetensors as st
 
 BF16 = ml_dtypes.bfloat16
@@ -65,7 +66,8 @@ def test_generate_replay_check_round_trip(bundle, tmp_path):
 
 def test_manifest_records_what_the_issue_asks(bundle):
     m = json.loads((bundle / "manifest.json").read_text())
-    assert m["version"] == 1 and m["format"] == "deepgemm-ref-golden"
+    assert m["version"] == 2 and m["format"] == "deepgemm-ref-golden"
+    assert m["manifest_sha256"] == golden.bundle.manifest_digest(m)
     for key in ("deepgemm_ref", "numpy", "ml_dtypes", "python", "blas_thread_env"):
         assert key in m["created_by"]
     for key in ("accumulation", "scale_division", "e4m3_overflow", "fp4_rounding", "output_rounding"):
@@ -621,3 +623,82 @@ def test_jobs_work_from_a_script_without_a_main_guard(tmp_path):
     golden.generate(CASES[:3], tmp_path / "serial")
     assert {k: v for k, v in _bundle_bytes(tmp_path / "b").items() if k != "manifest.json"} == \
         {k: v for k, v in _bundle_bytes(tmp_path / "serial").items() if k != "manifest.json"}
+
+
+# ---------------------------------------------------------------------------------------------
+# review findings: manifest integrity, accounting of matched non-finite values, CLI strictness
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit", ["bound", "function", "duplicate"])
+def test_edited_manifest_is_refused(bundle, tmp_path, edit):
+    """The manifest carries the sha256 of its own canonical JSON: widening a case's bound,
+    changing its call or duplicating a case is caught by load, check and verify."""
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    if edit == "bound":
+        m["cases"][0]["check"]["n"] = 100000
+    elif edit == "function":
+        m["cases"][0]["function"] = "bf16_gemm_nt"
+    else:
+        m["cases"].append(m["cases"][0])
+    (copy / "manifest.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    with pytest.raises(golden.BundleError, match="sha256 does not match"):
+        golden.load_bundle(copy)
+    outs = tmp_path / "out.safetensors"
+    golden.replay(bundle, outs)
+    assert main(["check", str(copy), "--outputs", str(outs)]) == 2
+    assert main(["verify", str(copy)]) == 2
+    if edit == "duplicate":  # re-hashed by hand: still refused, for the duplicate itself
+        m["manifest_sha256"] = golden.bundle.manifest_digest(m)
+        (copy / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(golden.BundleError, match="duplicate"):
+            golden.load_bundle(copy)
+
+
+def test_matched_infinities_pass_and_no_tile_fails(tmp_path):
+    """MQA goldens hold -inf outside each row's KV range: a device that matches them passes
+    every element (checked = passed + warned + failed) and no tile is reported failing; one
+    -inf turned into a finite value fails exactly one element and one tile."""
+    root = tmp_path / "b"
+    golden.generate([c for c in golden.preset("smoke") if c["id"] == "sm100-mqa-fp8"], root)
+    outs = tmp_path / "o.safetensors"
+    golden.replay(root, outs)
+    (rep,) = golden.check(root, outs)
+    gd = golden.load_bundle(root).case("sm100-mqa-fp8").golden()["logits"]
+    assert np.isneginf(gd).any()  # the case does exercise -inf
+    assert rep.status == "pass" and rep.checked == rep.passed + rep.warned + rep.failed
+    assert rep.tiles["failing_tiles"] == 0
+    bad = golden.load_outputs(outs)
+    key = "sm100-mqa-fp8/logits"
+    x = np.array(bad[key], copy=True)
+    i = np.argwhere(np.isneginf(x))[0]
+    x[tuple(i)] = 0.0
+    bad[key] = x
+    st.save_file(bad, tmp_path / "bad.safetensors")
+    (rep,) = golden.check(root, tmp_path / "bad.safetensors")
+    assert rep.failed == 1 and rep.special_mismatches == 1 and rep.tiles["failing_tiles"] == 1
+    assert rep.checked == rep.passed + rep.warned + rep.failed
+
+
+def test_cli_rejects_unknown_case_and_bad_check_options(bundle, tmp_path, capsys):
+    assert main(["golden", "--preset", "smoke", "--out", str(tmp_path / "x"), "--case", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err and not (tmp_path / "x" / "manifest.json").exists()
+    outs = tmp_path / "out.safetensors"
+    golden.replay(bundle, outs)
+    for opt in (["--lambda", "nan"], ["--lambda", "-1"], ["--u-acc", "0"], ["--n", "-5"]):
+        assert main(["check", str(bundle), "--outputs", str(outs), *opt]) == 2
+        assert opt[0].lstrip("-").replace("-", "_") in capsys.readouterr().err.replace("-", "_")
+    with pytest.raises(DGArgumentError):
+        golden.CheckOptions(lam=float("inf"))
+
+
+@pytest.mark.plot
+def test_check_json_with_plot_keeps_stdout_json(bundle, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    outs = tmp_path / "out.safetensors"
+    golden.replay(bundle, outs)
+    capsys.readouterr()
+    assert main(["check", str(bundle), "--outputs", str(outs), "--json", "--plot", str(tmp_path / "p")]) == 0
+    cap = capsys.readouterr()
+    assert len(json.loads(cap.out)) == len(CASES) and "heatmap" in cap.err

@@ -10,13 +10,15 @@ float32 or packed UE8M0 scales in user form).  Goldens: ``golden.<output>`` in t
 ``golden.acc`` (float64 accumulator), ``golden.acc_lo`` (its low part, float32 outputs),
 ``golden.S`` (float64 error scale, rounded up) and ``golden.defined`` (bool mask).  The manifest
 records the call, the transforms, the checker parameters, the numerics policies, the seed and
-generator, package versions, BLAS thread settings and the sha256 of every tensor and file.
+generator, package versions, BLAS thread settings and the sha256 of every tensor and file, and
+``manifest_sha256``, the sha256 of its own canonical JSON (an edited manifest is refused).
 Every file is written atomically (temporary file, then rename); nothing is overwritten without
 ``force``; loading verifies every hash.  No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -37,11 +39,20 @@ from ..errors import DGArgumentError
 from . import safetensors as st
 from .cases import ArgRef, BuiltCase, CaseSpec, build_case
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "BundleError", "Bundle", "CaseData", "generate", "load_bundle",
-           "verify", "compute_golden", "call_kernel"]
+__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "manifest_digest", "BundleError", "Bundle",
+           "CaseData", "generate", "load_bundle", "verify", "compute_golden", "call_kernel"]
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the manifest carries the sha256 of its own contents
+MANIFEST_HASH_KEY = "manifest_sha256"
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace), without its own hash
+    field: any edit of a case's call, bounds or hashes changes it."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_HASH_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 FORMAT_NAME = "deepgemm-ref-golden"
 
 
@@ -328,6 +339,7 @@ def generate(
     missing = [i for i in ids if i not in finished]
     if missing:
         manifest["incomplete"] = missing
+    manifest[MANIFEST_HASH_KEY] = manifest_digest(manifest)
     _atomic_write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n", force=True)
     if missing:
         raise BundleError(
@@ -498,7 +510,13 @@ class Bundle:
         if self.manifest.get("version") != MANIFEST_VERSION:
             raise BundleError(f"{path}: manifest version {self.manifest.get('version')!r} is not supported "
                               f"(this deepgemm_ref reads version {MANIFEST_VERSION})")
-        self.cases = {c["id"]: c for c in self.manifest.get("cases", [])}
+        if self.manifest.get(MANIFEST_HASH_KEY) != manifest_digest(self.manifest):
+            raise BundleError(f"{path}: the manifest's sha256 does not match its contents (edited or "
+                              "corrupted); regenerate the bundle")
+        cases = self.manifest.get("cases", [])
+        self.cases = {c["id"]: c for c in cases}
+        if len(self.cases) != len(cases):
+            raise BundleError(f"{path}: duplicate case ids")
 
     def case(self, case_id: str) -> CaseData:
         if case_id not in self.cases:

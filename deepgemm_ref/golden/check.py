@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import core
 from .. import formats as fm
+from ..errors import DGArgumentError
 from ..testing import ulp_distance
 
 __all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS"]
@@ -48,6 +49,17 @@ class CheckOptions:
     u_acc: float | None = None
     n: int | None = None
     worst: int = 10
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam > 0):
+            raise DGArgumentError(f"check: lambda: expected a finite number > 0; got {self.lam!r}")
+        if self.u_acc is not None and not (
+                isinstance(self.u_acc, (int, float)) and math.isfinite(self.u_acc) and 0 < self.u_acc < 1):
+            raise DGArgumentError(f"check: u_acc: expected a unit roundoff in (0, 1); got {self.u_acc!r}")
+        if self.n is not None and not (isinstance(self.n, int) and self.n >= 1):
+            raise DGArgumentError(f"check: n: expected a rounding-path length >= 1; got {self.n!r}")
+        if not (isinstance(self.worst, int) and self.worst >= 0):
+            raise DGArgumentError(f"check: worst: expected a count >= 0; got {self.worst!r}")
 
 
 @dataclass
@@ -223,7 +235,10 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
                      "c_epi": check.get("c_epi", 0)}
     else:
         rep.bound = {"mode": "bitwise"}
-    rep.passed = int(np.count_nonzero(soft))
+    # Non-finite values of the same class and position as the golden ones (NaN for NaN, -inf
+    # for -inf) pass; so every checked element is passed, warned or failed.
+    special_ok = defined & ~finite & ~special_bad
+    rep.passed = int(np.count_nonzero(soft)) + int(np.count_nonzero(special_ok))
     rep.warned = int(np.count_nonzero(hard & ~soft))
     rep.failed = int(np.count_nonzero(finite & ~hard)) + rep.special_mismatches
     rep.max_normalised_error = float(norm[defined].max()) if np.any(defined) else 0.0
@@ -235,7 +250,7 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
         rep.ulp_histogram = hist
         # DeepGEMM's calc_diff, 1 - 2 sum(x y) / sum(x^2 + y^2), from the blocks' float64 sums
         rep.calc_diff = 0.0 if sxx == 0 else float(1 - 2 * sxy / sxx)
-    bad = defined & (~hard | special_bad)
+    bad = defined & ((finite & ~hard) | special_bad)
     key = np.where(defined, np.where(special_bad, np.inf, norm), -1.0).ravel()
     top = min(options.worst, key.size)
     cand = np.argpartition(-key, top - 1)[:top] if top else np.zeros(0, np.int64)
@@ -292,5 +307,5 @@ def format_report(reports: list[CaseReport]) -> str:
             lines.append(f"    {w['status']:4s} at {tuple(w['index'])} (tile {tuple(w['tile_128x128'])}): device "
                          f"{w['device']!r}, golden {w['golden']!r}, normalised error {w['normalised_error']:.3g}")
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
-    lines.append(f"summary: {len(reports)} cases: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
+    lines.append(f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
     return "\n".join(lines)
