@@ -82,12 +82,14 @@ def from_numpy(arr: Any, kind: Kind) -> Any:
         return arr
     if isinstance(arr, tuple):
         return tuple(from_numpy(a, kind) for a in arr)
+    if isinstance(arr, np.generic):  # a NumPy scalar from a 0-d computation: a 0-d tensor
+        arr = np.array(arr)
     if not isinstance(arr, np.ndarray):
         return arr
     torch = _torch()
     if torch is None:  # pragma: no cover - kind "torch" implies torch is imported
         raise DGArgumentError("from_numpy: torch is not imported")
-    if any(s < 0 for s in arr.strides) or not arr.flags.writeable:
+    if any(s < 0 for s in arr.strides) or not arr.flags.writeable or _degenerate_contiguous(arr):
         arr = arr.copy()
     name = arr.dtype.name
     if name in _NUMPY_TO_TORCH:
@@ -96,6 +98,18 @@ def from_numpy(arr: Any, kind: Kind) -> Any:
     if arr.dtype == ml_dtypes.float4_e2m1fn:
         raise DGArgumentError("from_numpy: unpacked float4 arrays have no torch dtype; pack them first")
     return torch.from_numpy(arr)
+
+
+def _degenerate_contiguous(arr: np.ndarray) -> bool:
+    """C-contiguous by NumPy's rules but with other strides on size-1 dimensions (a transposed
+    (n, 1) array): torch would keep those strides, and DeepGEMM checks e.g. stride(0) == mn."""
+    if not arr.flags.c_contiguous or arr.ndim < 2:
+        return False
+    canonical, step = [], arr.itemsize
+    for dim in reversed(arr.shape):
+        canonical.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(canonical)) != arr.strides
 
 
 def caller_kind(*args: Any) -> Kind:

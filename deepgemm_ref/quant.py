@@ -212,6 +212,9 @@ def unpack_ue8m0_from_int(packed_sf: Any) -> Any:
     p = to_numpy(packed_sf, func, "packed_sf")
     if not isinstance(p, np.ndarray) or p.dtype.itemsize != 4 or p.dtype.kind not in "iu":
         raise arg_error(func, "packed_sf", "an int32 array", p, utility=True)
+    if p.ndim == 0 or (p.shape[-1] > 1 and p.strides[-1] != 4):
+        # DeepGEMM views the tensor as uint8, which needs a last dimension of unit stride
+        raise arg_error(func, "packed_sf", "at least one dimension, the last one of unit stride", p, utility=True)
     b = fm.unpack_ue8m0_int32(p.view(np.int32))
     return from_numpy((b.astype(np.uint32) << np.uint32(23)).view(_F32), kind)
 
@@ -319,12 +322,16 @@ def per_custom_dims_cast_to_fp8(x: Any, dims: Sequence[int], use_ue8m0: bool) ->
     excluded = tuple(i for i in range(xa.ndim) if i not in dim_set)
     # torch's amax(dim=()) reduces every dimension; NumPy's max(axis=()) reduces none.
     axis = excluded if excluded else tuple(range(xa.ndim))
+    empty = [i for i in axis if xa.shape[i] == 0]
+    if empty:  # torch's amax refuses a zero-size reduction dimension
+        raise arg_error(func, "x", f"non-zero sizes in the reduced dimensions {list(axis)}", xa, utility=True)
     xw = _wide(xa)
     sf = _scale_from_amax(_amax_f32(xw, axis=axis), 448.0)
     if use_ue8m0:
         sf = _ceil_to_ue8m0_f32(sf)
-    q = _to_e4m3(_scaled(xw, _reciprocal(sf)))
-    return from_numpy((np.ascontiguousarray(q), np.squeeze(sf).copy()), kind)
+    q = np.asarray(_to_e4m3(_scaled(xw, _reciprocal(sf))))
+    q = q if q.flags.c_contiguous else q.copy()  # (np.ascontiguousarray would make a 0-d x 1-D)
+    return from_numpy((q, np.array(np.squeeze(sf))), kind)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,6 +357,9 @@ def per_token_cast_to_fp4(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
         raise arg_error(func, "use_packed_ue8m0", "use_ue8m0=True when packing scales", "use_ue8m0=False",
                         utility=True)
     padded_n = align(n, gran_k)
+    if padded_n % 2:  # DeepGEMM packs the padded codes in pairs (its view fails on an odd width)
+        raise arg_error(func, "gran_k", f"a granularity that pads n = {n} to an even width",
+                        f"{gran_k} (padded width {padded_n})", utility=True)
     groups = padded_n // gran_k
     packed = np.empty((m, n // 2), np.int8)
     sf2 = np.empty((m, groups), _F32)

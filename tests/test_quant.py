@@ -392,3 +392,38 @@ def test_names_reachable_from_utils():
         assert getattr(dg.utils, name) is getattr(dg, name)
         assert getattr(dg.utils.math, name) is getattr(dg, name)
     assert dg.ceil_div(7, 2) == 4 and dg.align(7, 4) == 8 and dg.align(8, 4) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# review findings: degenerate inputs get the utility error, naming the argument
+# ---------------------------------------------------------------------------------------------
+
+def test_degenerate_inputs_raise_the_utility_error():
+    """A zero-size reduction (torch's amax refuses it), a 0-d or non-unit-stride packed SF (torch's
+    uint8 view refuses them) and an odd padded FP4 width (DeepGEMM's pair view fails) raise
+    DGUtilityError (ValueError, RuntimeError and AssertionError) naming the argument."""
+    from deepgemm_ref.errors import DGUtilityError
+
+    cases = [
+        (lambda: dg.per_custom_dims_cast_to_fp8(np.zeros((0, 4), np.float32), (1,), True), "x"),
+        (lambda: dg.unpack_ue8m0_from_int(np.array(1, np.int32)), "packed_sf"),
+        (lambda: dg.unpack_ue8m0_from_int(np.zeros((4, 2), np.int32).T), "packed_sf"),
+        (lambda: dg.per_token_cast_to_fp4(np.ones((2, 8), np.float32), True, gran_k=3), "gran_k"),
+    ]
+    for call, arg in cases:
+        with pytest.raises(DGUtilityError, match=f": {arg}: expected") as info:
+            call()
+        assert isinstance(info.value, (ValueError)) and isinstance(info.value, RuntimeError)
+        assert isinstance(info.value, AssertionError)
+    # the non-degenerate neighbours still work
+    assert dg.per_custom_dims_cast_to_fp8(np.zeros((0, 4), np.float32), (0,), True)[0].shape == (0, 4)
+    assert dg.unpack_ue8m0_from_int(np.zeros((4, 1), np.int32).T).shape == (1, 16)
+    assert dg.per_token_cast_to_fp4(np.ones((2, 8), np.float32), True, gran_k=2)[0].shape == (2, 4)
+
+
+def test_zero_dim_inputs_keep_zero_dims():
+    q, sf = dg.per_custom_dims_cast_to_fp8(np.array(3.0, np.float32), (), False)
+    assert q.shape == () and sf.shape == () and isinstance(sf, np.ndarray)
+    assert float(q) == 448.0 and sf == np.float32(3.0) * np.float32(1 / 448)  # default "cuda" division
+    r = dg.ceil_to_ue8m0(np.array(3.0, np.float32))
+    assert r.shape == () and r == 4.0

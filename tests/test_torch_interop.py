@@ -116,3 +116,19 @@ def test_importing_deepgemm_ref_does_not_import_torch():
     code = "import sys, deepgemm_ref, deepgemm_ref.testing, deepgemm_ref.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_zero_dim_results_are_zero_dim_tensors():
+    r = dg.ceil_to_ue8m0(torch.tensor(3.0))
+    assert isinstance(r, torch.Tensor) and r.shape == () and r.item() == 4.0
+    q, sf = dg.per_custom_dims_cast_to_fp8(torch.tensor(3.0), (), False)
+    assert isinstance(q, torch.Tensor) and q.shape == () and q.dtype == torch.float8_e4m3fn
+    assert isinstance(sf, torch.Tensor) and sf.shape == ()
+
+
+def test_one_packed_row_has_deepgemm_strides():
+    """A (1, mn) packed SF built as a transposed view gets the strides torch would give (mn, 1):
+    DeepGEMM's check_k_grouped_packed_ue8m0_tensor asserts stride(0) == mn."""
+    out = dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+        torch.ones(4, 8), torch.tensor([128], dtype=torch.int32), [128], 32, 128)
+    assert out.shape == (1, 8) and out.stride() == (8, 1)
