@@ -827,6 +827,15 @@ def _f32_accumulate(acc32: np.ndarray, s32: np.ndarray | None, p32: np.ndarray) 
     return acc32
 
 
+def _mma_block_scaling() -> bool:
+    """Whether the active profile applies UE8M0 block scales inside the MMA (sm100, ascend950):
+    the block partial is then RN_f32(exact block sum * 2^(ea + eb)), one rounding, and a scale
+    product beyond float32's range never exists as a float32 number."""
+    from .profiles import get_profile
+
+    return get_profile().mma_block_scaling
+
+
 def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     """Whether the fp32 model may scale the operands before the block GEMMs.
 
@@ -855,8 +864,10 @@ def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
 
 
 def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> MatmulResult:
-    """The fp32 model on pre-scaled operands (see :func:`_prescaled_fp32_ok`): per K block one
-    float64 GEMM of the scaled values (exact), one rounding to float32, one float32 add."""
+    """The fp32 model on pre-scaled operands: per K block one float64 GEMM of the scaled values
+    (exact: FP8 / FP4 elements times powers of two stay far inside float64's range), one rounding
+    to float32, one float32 add.  This is the model itself under MMA block scaling, and equals
+    the promotion-multiply model under :func:`_prescaled_fp32_ok`."""
     m, k = a.shape
     n = b.shape[0]
     out_codes = np.empty((m, n), ep.out.code_dtype)
@@ -925,7 +936,7 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool
         blk = math.gcd(blk, b.block)
     exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    if prescale and exact_ok and _prescaled_fp32_ok(a, b):
+    if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (_mma_block_scaling() or _prescaled_fp32_ok(a, b)):
         return _fp32_model_prescaled(a, b, ep, blk)
     b_el = b.element_rows(0, n)
     sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None

@@ -30,6 +30,7 @@ class Profile:
     default_mk_alignment: int
     description: str
     fp32_block: int  # K block of the "fp32" accumulation model's partial sums (the MMA block)
+    mma_block_scaling: bool = False  # UE8M0 block scales applied inside the MMA (MX), not by a float32 multiply
 
     @property
     def is_ascend(self) -> bool:
@@ -40,11 +41,11 @@ PROFILES: dict[str, Profile] = {
     # sm90 promotes the tensor-core partial sums every 128 K (spec 6.2); sm100 and Ascend 950
     # scale per 32-element block in the MMA.
     "sm90": Profile("sm90", "deepgemm", 9, 132, 128, "DeepGEMM 2.6.1 on Hopper (H800/H100 SXM, 132 SMs)", 128),
-    "sm100": Profile("sm100", "deepgemm", 10, 148, 128, "DeepGEMM 2.6.1 on Blackwell (B200, 148 SMs)", 32),
+    "sm100": Profile("sm100", "deepgemm", 10, 148, 128, "DeepGEMM 2.6.1 on Blackwell (B200, 148 SMs)", 32, True),
     "ascend950": Profile(
         "ascend950", "deepgemm-ascend", 0, 32, 256,
         "DeepGEMM-Ascend on Ascend 950 (CANN 9.20, 32 AI cores): MX per-32 UE8M0 scales, psum-only grouping",
-        32,
+        32, True,
     ),
 }
 DEFAULT_ARCH = "sm100"

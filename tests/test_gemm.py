@@ -281,32 +281,65 @@ def test_fp32_model_within_bound_and_deterministic():
 
 
 def test_fp32_model_prescaled_path_equals_the_general_one():
-    """The fp32 model's fast path (operands scaled before the block GEMMs) gives the bytes of the
-    per-block f32(f32(sa sb) * partial) path, including scales near the float32 range's ends,
-    overflow to inf and FP4 operands; the general path is forced with prescale=False."""
+    """sm90 (scales applied by a float32 promotion multiply): the fp32 model's fast path
+    (operands scaled before the block GEMMs) gives the bytes of the per-block
+    f32(f32(sa sb) * partial) path, including scales near the float32 range's ends, overflow to
+    inf and FP4 operands; the general path is forced with prescale=False."""
     rng = np.random.default_rng(77)
     fast = 0
-    for _ in range(150):
-        m, n, k = int(rng.integers(1, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 300))
-        blk = int(rng.choice([32, 128]))
+    with dg.numerics(arch="sm90"):
+        for _ in range(150):
+            m, n, k = int(rng.integers(1, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 300))
+            blk = int(rng.choice([32, 128]))
 
-        def operand(rows: int, k: int = k, blk: int = blk) -> core.Operand:
-            if rng.random() < 0.5:
-                v = rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 9, (rows, k)))
-                vals, codes = v.clip(-448, 448).astype(E4M3), None
-            else:
-                vals, codes = rng.integers(0, 16, (rows, k)).astype(np.uint8), fm.E2M1
-            lo, hi = sorted(rng.integers(-127, 128, 2) if rng.random() < 0.5 else rng.integers(-20, 10, 2))
-            return core.Operand(vals, np.exp2(rng.integers(lo, hi + 1, (rows, -(-k // blk)))), blk, codes)
+            def operand(rows: int, k: int = k, blk: int = blk) -> core.Operand:
+                if rng.random() < 0.5:
+                    v = rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 9, (rows, k)))
+                    vals, codes = v.clip(-448, 448).astype(E4M3), None
+                else:
+                    vals, codes = rng.integers(0, 16, (rows, k)).astype(np.uint8), fm.E2M1
+                lo, hi = sorted(rng.integers(-127, 128, 2) if rng.random() < 0.5 else rng.integers(-20, 10, 2))
+                return core.Operand(vals, np.exp2(rng.integers(lo, hi + 1, (rows, -(-k // blk)))), blk, codes)
 
-        a, b = operand(m), operand(n)
-        fast += core._prescaled_fp32_ok(a, b)
-        for out in (fm.BF16, fm.F32):
-            r1 = core._fp32_model(a, b, core.Epilogue(out), 128)
-            r2 = core._fp32_model(a, b, core.Epilogue(out), 128, prescale=False)
-            assert r1.out.tobytes() == r2.out.tobytes()
-            assert np.array_equal(r1.acc, r2.acc, equal_nan=True)
+            a, b = operand(m), operand(n)
+            fast += core._prescaled_fp32_ok(a, b)
+            for out in (fm.BF16, fm.F32):
+                r1 = core._fp32_model(a, b, core.Epilogue(out), 128)
+                r2 = core._fp32_model(a, b, core.Epilogue(out), 128, prescale=False)
+                assert r1.out.tobytes() == r2.out.tobytes()
+                assert np.array_equal(r1.acc, r2.acc, equal_nan=True)
     assert 0 < fast < 150  # both paths are exercised
+
+
+@pytest.mark.parametrize("arch", ["sm100", "ascend950"])
+def test_fp32_model_with_mma_block_scaling_against_rationals(arch):
+    """sm100 and ascend950 apply UE8M0 block scales inside the MMA: each block partial is
+    RN_f32(exact block sum * 2^(ea + eb)), then added in float32 in K order.  Scale products far
+    beyond float32's range (2^70 * 2^70 on a zero block, 2^-120 * 2^-120) stay finite and exact
+    where a float32 scale product would give NaN or flush to zero (genuine overflow of a block
+    partial still gives inf)."""
+    rng = np.random.default_rng(5)
+    k, blk = 96, 32
+    vals_a = rng.standard_normal((3, k)).clip(-448, 448).astype(E4M3)
+    vals_b = rng.standard_normal((2, k)).clip(-448, 448).astype(E4M3)
+    vals_a[0, 32:64] = 0  # a zero block under a huge scale product
+    ea = np.array([[70, 70, 0], [-120, -3, 5], [10, 127, -127]])
+    eb = np.array([[70, 70, 1], [-120, 2, -9]])
+    a = core.Operand(vals_a, np.exp2(ea.astype(np.float64)), blk)
+    b = core.Operand(vals_b, np.exp2(eb.astype(np.float64)), blk)
+    with dg.numerics(arch=arch):
+        res = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="fp32", fp32_block=blk, want_acc=True)
+    fa, fb = vals_a.astype(np.float64), vals_b.astype(np.float64)
+    for i in range(3):
+        for j in range(2):
+            acc = np.float32(0)
+            for q in range(k // blk):
+                ks = slice(q * blk, (q + 1) * blk)
+                exact = ref.exact_dot(fa[i, ks], fb[j, ks]) * ref.F(2) ** int(ea[i, q] + eb[j, q])
+                part = np.float32(fm.decode_scalar(fm.encode_scalar(exact, fm.F32, fm.IEEE_RNE), fm.F32))
+                acc = np.float32(acc + part)
+            assert np.float32(res.acc[i, j]).tobytes() == acc.tobytes(), (i, j)
+    assert not np.isnan(res.acc).any()  # a float32 scale product inf times a zero block gave NaN
 
 
 def test_limited_model_loses_bits_and_is_deterministic():
