@@ -89,6 +89,9 @@ def check_out(d: np.ndarray, func: str, shape: tuple[int, ...], dtypes: tuple[np
         raise arg_error(func, arg, "dtype " + " or ".join(str(t) for t in dtypes), d)
     if d.size and d.shape[-1] > 1 and elem_stride(d, -1) != 1:
         raise arg_error(func, arg, "a row-major array (stride(-1) == 1)", d)
+    if d.ndim == 3 and d.size and d.shape[0] > 1 and elem_stride(d, 0) != d.shape[1] * d.shape[2]:
+        # DeepGEMM's major check of a 3-D C/D: groups packed back to back (stride(0) == M * N)
+        raise arg_error(func, arg, f"compact groups (stride(0) == {d.shape[1] * d.shape[2]})", d)
     if not d.flags.writeable:
         raise arg_error(func, arg, "a writeable array", d)
 
@@ -170,6 +173,8 @@ def resolve_c(c: Any, d: np.ndarray, func: str) -> tuple[np.ndarray | None, bool
         raise arg_error(func, "c", f"shape {d.shape} (d's shape)", ca)
     if ca.size and ca.shape[-1] > 1 and elem_stride(ca, -1) != 1:
         raise arg_error(func, "c", "a row-major array (stride(-1) == 1)", ca)
+    if ca.ndim == 3 and ca.size and ca.shape[0] > 1 and elem_stride(ca, 0) != ca.shape[1] * ca.shape[2]:
+        raise arg_error(func, "c", f"compact groups (stride(0) == {ca.shape[1] * ca.shape[2]})", ca)
     return np.array(ca, copy=True), same
 
 

@@ -215,6 +215,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def _power_or_float(text: str) -> float:
+    """A float, or a power of two written 2^e or 2**e (e.g. --u-acc 2^-13)."""
+    t = text.strip().replace("**", "^")
+    if t.startswith("2^"):
+        try:
+            return 2.0 ** int(t[2:])
+        except ValueError:
+            pass
+    try:
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 2^e; got {text!r}") from None
+
+
 def _preset_names() -> list[str]:
     from .golden import PRESETS
 
@@ -271,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
     chk.add_argument("--lambda", dest="lam", type=float, default=8.0,
                      help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
-    chk.add_argument("--u-acc", dest="u_acc", type=float, default=None,
-                     help="unit roundoff of the device accumulator (default: the case's, 2^-24 for float32)")
+    chk.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
+                     help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
+                          "case's, 2^-24 for float32)")
     chk.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
     chk.add_argument("--case", action="append", help="only this case id (repeatable)")
     chk.add_argument("--json", action="store_true", help="JSON report")

@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from . import formats as fm
-from ._parallel import blas_pinned, parallel_chunks
+from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
 from .config import Limited, get_numerics
 
 __all__ = ["Operand", "Epilogue", "MatmulResult", "Accumulator", "scaled_matmul", "exact_accumulator", "U64"]
@@ -692,7 +692,8 @@ def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumu
     S = None
     if want_S:
         S = np.empty((m, n))
-        chunks.error_scale(S)
+        with single_threaded_blas():  # a stored S must not depend on the BLAS thread count
+            chunks.error_scale(S)
     return Accumulator(acc, err, fin, S, all_exact)
 
 
@@ -1063,6 +1064,11 @@ def scaled_matmul(
         return MatmulResult(epilogue.apply(zeros, 0, m).view(epilogue.out.storage),
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
+        if want_acc or want_S:
+            # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread
+            # BLAS (see _parallel.single_threaded_blas); chunks then run on the package's pool.
+            with single_threaded_blas():
+                return _exact_model(a, b, epilogue, want_acc, want_S)
         return _exact_model(a, b, epilogue, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, epilogue, fp32_block)
@@ -1071,7 +1077,8 @@ def scaled_matmul(
     else:  # pragma: no cover - validated by config
         raise ValueError(f"unknown accumulation model {model!r}")
     if want_S:
-        res.S = _exact_model(a, b, Epilogue(fm.F32), False, True).S
+        with single_threaded_blas():
+            res.S = _exact_model(a, b, Epilogue(fm.F32), False, True).S
     if not want_acc:
         res.acc = None
     return res

@@ -34,3 +34,11 @@ def test_demo(capsys):
 
 def test_usage_error_exit_code():
     assert main(["no-such-command"]) == 2
+
+
+def test_u_acc_accepts_powers_of_two():
+    from deepgemm_ref.cli import build_parser
+
+    p = build_parser()
+    for text, want in (("2^-13", 2.0**-13), ("2**-13", 2.0**-13), ("1e-4", 1e-4)):
+        assert p.parse_args(["check", "b", "--outputs", "o", "--u-acc", text]).u_acc == want

@@ -365,6 +365,29 @@ def test_bundle_bytes_do_not_depend_on_the_blas_thread_count(tmp_path):
     assert case.entry["golden_stats"].get("exact", 0) < case.golden()["d"].size
 
 
+def test_trace_capture_does_not_depend_on_the_blas_thread_count(tmp_path):
+    """Outside golden bundles too: trace.capture's float64 acc and S (sm90 FP32 scales, where S
+    comes from an inexact float64 GEMM) are the same bytes with 1 and 2 BLAS threads."""
+    code = (
+        "import sys, numpy as np, ml_dtypes, deepgemm_ref as dg\n"
+        "rng = np.random.default_rng(1)\n"
+        "x = rng.standard_normal((257, 1536), dtype=np.float32).astype(ml_dtypes.bfloat16)\n"
+        "w = rng.standard_normal((384, 1536), dtype=np.float32).astype(ml_dtypes.bfloat16)\n"
+        "with dg.numerics(arch='sm90'):\n"
+        "    a = dg.per_token_cast_to_fp8(x, False); b = dg.per_token_cast_to_fp8(w, False)\n"
+        "    d = np.zeros((257, 384), np.float32)\n"
+        "    with dg.trace.capture(want_acc=True, want_S=True) as cap:\n"
+        "        dg.fp8_gemm_nt(a, b, d, c=d, recipe=(1, 1, 128))\n"
+        "np.save(sys.argv[1], np.stack([cap.last.S, cap.last.acc, d.astype(np.float64)]))\n"
+    )
+    for threads in ("1", "2"):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / f"{threads}.npy")], env=env, check=True,
+                       capture_output=True)
+    one, two = (np.load(tmp_path / f"{t}.npy", allow_pickle=False) for t in ("1", "2"))
+    assert one.tobytes() == two.tobytes()
+
+
 @pytest.mark.dask
 def test_dask_local_cluster_gives_identical_bundle(tmp_path):
     distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")

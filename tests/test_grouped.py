@@ -887,3 +887,16 @@ def test_fp4_masked_and_k_grouped_trace_shapes():
         assert np.array_equal(_codes(d[i, :r]), ref.ref_gemm(av, bv, fm.BF16))
         assert rec.acc[i, 0, 0] == float(ref.exact_dot(av[0], bv[0]))
     assert np.all(d[0, 3:] == 2.0)
+
+
+def test_masked_d_with_gapped_groups_is_rejected():
+    """DeepGEMM's major check of a 3-D D asserts stride(0) == M * N: a d sliced out of a wider
+    buffer (groups not back to back) is the argument error, and is left untouched."""
+    g, m, n, k = 2, 128, 256, 256
+    a = np.ones((g, m, k), BF16)
+    b = np.ones((g, n, k), BF16)
+    wide = np.full((g, m, n + 64), 3.0, BF16)
+    d = wide[:, :, :n]
+    with pytest.raises(DGArgumentError, match="stride"):
+        G.m_grouped_bf16_gemm_nt_masked(a, b, d, np.array([50, 70], np.int32), 64)
+    assert np.all(wide == 3.0)

@@ -11,7 +11,9 @@ of ``y`` (Higham 3.1; Higham & Mary 2019, which holds for unbiased rounding, not
 accumulators).  The kernel's epilogue ``f`` (rounding to the output dtype, ``c``, ``alpha``) is
 monotone, so a correct device output lies in ``[f(y - E), f(y + E)]``: the interval test.
 Elements inside the ``E`` interval pass; inside the ``E_hard`` interval but outside ``E`` they
-*warn* (a Hopper-like truncating accumulator lands there); outside ``E_hard`` they fail.
+*warn*; outside ``E_hard`` they fail.  The defaults bound a float32 accumulator in any order; a
+narrower one (a Hopper-like 13-bit truncating accumulator) needs its own ``u_acc`` (see
+docs/numerics.md, "What these defaults do and do not promise").
 NaN and +-inf must match the golden value by class and position; elements the kernel's contract
 leaves undefined (``golden.defined`` False) are not checked.
 

@@ -6,15 +6,20 @@ float32 or bf16 output) whose inputs are crafted, not random:
 ``accumulator``
     Row ``r`` has two non-zero products: ``2^s`` at K position 0 (a 1.0 in a block scaled by
     ``2^s``) and ``v`` at K position ``j`` (v = 1.0, or 1.5 for the rounding rows), for spreads
-    ``s = 1 .. 30`` and positions ``j`` at every block start up to 512.  The exact sum is
-    ``2^s + v``.  A device that aligns a group's terms to its largest exponent and keeps ``p``
-    bits drops ``v`` once ``s >= p`` while ``j`` is inside the same promotion interval; after a
-    promotion into float32 ``v`` survives up to ``s = 23``.  So the largest surviving spread
-    gives the accumulator width, the first position where it jumps gives the promotion
-    interval, and the 1.5 rows give truncation (``2^s``) versus round-to-nearest (``2^s + 2``).
+    ``s = 1 .. 30`` and positions ``j``: 16 (inside the first 32-product group: the spread then
+    comes from the element values, and every product carries a common power-of-two unit) and
+    every block start up to 512.  The exact sum is ``2^s + v`` (times the unit).  A device that
+    aligns a group's terms to its largest exponent and keeps ``p`` bits drops ``v`` once
+    ``s >= p`` while ``j`` is inside the same promotion interval; after a promotion into float32
+    ``v`` survives up to ``s = 23``.  So the largest surviving spread at position 16 gives the
+    accumulator width, the first block start where it jumps gives the promotion interval (any
+    multiple of 32 up to 512), and the 1.5 rows give truncation (``2^s``) versus
+    round-to-nearest (``2^s + 2``).
 ``output_rounding``
     Accumulators exactly at bf16 ties (``1 + 2^-8`` and ``1 + 3 * 2^-8``) and just off them, with a
     bf16 output: RNE gives (1, 1 + 2^-6), truncation (1, 1 + 2^-7), ties away (1 + 2^-7, 1 + 2^-6).
+    The small terms sit past K = 512, outside the 1.0's promotion interval, so even a narrow
+    accumulator hands them to the output rounding intact.
 ``ue8m0_zero``
     A product whose A scale is the UE8M0 byte 0x00 and whose B scale is 2^127: the output is 1 if
     the device reads byte 0 as 2^-127 (OCP, NVIDIA), 0 if it reads it as zero (CANN's host type).
@@ -36,13 +41,31 @@ from .cases import ArgRef, BuiltCase, CaseSpec, register_family
 __all__ = ["probe_cases", "analyse", "POSITIONS", "SPREADS"]
 
 SPREADS = tuple(range(1, 31))
-POSITIONS = (32, 64, 96, 128, 160, 192, 256, 384, 512)
+#: 16 shares the first 32-product group with position 0 (the group's own alignment, whatever the
+#: promotion interval); then every block start up to 512, so any interval that is a multiple of
+#: 32 up to 512 is found exactly.
+POSITIONS = (16,) + tuple(range(32, 513, 32))
 _K = 640  # covers the largest position plus one block
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+_B0, _B16 = 8, -9  # exponents of b[0] and b[16] in the accumulator probe (the rest of b is 1)
 
 
 def _probe_rows() -> list[tuple[int, int, float]]:
     return [(s, j, v) for v in (1.0, 1.5) for j in POSITIONS for s in SPREADS]
+
+
+def _accumulator_row(s: int, j: int) -> tuple[float, float, int, float]:
+    """(a[0], a[j] / v, block-0 scale exponent, unit) of one accumulator probe row: the products
+    are unit * 2^s at K position 0 and unit * v at position j.
+
+    Positions past the first block put 2^s in block 0's scale.  Position 16 is inside block 0, so
+    the spread comes from the elements: a[0] = 2^x against b[0] = 2^8 and a[16] = v 2^y against
+    b[16] = 2^-9 with x - y = s - 17 (x, y in [-8, 8], E4M3 values; 1.5 * 2^-8 is a subnormal).
+    """
+    if j >= 32:
+        return 2.0 ** -_B0, 1.0, s, 1.0
+    x, y = (s - 25, -8) if s >= 17 else (s - 9, 8)
+    return 2.0 ** x, 2.0 ** y, 0, 2.0 ** (y + _B16)
 
 
 def _bytes(exps: np.ndarray) -> np.ndarray:
@@ -61,22 +84,23 @@ def build_probe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
         a = np.zeros((len(rows), _K), np.float32)
         sa_exp = np.zeros((len(rows), nb), np.int64)
         for r, (s, j, v) in enumerate(rows):
-            a[r, 0] = 1.0
-            a[r, j] = v
-            sa_exp[r, 0] = s
+            a[r, 0], a_j, sa_exp[r, 0], _ = _accumulator_row(s, j)
+            a[r, j] = v * a_j
         out = "f32"
     elif kind == "output_rounding":
         # acc = 1 + t * 2^-8 with t in {1, 3} (ties) and 1 + t * 2^-8 +- 2^-20 (off the ties)
         vals = [(1, 0), (3, 0), (1, 1), (1, -1), (3, 1), (3, -1)]
         a = np.zeros((len(vals), _K), np.float32)
         sa_exp = np.zeros((len(vals), nb), np.int64)
+        # The small terms sit past K = 512, in another promotion interval than the 1.0 for any
+        # interval up to 512, so a narrow accumulator cannot truncate them before the output.
         for r, (t, off) in enumerate(vals):
             a[r, 0] = 1.0
-            a[r, 32] = t  # block 1 scaled by 2^-8
-            sa_exp[r, 1] = -8
+            a[r, 576] = t  # block 18 scaled by 2^-8
+            sa_exp[r, 18] = -8
             if off:
-                a[r, 64] = off  # block 2 scaled by 2^-20
-                sa_exp[r, 2] = -20
+                a[r, 608] = off  # block 19 scaled by 2^-20
+                sa_exp[r, 19] = -20
         out = "bf16"
     elif kind == "ue8m0_zero":
         a = np.zeros((1, _K), np.float32)
@@ -89,6 +113,8 @@ def build_probe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
                               f"or 'ue8m0_zero'; got {kind!r}")
     b = np.zeros((1, _K), np.float32)
     b[0, :] = 1.0
+    if kind == "accumulator":
+        b[0, 0], b[0, 16] = 2.0 ** _B0, 2.0 ** _B16
     sb_exp = np.zeros((1, nb), np.int64)
     if kind == "ue8m0_zero":
         sb_exp[0, 0] = 127
@@ -133,7 +159,7 @@ def analyse(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
             raise DGArgumentError(f"probe analyse: probe-accumulator/d: expected {len(rows)} rows; got {y.size}")
         survive: dict[int, int] = {}
         for r, (s, j, v) in enumerate(rows):
-            if v == 1.0 and y[r] == 2.0**s + 1:
+            if v == 1.0 and y[r] == (2.0**s + 1) * _accumulator_row(s, j)[3]:
                 survive[j] = max(survive.get(j, 0), s)
         kmax = {j: survive.get(j, 0) for j in POSITIONS}
         within = kmax[POSITIONS[0]]
@@ -145,7 +171,7 @@ def analyse(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         # rounding: the 1.5 rows at spread s = bits within the interval
         if bits < 24:
             r = rows.index((bits, POSITIONS[0], 1.5))
-            got = y[r] - 2.0**bits
+            got = (y[r] - 2.0**bits * _accumulator_row(bits, POSITIONS[0])[3]) / _accumulator_row(bits, POSITIONS[0])[3]
             rounding = {0.0: "truncation (toward zero)", 2.0: "round to nearest"}
             result["group_rounding"] = rounding.get(got, f"other ({got})")
         if bits < 24 and interval is not None:
