@@ -21,7 +21,6 @@ __all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "fp8_bm
            "SymmBuffer", "fp8_fp4_mega_moe", "bf16_mega_moe"]
 
 _ASCEND_ONLY = {"deepgemm": "a DeepGEMM-Ascend _C addition that DeepGEMM 2.6.1 does not export"}
-_state = {"dry_run": False}
 
 
 def _init_cuda(library_root_path: str, cuda_home_path_by_python: str, /) -> None:
@@ -35,13 +34,18 @@ def _init_ascend(version: str, library_root_path: str, /) -> None:
 
 
 def _set_dry_run(value: bool, /) -> None:
-    """Record the dry-run flag (DeepGEMM-Ascend compiles without launching; no effect here)."""
-    _state["dry_run"] = bool(value)
+    """DeepGEMM-Ascend's dry run: while set, every entry point checks its arguments (raising the
+    same errors) and leaves the caller's outputs untouched (it runs on copies of its arrays)."""
+    from .api import DRY_RUN
+
+    DRY_RUN["on"] = bool(value)
 
 
 def _get_dry_run() -> bool:
-    """The recorded dry-run flag."""
-    return bool(_state["dry_run"])
+    """The dry-run flag."""
+    from .api import DRY_RUN
+
+    return bool(DRY_RUN["on"])
 
 
 def _npu_sleep(sleep_cycles: int, *, marker: int = 0) -> None:

@@ -95,6 +95,7 @@ from .quant import (
     unpack_ue8m0_from_int,
 )
 from .runtime import (
+    ASCEND_HOME,
     get_deterministic_algorithms,
     get_k_alignment_for_contiguous_layout,
     get_library_root_path,
@@ -242,6 +243,7 @@ __all__ = [
     "use_deterministic_algorithms",
     "get_deterministic_algorithms",
     "get_library_root_path",
+    "ASCEND_HOME",
     "get_tma_aligned_size",
     "get_mn_major_tma_aligned_tensor",
     "get_mn_major_tma_aligned_packed_ue8m0_tensor",

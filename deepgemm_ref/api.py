@@ -15,6 +15,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .errors import DGArgumentError
 from .profiles import Profile, get_profile
 
@@ -62,6 +64,13 @@ class ProfiledFunction:
         impl = self.impl_for(p)
         if impl is None:
             raise self._unavailable(p)
+        if DRY_RUN["on"] and p.is_ascend:
+            # DeepGEMM-Ascend's _C.set_dry_run(True): entry points check their arguments and
+            # return without launching, outputs untouched.  The call runs on copies of every array
+            # argument (aliases kept: c is d stays true), so checks and errors are the real ones.
+            memo: dict[int, Any] = {}
+            args = tuple(_detached(a, memo) for a in args)
+            kwargs = {k: _detached(v, memo) for k, v in kwargs.items()}
         return impl(*args, **kwargs)
 
     @property
@@ -71,6 +80,30 @@ class ProfiledFunction:
 
     def __repr__(self) -> str:
         return f"<deepgemm_ref function {self.__name__} ({', '.join(self._impls)})>"
+
+
+DRY_RUN = {"on": False}  # set by _C.set_dry_run (DeepGEMM-Ascend)
+
+
+def _detached(x: Any, memo: dict[int, Any]) -> Any:
+    """A copy of x's arrays and tensors (recursing into tuples and lists), other values as they are."""
+    if id(x) in memo:
+        return memo[id(x)]
+    from .interop import is_tensor
+
+    out: Any
+    if isinstance(x, np.ndarray):
+        out = x.copy()
+    elif is_tensor(x):
+        out = x.clone()
+    elif isinstance(x, tuple):
+        out = tuple(_detached(v, memo) for v in x)
+    elif isinstance(x, list):
+        out = [_detached(v, memo) for v in x]
+    else:
+        out = x
+    memo[id(x)] = out
+    return out
 
 
 def profiled(

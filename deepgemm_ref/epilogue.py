@@ -39,6 +39,8 @@ class Alpha(Epilogue):
         super().__init__()
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(float(alpha)):
             raise DGArgumentError(f"Alpha: alpha: expected a finite float; got {alpha!r}")
+        if abs(float(alpha)) >= float.fromhex("0x1.ffffffp127"):  # rounds to inf in float32
+            raise DGArgumentError(f"Alpha: alpha: expected a finite float32 value; got {alpha!r}")
         self.alpha = float(alpha)
 
     def __repr__(self) -> str:

@@ -125,8 +125,12 @@ def _alpha_of(func: str, alpha: Any, epilogue: Any) -> float | None:
         return None
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) or not np.isfinite(alpha):
         raise arg_error(func, "alpha", "a finite float", repr(alpha))
-    # The kernel multiplies in float32.
-    return float(np.float32(alpha))
+    # The kernel multiplies in float32: a value that overflows float32 would be an infinite alpha.
+    with np.errstate(over="ignore"):
+        a32 = np.float32(alpha)
+    if not np.isfinite(a32):
+        raise arg_error(func, "alpha", "a finite float32 value (|alpha| < 3.4028236e38)", repr(alpha))
+    return float(a32)
 
 
 def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
@@ -689,6 +693,8 @@ for _layout in ("nt", "nn", "tn", "tt"):
     _aclnn_bf16 = _make_aclnn_bf16(_layout)
     globals()[f"aclnn_bf16_gemm_{_layout}"] = profiled(
         f"aclnn_bf16_gemm_{_layout}", _ACLNN_MISSING, deepgemm_ascend=_aclnn_bf16)
+    # Note: in DeepGEMM-Ascend cublaslt_gemm_* *is* aclnn_bf16_gemm_* (one object); here both names
+    # dispatch on the profile, so under ascend950 they run the same implementation but `is` is False.
     globals()[f"cublaslt_gemm_{_layout}"] = profiled(
         f"cublaslt_gemm_{_layout}", deepgemm=_make_cublaslt(_layout), deepgemm_ascend=_aclnn_bf16)
     globals()[f"aclnn_fp8_fp4_gemm_{_layout}"] = profiled(

@@ -37,6 +37,7 @@ __all__ = [
     "use_deterministic_algorithms",
     "get_deterministic_algorithms",
     "get_library_root_path",
+    "ASCEND_HOME",
     "ASCEND_NPU_ARCH",
     "reset_runtime",
     "runtime_state",
@@ -284,6 +285,11 @@ def _use_deterministic_algorithms(enabled: bool) -> None:
 def _get_deterministic_algorithms() -> bool:
     """The deterministic-algorithms flag (default False)."""
     return _state.deterministic
+
+
+#: DeepGEMM-Ascend's module constant: the CANN toolkit directory it found at import (from
+#: ASCEND_HOME_PATH or ASCEND_TOOLKIT_HOME); "" when neither is set (the emulator needs none).
+ASCEND_HOME: str = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or ""
 
 
 def _get_library_root_path() -> str:

@@ -77,3 +77,35 @@ def test_ascend_c_symm_buffer_leases_zero_filled_memory_and_reuses_it():
             dg._C.SymmBuffer(2, 2, "test-group-lease", 16)
     with pytest.raises(dg.DGArgumentError, match="not provided by DeepGEMM 2.6.1"):
         dg._C.SymmBuffer(0, 1, "g", 16)
+
+
+def test_dry_run_checks_arguments_and_leaves_outputs_untouched():
+    """Port 1.2: with _C.set_dry_run(True) entry points return without launching, outputs untouched;
+    argument errors are still raised (they come from the same checks)."""
+    bf = ml_dtypes.bfloat16
+    a, b = np.ones((4, 64), bf), np.ones((8, 64), bf)
+    with dg.numerics(arch="ascend950"):
+        try:
+            dg._C.set_dry_run(True)
+            d = np.full((4, 8), 3.0, np.float32)
+            dg.bf16_gemm_nt(a, b, d)
+            dg.bf16_gemm_nt(a, b, d, c=d)  # c is d: the alias survives the copies
+            assert np.all(d == 3.0)
+            with pytest.raises(dg.DGArgumentError, match="d"):
+                dg.bf16_gemm_nt(a, b, np.zeros((4, 9), np.float32))
+        finally:
+            dg._C.set_dry_run(False)
+        dg.bf16_gemm_nt(a, b, d)
+        assert np.all(d == 64.0)
+
+
+def test_ascend_home_constant():
+    """DeepGEMM-Ascend exports ASCEND_HOME (port 1.1): the toolkit path from the environment."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ASCEND_HOME_PATH="/opt/cann-9.20")
+    out = subprocess.run([sys.executable, "-c", "import deepgemm_ref as dg; print(dg.ASCEND_HOME)"], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "/opt/cann-9.20" and isinstance(dg.ASCEND_HOME, str)

@@ -541,6 +541,24 @@ def test_c_epilogue_overflow_and_infinite_c_follow_ieee():
     assert np.isnan(fm.decode_scalar(int(ep.apply_exact(acc, 0, 0)), fm.BF16))
 
 
+def test_alpha_overflowing_float32_is_rejected_before_d_is_touched():
+    """The kernel multiplies by a float32 alpha: 1e40 would be inf (inf * 0 = NaN everywhere), so
+    it is the argument error, like an infinite alpha; the largest float32 alpha is accepted."""
+    from deepgemm_ref.epilogue import Alpha
+
+    a, b = np.ones((1, 32), BF16), np.ones((2, 32), BF16)
+    with dg.numerics(arch="ascend950"):
+        d = np.full((1, 2), 3.0, np.float32)
+        for bad in (1e40, float.fromhex("0x1.ffffffp127")):
+            with pytest.raises(DGArgumentError, match="alpha"):
+                gemm.bf16_gemm_nt(a, b, d, alpha=bad)
+            with pytest.raises(DGArgumentError, match="alpha"):
+                Alpha(bad)
+        assert np.all(d == 3.0)
+        gemm.bf16_gemm_nt(a, b, d, alpha=float(np.finfo(np.float32).max))
+        assert np.all(d == np.inf)  # 32 * max overflows in the output rounding, as IEEE does
+
+
 def test_zero_k_copies_c_or_zeroes():
     a = np.zeros((3, 0), BF16)
     b = np.zeros((2, 0), BF16)
