@@ -24,13 +24,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     print(f"deepgemm_ref {__version__}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}")
-    torch = sys.modules.get("torch")
-    if torch is None:
+    import importlib
+
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is None:
         try:
-            import torch  # noqa: F401  (only to report its version)
+            torch_mod = importlib.import_module("torch")  # only to report its version
         except ImportError:
-            torch = None
-    print(f"torch {torch.__version__ if torch is not None else 'not installed'}")
+            torch_mod = None
+    print(f"torch {torch_mod.__version__ if torch_mod is not None else 'not installed'}")
     p = profiles.get_profile()
     print(f"active arch profile: {p.name} ({p.description})")
     print(f"profiles: {', '.join(profiles.PROFILES)}")

@@ -1,12 +1,15 @@
-"""Named case lists: ``smoke``, ``ascend-headline``, ``deepgemm-tests-small``.
+"""Named case lists: ``smoke``, ``ascend-headline``, ``deepgemm-tests-small``, ``deepgemm-tests``,
+``ascend-probes``.
 
-* ``smoke``: every implemented kernel family at tiny sizes, under the profiles that provide it
-  (seconds).
+* ``smoke``: every kernel family at tiny sizes, each under at least one profile that provides
+  it (seconds).
 * ``ascend-headline``: DeepGEMM-Ascend's published headline, a BF16 GEMM M=4096 N=7168 K=16384,
-  under ``ascend950`` (minutes here).
-* ``deepgemm-tests-small``: DeepGEMM's test shape lists (spec 14), with every dimension scaled
-  down so that the whole preset runs in minutes on two cores.
-* ``deepgemm-tests``: the same lists at DeepGEMM's full sizes (hours here; use ``--jobs`` or Dask).
+  under ``ascend950`` (about half a minute here).
+* ``deepgemm-tests-small``: DeepGEMM's test shape lists (dense, grouped, MQA, Mega MoE), with
+  every dimension scaled down (the case ids keep the original sizes) so that the whole preset
+  runs in seconds on two cores.
+* ``deepgemm-tests``: the dense GEMM shape lists at DeepGEMM's full sizes (hours here; use
+  ``--jobs`` or Dask).
 * ``ascend-probes``: inputs crafted so that a device's outputs reveal its accumulator width and
   rounding, its output rounding and its reading of the UE8M0 byte 0x00 (``golden.probes``).
 """

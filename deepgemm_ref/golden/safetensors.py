@@ -343,7 +343,7 @@ def save_file(
     meta = _check_metadata_arg(metadata, where)
     header = _encode_header(prepared, meta)
     if not overwrite and os.path.lexists(target):
-        raise SafetensorsError(f"{where}: file exists; pass overwrite=True to replace it")
+        raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
     directory = os.path.dirname(os.path.abspath(target))
     tmp, fd = _create_temp(directory, os.path.basename(target))
     try:
@@ -353,7 +353,7 @@ def save_file(
             f.flush()
             os.fsync(f.fileno())
         if not overwrite and os.path.lexists(target):
-            raise SafetensorsError(f"{where}: file exists; pass overwrite=True to replace it")
+            raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
