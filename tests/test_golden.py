@@ -325,6 +325,11 @@ def test_smoke_preset_covers_every_implemented_dense_kernel_family():
             "aclnn_fp8_fp4_gemm_nt", "cublaslt_gemm_nt"} <= kernels
     profiles = {c["profile"] for c in golden.preset("smoke")}
     assert profiles == {"sm90", "sm100", "ascend950"}
+    # every registered case family (the probes have their own preset) is in the main job's bundle
+    from deepgemm_ref.golden.cases import FAMILIES, family_of
+
+    families = {c.get("family") or family_of(c["kernel"]) for c in golden.preset("smoke")}
+    assert families == set(FAMILIES) - {"probe"}
     _ = Path
 
 

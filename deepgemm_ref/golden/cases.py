@@ -187,9 +187,12 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     params: m, n, k; ``a`` / ``b``: "fp8", "fp4" or "bf16"; gran_k_a, gran_k_b (FP8/FP4 K
     granularity), gran_n (1, or 128 for a per-block SFB); out ("bf16" / "f32"); c ("none",
     "separate", "is_d"); alpha (float or None); the layout is the kernel's suffix.
+    ``fp8_gemm_nt_skip_head_mid``: head_splits (left, mid, right), default (n // 2, 8, n // 2)
+    for one head; d is (m, n + heads * mid) and the mid columns stay undefined.
     """
     kernel = spec.kernel
-    layout = kernel[-2:]
+    skip = "skip_head_mid" in kernel
+    layout = "nt" if skip else kernel[-2:]
     m, n, k = int(spec.get("m", 128)), int(spec.get("n", 128)), int(spec.get("k", 256))
     fa = spec.get("a", "bf16" if kernel.startswith(("bf16", "cublaslt", "aclnn_bf16")) else "fp8")
     fb = spec.get("b", None) or ("bf16" if fa == "bf16" else "fp8")
@@ -259,7 +262,15 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
         kwargs["alpha"] = ArgRef("value", (), float(alpha))
     if kernel.startswith("aclnn_"):
         transforms = {}  # ACLNN takes the float32 user form (int16 pairs are rejected)
-    outputs = {"d": {"init": init, "shape": [m, n], "dtype": str(out)}}
+    d_cols = n
+    if skip:
+        splits = [int(v) for v in spec.get("head_splits", [n // 2, 8, n - n // 2])]
+        if len(splits) != 3 or c_mode != "none" or alpha is not None:
+            raise DGArgumentError(f"case {spec.id!r}: skip_head_mid takes head_splits (left, mid, right) "
+                                  "and neither c nor alpha")
+        args.append(ArgRef("value", (), splits))
+        d_cols = n + n // max(splits[0] + splits[2], 1) * splits[1]
+    outputs = {"d": {"init": init, "shape": [m, d_cols], "dtype": str(out)}}
     check = {
         "n": k,
         "epilogue": {"out": "bf16" if out == BF16 else "f32", "alpha": alpha, "c": "c" if "c" in inputs else None,

@@ -60,6 +60,10 @@ def _smoke() -> list[dict[str, Any]]:
          "out": "f32", "c": "is_d"},
         {"id": "sm100-cublaslt", "kernel": "cublaslt_gemm_nt", "profile": "sm100", "m": 32, "n": 32, "k": 64,
          "out": "bf16", "c": "separate"},
+        {"id": "sm100-skip-head-mid", "kernel": "fp8_gemm_nt_skip_head_mid", "profile": "sm100", "m": 32, "n": 64,
+         "k": 256, "head_splits": [16, 8, 16], "out": "f32"},
+        {"id": "sm90-skip-head-mid", "kernel": "fp8_gemm_nt_skip_head_mid", "profile": "sm90", "m": 16, "n": 64,
+         "k": 256, "gran_n": 128, "head_splits": [24, 4, 8]},
     ]
     return c
 
