@@ -1114,3 +1114,17 @@ def test_buffer_views_take_torch_style_writes_without_torch():
     assert type(doubled) is np.ndarray and doubled[7, 1] == 30
     buf.x[:8].zero_()
     assert not buf.x[:8].view(np.uint8).any()
+
+
+def test_clamp_returns_the_other_operand_for_nan():
+    """The devices' min / max (CUDA __hmin2 / __hmax2, Ascend __hmin / __hmax) return the non-NaN
+    operand, so a NaN activation is clamped to the bound rather than propagated."""
+    from deepgemm_ref.mega._swiglu import clamp
+
+    g = np.array([np.nan, 1.0, 9.0], np.float32)
+    u = np.array([np.nan, -9.0, 2.0], np.float32)
+    for bf16_clamp in (True, False):
+        gc, uc = clamp(g, u, 4.0, bf16_clamp)
+        assert gc.tolist() == [4.0, 1.0, 4.0] and uc.tolist() == [-4.0, -4.0, 2.0]
+    gc, uc = clamp(g, u, None, True)  # no clamp: NaN stays
+    assert np.isnan(gc[0]) and np.isnan(uc[0])

@@ -205,6 +205,14 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
     return CudaFp4Weights(w1, s1, w2, s2), st
 
 
+def _y_rows(func: str, y: Any) -> int:
+    """Rows of the output ``y``, which must be 2-D (checked before anything reads its shape)."""
+    ya = as_array(y, func, "y")
+    if ya is None or ya.ndim != 2:
+        raise arg_error(func, "y", "a 2-D (N, hidden) array", ya if ya is not None else "None")
+    return int(ya.shape[0])
+
+
 def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuffer, num_tokens: int,
                        stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1 = as_array(l1_weights, func, "l1_weights")
@@ -408,7 +416,7 @@ def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer:
     func = "fp8_fp4_mega_moe"
     _recipe(func, recipe)
     buf, clamp, fast = _cuda_common(func, "fp8", sym_buffer, activation, activation_clamp, fast_math)
-    n = int(as_array(y, func, "y").shape[0])  # type: ignore[union-attr]
+    n = _y_rows(func, y)
     weights, stats = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)
@@ -427,7 +435,7 @@ def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: An
     """
     func = "bf16_mega_moe"
     buf, clamp, fast = _cuda_common(func, "bf16", sym_buffer, activation, activation_clamp, fast_math)
-    n = int(as_array(y, func, "y").shape[0])  # type: ignore[union-attr]
+    n = _y_rows(func, y)
     weights, stats = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)

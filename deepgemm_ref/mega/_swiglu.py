@@ -242,11 +242,14 @@ def clamp(g: np.ndarray, u: np.ndarray, activation_clamp: float | None,
         return g, u
     c32 = np.float32(activation_clamp)
     c = fm.cast(np.array([c32], np.float32), fm.BF16, fm.IEEE_RNE).astype(np.float32)[0] if bf16_clamp else c32
+    # The devices' min / max return the other operand when one is NaN (CUDA __hmin2 / __hmax2 /
+    # fminf, whose NaN-propagating forms are the separate *_nan intrinsics; Ascend's __hmin /
+    # __hmax likewise): np.fmin / np.fmax, not np.minimum / np.maximum.
     if bf16_clamp:
         # fused kernels: min(g, c); min(max(u, -c), c) on bf16 values
-        return np.minimum(g, c), np.minimum(np.maximum(u, -c), c)
+        return np.fmin(g, c), np.fmin(np.fmax(u, -c), c)
     # TileLang: up = min(c, max(-c, up)); gate = min(c, gate)
-    return np.minimum(c, g), np.minimum(c, np.maximum(-c, u))
+    return np.fmin(c, g), np.fmin(c, np.fmax(-c, u))
 
 
 # ----------------------------------------------------------------------------------------------
