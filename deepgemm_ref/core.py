@@ -250,6 +250,7 @@ class Epilogue:
         z = x
         if self.alpha is not None:
             p, e = fm.two_prod(np.float64(self.alpha), z)
+            e = np.where(np.isfinite(p), e, 0.0)  # alpha * inf: Dekker's error term would be NaN
             z = fm.round_dd(p, e, fm.F32).astype(np.float64)
         if c is None:
             return fm.round_f64(z, self.out).view(self.out.code_dtype)
@@ -264,19 +265,32 @@ class Epilogue:
         A rounding that overflows gives an infinity (a float), which then follows IEEE
         arithmetic: inf + finite c is inf, inf + -inf is NaN.
         """
-        v: Fraction | float = x
+        v: Fraction | float = x  # an exact zero accumulator is +0 (an accumulator starts at +0)
         if self.alpha is not None:
             v = _rn(Fraction(self.alpha) * x, fm.F32)
+            if v == 0:
+                v = math.copysign(0.0, self.alpha)  # f32(alpha * +0) carries alpha's sign
         if self.c is not None:
             if self._round_first and not _nonfinite(v):
-                v = _rn(Fraction(v), self.out)
+                v = _rn_signed(v, self.out)
             cv = float(self.c[m, n])
-            if not math.isfinite(cv) or _nonfinite(v):
+            if not math.isfinite(cv) or _nonfinite(v) or (cv == 0 and v == 0):
+                # IEEE addition of the two floats: inf rules, and -0 + -0 = -0 (else +0)
                 return fm.encode(np.array([cv + float(v)]), self.out, fm.IEEE_RNE)[0]
             v = Fraction(cv) + Fraction(v)
-        if _nonfinite(v):
+        if _nonfinite(v) or (isinstance(v, float) and v == 0):
             return fm.encode(np.array([float(v)]), self.out, fm.IEEE_RNE)[0]
         return fm.encode_scalar(Fraction(v), self.out, fm.IEEE_RNE)
+
+
+def _rn_signed(v: Fraction | float, fmt: fm.Format) -> float:
+    """RN of v to fmt as a float; a result of zero keeps v's sign (a value that rounds to zero
+    keeps its sign in IEEE rounding, and -0.0 stays -0.0)."""
+    r = _rn(Fraction(v), fmt)
+    if r == 0:
+        neg = (v < 0) or (isinstance(v, float) and math.copysign(1.0, v) < 0)
+        return -0.0 if neg else 0.0
+    return r
 
 
 def _nonfinite(v: Fraction | float) -> bool:
@@ -872,9 +886,7 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> Mat
     m, k = a.shape
     n = b.shape[0]
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    b_s = b.rows(0, n)
-    if not np.isfinite(b_s).all():
-        return _fp32_model(a, b, ep, blk, prescale=False)
+    b_s = b.rows(0, n)  # NaN / inf elements follow IEEE through the GEMM, as on the device
     step = _chunk_rows(m, n, k)
     acc_all = np.empty((m, n), np.float32)
     nb = -(-k // blk) if k else 0
@@ -882,8 +894,6 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> Mat
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             a_s = a.rows(r0, r1)
-            if not np.isfinite(a_s).all():  # NaN / inf elements: the general path (nothing written yet)
-                return _fp32_model(a, b, ep, blk, prescale=False)
             acc = np.zeros((r1 - r0, n), np.float32)
             y = np.empty((r1 - r0, n))  # reused buffers: no page faults per block
             part = np.empty((r1 - r0, n), np.float32)

@@ -378,15 +378,20 @@ def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dd_to_f64_round_odd(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """The double-double hi + lo rounded to float64 with round-to-odd."""
-    s, e = two_sum(np.asarray(hi, np.float64), np.asarray(lo, np.float64))
+    """The double-double hi + lo rounded to float64 with round-to-odd.
+
+    Where lo is zero the value is hi itself, signed zero included (-0 + +0 would give +0)."""
+    hi, lo = np.asarray(hi, np.float64), np.asarray(lo, np.float64)
+    if not np.any(lo):
+        return hi.copy()
+    s, e = two_sum(hi, lo)
     sb = s.view(np.uint64).copy()
     fix = (e != 0) & ((sb & 1) == 0) & np.isfinite(s)
     if np.any(fix):
         neg = (sb >> np.uint64(63)) == 1
         inc = np.where((e > 0) != neg, 1, -1)
         sb = np.where(fix, (sb.astype(np.int64) + inc).astype(np.uint64), sb)
-    return sb.view(np.float64)
+    return np.where(lo == 0, hi, sb.view(np.float64))
 
 
 def round_f64(x: npt.ArrayLike, fmt: Format, policy: CastPolicy = IEEE_RNE) -> np.ndarray:

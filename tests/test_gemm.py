@@ -559,6 +559,50 @@ def test_alpha_overflowing_float32_is_rejected_before_d_is_touched():
         assert np.all(d == np.inf)  # 32 * max overflows in the output rounding, as IEEE does
 
 
+def test_alpha_times_infinite_accumulator_and_signed_zeros():
+    """f32(alpha * inf) is inf (Dekker's error term would be NaN); f32(-1 * +0) is -0; bf16 with
+    c = -0 and acc rounding to -0 gives -0 + -0 = -0: in the vectorised and the rational tier."""
+    a = np.array([[np.inf, 2.0**100, 0, 0]], BF16)
+    b = np.array([[1, 2.0**100, 0, 0]], BF16)
+    d32 = np.zeros((1, 1), np.float32)
+    gemm.bf16_gemm_nt(a, b, d32, alpha=3.0)
+    assert _codes(d32)[0, 0] == 0x7F800000
+    gemm.bf16_gemm_nt(np.zeros((1, 4), BF16), np.ones((1, 4), BF16), d32, alpha=-1.0)
+    assert _codes(d32)[0, 0] == 0x80000000
+    d16 = np.zeros((1, 1), BF16)
+    gemm.bf16_gemm_nt(np.zeros((1, 4), BF16), np.ones((1, 4), BF16), d16, alpha=-1.0)
+    assert _codes(d16)[0, 0] == 0x8000
+    gemm.bf16_gemm_nt(np.array([[-(2.0**-67)]], BF16), np.array([[2.0**-67]], BF16), d16,
+                      c=np.array([[-0.0]], BF16))
+    assert _codes(d16)[0, 0] == 0x8000
+    # the rational specification
+    zero = ref.F(0)
+    assert int(core.Epilogue(fm.F32, -1.0).apply_exact(zero, 0, 0)) == 0x80000000
+    ep = core.Epilogue(fm.BF16, None, np.array([[-0.0]]))
+    assert int(ep.apply_exact(-ref.F(2) ** -134, 0, 0)) == 0x8000
+    assert int(ep.apply_exact(ref.F(2) ** -134, 0, 0)) == 0x0000  # -0 + +0 = +0
+
+
+@pytest.mark.parametrize("arch", ["sm100", "ascend950"])
+def test_fp32_model_nan_in_one_row_leaves_the_others_alone(arch):
+    """MMA block scaling with a NaN element elsewhere: the other rows keep their exact scaled
+    values (a float32 scale product 2^140 used to turn their zero blocks into NaN)."""
+    k = 128
+    a = np.zeros((2, k), np.float32)
+    a[0, 0] = 2.0**-9
+    a[1, 5] = np.nan
+    b = np.zeros((1, k), np.float32)
+    b[0, 0] = 2.0**-9
+    sa = np.full((2, k // 32), 2.0**70)
+    sb = np.full((1, k // 32), 2.0**70)
+    A = core.Operand(a.astype(E4M3), sa, 32)
+    B = core.Operand(b.astype(E4M3), sb, 32)
+    with dg.numerics(arch=arch):
+        res = core.scaled_matmul(A, B, core.Epilogue(fm.F32), model="fp32", fp32_block=32)
+    out = np.asarray(res.out, np.float32)
+    assert out[0, 0] == np.float32(2.0**122) and np.isnan(out[1, 0])
+
+
 def test_zero_k_copies_c_or_zeroes():
     a = np.zeros((3, 0), BF16)
     b = np.zeros((2, 0), BF16)
