@@ -81,6 +81,12 @@ def major_of(x: np.ndarray, func: str, arg: str) -> str:
     raise arg_error(func, arg, "stride(-1) == 1 (K-major) or stride(-2) == 1 (MN-major)", x)
 
 
+def _check_compact_groups(x: np.ndarray, func: str, arg: str) -> None:
+    """DeepGEMM's major check of a 3-D C/D: groups packed back to back (stride(0) == M * N)."""
+    if x.ndim == 3 and x.size and x.shape[0] > 1 and elem_stride(x, 0) != x.shape[1] * x.shape[2]:
+        raise arg_error(func, arg, f"compact groups (stride(0) == {x.shape[1] * x.shape[2]})", x)
+
+
 def check_out(d: np.ndarray, func: str, shape: tuple[int, ...], dtypes: tuple[np.dtype, ...], arg: str = "d") -> None:
     """Output checks: shape, dtype, row-major (stride(-1) == 1), writeable."""
     if tuple(d.shape) != tuple(shape):
@@ -89,9 +95,7 @@ def check_out(d: np.ndarray, func: str, shape: tuple[int, ...], dtypes: tuple[np
         raise arg_error(func, arg, "dtype " + " or ".join(str(t) for t in dtypes), d)
     if d.size and d.shape[-1] > 1 and elem_stride(d, -1) != 1:
         raise arg_error(func, arg, "a row-major array (stride(-1) == 1)", d)
-    if d.ndim == 3 and d.size and d.shape[0] > 1 and elem_stride(d, 0) != d.shape[1] * d.shape[2]:
-        # DeepGEMM's major check of a 3-D C/D: groups packed back to back (stride(0) == M * N)
-        raise arg_error(func, arg, f"compact groups (stride(0) == {d.shape[1] * d.shape[2]})", d)
+    _check_compact_groups(d, func, arg)
     if not d.flags.writeable:
         raise arg_error(func, arg, "a writeable array", d)
 
@@ -173,8 +177,7 @@ def resolve_c(c: Any, d: np.ndarray, func: str) -> tuple[np.ndarray | None, bool
         raise arg_error(func, "c", f"shape {d.shape} (d's shape)", ca)
     if ca.size and ca.shape[-1] > 1 and elem_stride(ca, -1) != 1:
         raise arg_error(func, "c", "a row-major array (stride(-1) == 1)", ca)
-    if ca.ndim == 3 and ca.size and ca.shape[0] > 1 and elem_stride(ca, 0) != ca.shape[1] * ca.shape[2]:
-        raise arg_error(func, "c", f"compact groups (stride(0) == {ca.shape[1] * ca.shape[2]})", ca)
+    _check_compact_groups(ca, func, "c")
     return np.array(ca, copy=True), same
 
 

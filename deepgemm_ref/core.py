@@ -46,6 +46,7 @@ model keeps the two roundings, which are identical whenever the scales are power
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -242,7 +243,7 @@ class Epilogue:
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
-            s, e = _two_sum_ieee(self.c[rows, cols].astype(np.float64), z)
+            s, e = fm.two_sum(self.c[rows, cols].astype(np.float64), z)
             return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
         return self.apply_points(_dd_to_f64_directed(hi, lo, up), rows, cols)
 
@@ -250,13 +251,12 @@ class Epilogue:
         z = x
         if self.alpha is not None:
             p, e = fm.two_prod(np.float64(self.alpha), z)
-            e = np.where(np.isfinite(p), e, 0.0)  # alpha * inf: Dekker's error term would be NaN
             z = fm.round_dd(p, e, fm.F32).astype(np.float64)
         if c is None:
             return fm.round_f64(z, self.out).view(self.out.code_dtype)
         if self._round_first:
             z = fm.round_f64(z, self.out).astype(np.float64)
-        s, e = _two_sum_ieee(c.astype(np.float64), z)
+        s, e = fm.two_sum(c.astype(np.float64), z)
         return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
 
     def apply_exact(self, x: Fraction, m: int, n: int) -> Any:
@@ -296,12 +296,6 @@ def _rn_signed(v: Fraction | float, fmt: fm.Format) -> float:
 def _nonfinite(v: Fraction | float) -> bool:
     return isinstance(v, float) and not math.isfinite(v)
 
-
-def _two_sum_ieee(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """TwoSum whose error term is 0 where the sum is not finite (inf + finite = inf, inf - inf =
-    NaN, as IEEE addition gives; TwoSum's own error term would be NaN there)."""
-    s, e = fm.two_sum(a, b)
-    return s, np.where(np.isfinite(s), e, 0.0)
 
 def _rn(x: Fraction, fmt: fm.Format) -> float:
     return fm.decode_scalar(fm.encode_scalar(x, fmt, fm.IEEE_RNE), fmt)
@@ -498,10 +492,9 @@ def _decide_pending(
             stats["pairwise"] = stats.get("pairwise", 0) + int(ok2.sum())
             if acc is not None:
                 acc[rows[ok2] - r0, cols[ok2]] = s2[ok2]
-            if not ok2.all():
-                rows, cols, terms = rows[~ok2], cols[~ok2], terms[~ok2]
-            else:
+            if ok2.all():
                 continue
+            rows, cols, terms = rows[~ok2], cols[~ok2], terms[~ok2]
         s, e, bound = _dd_sum(terms)
         e_lo, e_hi = _dd_ends(s, e, bound)
         c_lo = ep.apply_points_dd(s, e_lo, rows, cols, up=False)
@@ -1074,12 +1067,10 @@ def scaled_matmul(
         return MatmulResult(epilogue.apply(zeros, 0, m).view(epilogue.out.storage),
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
-        if want_acc or want_S:
-            # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread
-            # BLAS (see _parallel.single_threaded_blas); chunks then run on the package's pool.
-            with single_threaded_blas():
-                return _exact_model(a, b, epilogue, want_acc, want_S)
-        return _exact_model(a, b, epilogue, want_acc, want_S)
+        # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
+        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.
+        with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
+            return _exact_model(a, b, epilogue, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, epilogue, fp32_block)
     elif isinstance(model, Limited):

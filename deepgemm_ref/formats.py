@@ -380,7 +380,10 @@ def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def dd_to_f64_round_odd(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """The double-double hi + lo rounded to float64 with round-to-odd.
 
-    Where lo is zero the value is hi itself, signed zero included (-0 + +0 would give +0)."""
+    Where lo is zero the value is hi itself, signed zero included (-0 + +0 would give +0).  Where
+    hi is not finite it is the value as well: hi is then the IEEE result of the operation that
+    made the pair (an overflow, inf + finite, inf - inf), and lo is an artefact of TwoSum /
+    TwoProduct (NaN from inf - inf), not part of the value."""
     hi, lo = np.asarray(hi, np.float64), np.asarray(lo, np.float64)
     if not np.any(lo):
         return hi.copy()
@@ -391,7 +394,7 @@ def dd_to_f64_round_odd(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         neg = (sb >> np.uint64(63)) == 1
         inc = np.where((e > 0) != neg, 1, -1)
         sb = np.where(fix, (sb.astype(np.int64) + inc).astype(np.uint64), sb)
-    return np.where(lo == 0, hi, sb.view(np.float64))
+    return np.where((lo == 0) | ~np.isfinite(hi), hi, sb.view(np.float64))
 
 
 def round_f64(x: npt.ArrayLike, fmt: Format, policy: CastPolicy = IEEE_RNE) -> np.ndarray:

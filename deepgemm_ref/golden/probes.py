@@ -171,7 +171,8 @@ def analyse(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         # rounding: the 1.5 rows at spread s = bits within the interval
         if bits < 24:
             r = rows.index((bits, POSITIONS[0], 1.5))
-            got = (y[r] - 2.0**bits * _accumulator_row(bits, POSITIONS[0])[3]) / _accumulator_row(bits, POSITIONS[0])[3]
+            unit = _accumulator_row(bits, POSITIONS[0])[3]
+            got = (y[r] - 2.0**bits * unit) / unit
             rounding = {0.0: "truncation (toward zero)", 2.0: "round to nearest"}
             result["group_rounding"] = rounding.get(got, f"other ({got})")
         if bits < 24 and interval is not None:
