@@ -59,6 +59,18 @@ def as_pair(x: Any, func: str, arg: str, *, sf_optional: bool = False) -> tuple[
     return data, sf
 
 
+def is_contiguous(x: np.ndarray) -> bool:
+    """torch's ``is_contiguous()``: row-major strides ignoring size-1 dims; empty is contiguous."""
+    if x.size == 0:
+        return True
+    expected = x.itemsize
+    for size, st in zip(reversed(x.shape), reversed(x.strides), strict=True):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True
+
+
 def elem_stride(x: np.ndarray, axis: int) -> int:
     s = x.strides[axis]
     return s // x.itemsize if s % x.itemsize == 0 else s / x.itemsize  # type: ignore[return-value]

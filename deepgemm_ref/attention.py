@@ -69,6 +69,7 @@ import numpy as np
 from . import core, runtime, trace
 from . import formats as fm
 from ._args import as_array
+from ._args import is_contiguous as _contiguous
 from ._parallel import parallel_chunks
 from .api import profiled
 from .config import get_numerics
@@ -158,18 +159,6 @@ def _unit_stride(a: np.ndarray, axis: int) -> bool:
     """stride(axis) == 1, as DeepGEMM's checks read it (size-1 axes and empty arrays pass)."""
     # Note: zero-size arrays pass stride checks (NumPy gives them arbitrary strides, often 0).
     return a.size == 0 or a.shape[axis] <= 1 or _strides(a)[axis] == 1
-
-
-def _contiguous(a: np.ndarray) -> bool:
-    """torch's ``is_contiguous()``: row-major strides ignoring size-1 dims; empty is contiguous."""
-    if a.size == 0:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(a.shape), reversed(_strides(a)), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _arr(func: str, arg: str, x: Any) -> np.ndarray:

@@ -93,6 +93,9 @@ from ._args import (
     major_of,
     resolve_c,
 )
+from ._args import (
+    is_contiguous as _is_contiguous,
+)
 from .api import profiled
 from .errors import DGArgumentError, arg_error
 from .gemm import _OUT_FORMAT, _alpha_of, _ascend_recipes, _cuda_recipes, _recipe3, resolve_scales
@@ -289,18 +292,6 @@ def _transposed(x: Any, func: str, arg: str, axes: tuple[int, int]) -> np.ndarra
     if xa.ndim != nd:
         raise arg_error(func, arg, f"a {nd}-D array", xa)
     return np.swapaxes(xa, *axes)
-
-
-def _is_contiguous(x: np.ndarray) -> bool:
-    """torch's is_contiguous(): row-major strides ignoring size-1 dims; empty arrays are contiguous."""
-    if x.size == 0:
-        return True
-    expected = 1
-    for size, st in zip(reversed(x.shape), reversed(x.strides), strict=True):
-        if size != 1 and st != expected * x.itemsize:
-            return False
-        expected *= size
-    return True
 
 
 def _rows_operand(spec: OperandSpec, scales: np.ndarray | None, block: int, r0: int, r1: int,

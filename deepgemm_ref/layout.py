@@ -55,6 +55,7 @@ import numpy as np
 
 from . import formats as fm
 from . import profiles, runtime
+from ._args import is_contiguous as _is_contiguous
 from .api import profiled
 from .errors import arg_error
 from .interop import Kind, caller_kind, from_numpy, is_tensor, to_numpy
@@ -126,18 +127,6 @@ def _array(func: str, arg: str, x: Any) -> np.ndarray:
 def _strides(a: np.ndarray) -> tuple[int, ...]:
     """Strides in elements."""
     return tuple(s // a.itemsize for s in a.strides)
-
-
-def _is_contiguous(a: np.ndarray) -> bool:
-    """torch's ``is_contiguous()``: row-major strides, ignoring size-1 dims; empty is contiguous."""
-    if a.size == 0:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(a.shape), reversed(_strides(a)), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _recipe(func: str, recipe: Any, lengths: tuple[int, ...]) -> tuple[int, ...]:

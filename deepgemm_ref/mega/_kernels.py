@@ -12,6 +12,7 @@ import numpy as np
 from .. import formats as fm
 from .. import trace
 from .._args import as_array, as_pair, elem_stride
+from .._args import is_contiguous as _contiguous
 from ..api import profiled
 from ..config import get_numerics
 from ..errors import arg_error
@@ -82,10 +83,6 @@ def _bool(func: str, arg: str, v: Any) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise arg_error(func, arg, "a bool", repr(v))
     return bool(v)
-
-
-def _contiguous(x: np.ndarray) -> bool:
-    return x.flags.c_contiguous or x.size <= 1
 
 
 def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> SymmBuffer:
