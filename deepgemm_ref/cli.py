@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -421,6 +422,12 @@ def _report(e: BaseException) -> int:
     """Map an exception to (message on stderr, exit code)."""
     from .golden.generation import GenerationInterrupted
 
+    if isinstance(e, KeyboardInterrupt):  # from now on a second Ctrl-C must not cut the exit short
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (ValueError, OSError):  # pragma: no cover - not the main thread
+                pass
     if isinstance(e, GenerationInterrupted):
         _err(e.message)
         return 128 + e.signum

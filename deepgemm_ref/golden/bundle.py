@@ -227,6 +227,11 @@ def _short(v: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _member(v: Any, collection: Any) -> bool:
+    """``v in collection`` for a string ``v`` (a forged value may be unhashable)."""
+    return isinstance(v, str) and v in collection
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -362,7 +367,7 @@ def _validate_case(c: Any, i: int) -> str:
         _need(isinstance(name, str) and 0 < len(name) <= 200 and "/" not in name, tf, "a tensor name", name)
         meta = _table(meta, tf)
         _need(set(meta) == {"dtype", "shape", "sha256"}, tf, "the keys dtype, shape, sha256", sorted(meta))
-        _need(meta["dtype"] in st.SAFETENSORS_DTYPES, tf + ".dtype", "a safetensors dtype", meta["dtype"])
+        _need(_member(meta["dtype"], st.SAFETENSORS_DTYPES), tf + ".dtype", "a safetensors dtype", meta["dtype"])
         dims += _shape(meta["shape"], tf + ".shape")
         _hex64(meta["sha256"], tf + ".sha256")
     inputs = {n[len("input."):] for n in tensors_meta if n.startswith("input.")}
@@ -373,7 +378,7 @@ def _validate_case(c: Any, i: int) -> str:
         _need(isinstance(name, str) and name.isidentifier(), of, "an output name", name)
         o = _table(o, of)
         _need(set(o) == {"init", "shape", "dtype"}, of, "the keys init, shape, dtype", sorted(o))
-        _need(o["dtype"] in OUTPUT_DTYPES, of + ".dtype", f"one of {', '.join(OUTPUT_DTYPES)}", o["dtype"])
+        _need(_member(o["dtype"], OUTPUT_DTYPES), of + ".dtype", f"one of {', '.join(OUTPUT_DTYPES)}", o["dtype"])
         shape = _shape(o["shape"], of + ".shape")
         _need(f"golden.{name}" in tensors_meta, f"{f}tensors", f"a golden.{name} tensor for output {name!r}",
               sorted(tensors_meta))
@@ -398,7 +403,7 @@ def _validate_case(c: Any, i: int) -> str:
         _need(t is None or t["shape"] == outputs[main]["shape"], f"{f}tensors.golden.{key}.shape",
               f"the main output's shape {outputs[main]['shape']}", t and t["shape"])
     ret = c.get("returns")
-    _need(ret is None or (ret in outputs and outputs[ret]["init"] == "returned"), f + "returns",
+    _need(ret is None or (_member(ret, outputs) and outputs[ret]["init"] == "returned"), f + "returns",
           "null or an output with init 'returned'", ret)
     derived_names: set[str] = set()
     for key, is_derived in (("setup", False), ("derived", True)):
@@ -451,7 +456,8 @@ def _validate_case(c: Any, i: int) -> str:
     _need(alpha is None or (isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
                             and math.isfinite(alpha)), f + "check.epilogue.alpha", "a finite number or null", alpha)
     cname = ep.get("c")
-    _need(cname is None or (cname in inputs and tensors_meta[f"input.{cname}"]["shape"] == outputs[main]["shape"]),
+    _need(cname is None or (_member(cname, inputs)
+                            and tensors_meta[f"input.{cname}"]["shape"] == outputs[main]["shape"]),
           f + "check.epilogue.c", "null or an input of the main output's shape", cname)
     _need(ep.get("c_mode", "kernel") in _CHECK_CMODES, f + "check.epilogue.c_mode",
           f"one of {', '.join(_CHECK_CMODES)}", ep.get("c_mode"))
@@ -497,7 +503,9 @@ def validate_manifest(m: Any, where: str) -> None:
                 ids.append(_validate_case(c, i))
             except _Invalid as e:
                 cid = c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None
-                raise _Invalid(e.field + (f" (case {cid!r})" if cid else ""), e.problem) from None
+                if cid is None:
+                    raise
+                raise BundleError(f"{where}: case {cid!r}: field {e.field!r}: {e.problem}") from None
         if len(set(ids)) != len(ids):
             raise BundleError(f"{where}: duplicate case ids {sorted({i for i in ids if ids.count(i) > 1})}")
         check_file_names(ids)

@@ -22,6 +22,7 @@ failed ``force`` run leaves it as it was and removes the temporary directory).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -282,8 +283,11 @@ class _Stopped(Exception):
 
 
 def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: int | None = None,
-                  token: str | None = None) -> dict[str, Any]:
-    """Build one case, compute its golden, write its file; returns its manifest entry."""
+                  token: str | None = None, guard: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Build one case, compute its golden, write its file; returns its manifest entry.
+
+    guard: a context manager factory around writing the file and making its entry (generation in
+    this process defers a signal there, so that a written file is always recorded)."""
     built = build_case(spec, max_memory=max_memory)
     golden, stats = compute_golden(built)
     tensors: dict[str, Any] = {f"input.{k}": v for k, v in built.inputs.items()}
@@ -293,11 +297,12 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
     path = workdir / case_relpath(spec.id)
     if token is not None and not (workdir / CASES_DIR / token).exists():
         raise _Stopped(spec.id)
-    try:
-        st.save_file(tensors, path, metadata={"case": spec.id, "format": FORMAT_NAME}, overwrite=overwrite)
-    except st.SafetensorsError as e:
-        raise BundleError(str(e)) from None
-    return case_entry(built, tensors, st.file_sha256(path), _json_clean(stats))
+    with (guard or contextlib.nullcontext)():
+        try:
+            st.save_file(tensors, path, metadata={"case": spec.id, "format": FORMAT_NAME}, overwrite=overwrite)
+        except st.SafetensorsError as e:
+            raise BundleError(str(e)) from None
+        return case_entry(built, tensors, st.file_sha256(path), _json_clean(stats))
 
 
 def _json_clean(x: Any) -> Any:
@@ -399,7 +404,7 @@ def _run_inline(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int
     for spec in todo:
         sig.check()
         try:
-            entry = generate_case(spec, workdir, overwrite, limit)
+            entry = generate_case(spec, workdir, overwrite, limit, guard=lambda: _Critical(sig))
         except (GenerationInterrupted, KeyboardInterrupt):
             raise
         except Exception as e:  # a case failing must not lose the others
@@ -422,7 +427,10 @@ def _pool_worker(conn: Any, threads: int) -> None:
         if msg is None:
             return
         try:
-            entry = generate_case(validate_spec(msg["spec"]), Path(msg["root"]), msg["overwrite"], msg["limit"])
+            # SIGTERM is held from writing the file until its entry is sent: a stopping parent
+            # (which waits a moment before it kills) records every case whose file exists.
+            entry = generate_case(validate_spec(msg["spec"]), Path(msg["root"]), msg["overwrite"], msg["limit"],
+                                  guard=_HoldSigterm)
             reply: dict[str, Any] = {"id": msg["spec"]["id"], "entry": entry}
         except BaseException as e:  # noqa: B036 - report everything, MemoryError included
             reply = {"id": msg["spec"]["id"], "error": _failure(e)}
@@ -430,6 +438,34 @@ def _pool_worker(conn: Any, threads: int) -> None:
             conn.send_bytes(json.dumps(reply, allow_nan=False).encode("utf-8"))
         except (OSError, ValueError):
             return
+        finally:
+            _HoldSigterm.release()
+
+
+class _HoldSigterm:
+    """Defer SIGTERM in a worker (entered around writing a case); :meth:`release` restores the
+    default action once the case's entry is sent, and a SIGTERM that came meanwhile then ends the
+    worker.  (A Python handler, not a blocked mask: the signal may be delivered to any thread.)"""
+
+    pending = False
+
+    def __enter__(self) -> None:
+        _HoldSigterm.pending = False
+        signal.signal(signal.SIGTERM, _HoldSigterm._note)
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:
+            _HoldSigterm.release()
+
+    @staticmethod
+    def _note(signum: int, frame: Any) -> None:
+        _HoldSigterm.pending = True
+
+    @staticmethod
+    def release() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _HoldSigterm.pending:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Worker:
@@ -441,9 +477,9 @@ class _Worker:
         self.case: str | None = None
 
 
-def _stop_workers(workers: list[_Worker], sig: _Signals) -> None:
+def _stop_workers(workers: list[_Worker], sig: _Signals) -> list[Result]:
     """Terminate every worker; kill those still alive after the grace period (or at once on a
-    second signal)."""
+    second signal).  Returns the results that had been sent before they stopped."""
     for w in workers:
         if w.proc.is_alive():
             w.proc.terminate()
@@ -453,9 +489,20 @@ def _stop_workers(workers: list[_Worker], sig: _Signals) -> None:
         w.proc.join(left)
         if w.proc.is_alive():
             w.proc.kill()
+    results: list[Result] = []
     for w in workers:
         w.proc.join(0.5)
-        w.conn.close()
+        try:
+            while w.case is not None and not w.conn.closed and w.conn.poll():
+                reply = json.loads(w.conn.recv_bytes().decode("utf-8"))
+                if reply.get("entry") is not None:
+                    results.append((w.case, reply["entry"], None))
+                w.case = None
+        except (EOFError, OSError, ValueError):
+            pass
+        if not w.conn.closed:
+            w.conn.close()
+    return results
 
 
 def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, jobs: int,
@@ -478,6 +525,9 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
             workers = [_Worker(ctx, threads) for _ in range(min(jobs, len(todo)))]
         while pending or any(w.case for w in workers):
             if sig.signum is not None:
+                with _Critical(sig):
+                    finished = _stop_workers(workers, sig)
+                yield from finished  # cases whose files were written before the workers stopped
                 return
             for w in workers:
                 if w.case is None and pending:
@@ -717,8 +767,6 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any) -> dict[str, Any]
                     with _Critical(sig):
                         checkpoint()
                     last = time.monotonic()
-                if sig.signum is not None:
-                    break
             with _Critical(sig):
                 results.close()  # stops the workers (pool, Dask) now
             if any(i not in finished for i in ids):
