@@ -466,11 +466,13 @@ def _validate_case(c: Any, i: int) -> str:
         if key in c:
             _table(c[key], f + key)
     # A resource guard independent of the kernels: no integer the call passes (sizes, lengths,
-    # list lengths) may exceed the case's largest stored dimension (or 1024).
-    bound = max([1024] + dims + [s for o in outputs.values() for s in o["shape"]])
-    for key in ("args", "kwargs", "setup", "derived", "transforms", "driver"):
+    # list lengths) may exceed twice the case's largest stored dimension (or 1024).  A driver's
+    # sizes are checked against the tensors by its family (check_entry).
+    bound = 2 * max([512] + dims + [s for o in outputs.values() for s in o["shape"]])
+    for key in ("args", "kwargs", "setup", "derived", "transforms"):
         for v in _ints_in(c.get(key)):
-            _need(abs(v) <= bound, f + key, f"integers of magnitude <= {bound} (the case's largest dimension)", v)
+            _need(abs(v) <= bound, f + key, f"integers of magnitude <= {bound} (twice the case's largest "
+                  "dimension)", v)
     if family.check_entry is not None:
         problem = family.check_entry(c)
         if problem:
