@@ -196,3 +196,28 @@ def test_progress_lines_when_not_a_terminal(spec_file, tmp_path):
     lines = [x for x in err.splitlines() if x.startswith("golden: ")]
     assert lines[0].startswith("golden: 0/4 cases") and lines[-1].startswith("golden: 4/4 cases")
     assert all("elapsed" in x and "ETA" in x for x in lines)
+
+
+@pytest.mark.dask
+def test_dask_interrupt_cancels_tasks_and_late_tasks_write_nothing(spec_file, reference, tmp_path):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        out = tmp_path / "b"
+        proc = _start(spec_file, out, "--executor", "dask", "--scheduler", cluster.scheduler_address)
+        _wait_for_files(out, 1, proc, timeout=120)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and time.monotonic() - t0 < 2.5, err
+        manifest = json.loads((out / "manifest.json").read_text())
+        done = {c["id"] for c in manifest["cases"]}
+        assert done and manifest["incomplete"]
+        time.sleep(4)  # tasks that were running finish on the workers, see the run stopped, write nothing
+        files = {p.stem for p in (out / "cases").glob("*.safetensors")}
+        assert files <= done | set(manifest["incomplete"]) and not list(out.rglob("*.tmp"))
+        r = subprocess.run([*CLI, "golden", "--spec", str(spec_file), "--out", str(out), "--resume", "--executor",
+                            "dask", "--scheduler", cluster.scheduler_address], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    assert {k: v for k, v in _bundle_bytes(out).items() if k != "manifest.json"} == \
+        {k: v for k, v in reference.items() if k != "manifest.json"}

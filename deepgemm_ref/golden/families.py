@@ -23,7 +23,6 @@ import ml_dtypes
 import numpy as np
 
 from .. import quant
-from ..errors import DGArgumentError
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .resources import Estimate, tensor_bytes
@@ -1004,4 +1003,3 @@ def _register_presets() -> None:
 
 
 _register_presets()
-_ = DGArgumentError

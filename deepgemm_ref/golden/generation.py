@@ -45,7 +45,6 @@ from .bundle import (
     CASES_DIR,
     FORMAT_NAME,
     MANIFEST_NAME,
-    Bundle,
     BundleError,
     case_entry,
     check_file_names,
@@ -174,12 +173,12 @@ def validate_specs(specs: Iterable[CaseSpec | Mapping[str, Any]], source: str = 
     return out
 
 
-def _state(root: Path) -> tuple[bool, bool, bool]:
-    """(exists, holds a manifest, holds case files) for a target directory."""
+def _state(root: Path) -> tuple[bool, bool]:
+    """(holds a manifest, holds case files) for a target directory."""
     try:
         st_root = os.stat(root)
     except FileNotFoundError:
-        return False, False, False
+        return False, False
     except OSError as e:
         raise BundleError(f"{root}: cannot read: {e.strerror}") from None
     if not stat.S_ISDIR(st_root.st_mode):
@@ -187,7 +186,7 @@ def _state(root: Path) -> tuple[bool, bool, bool]:
     manifest = os.path.lexists(root / MANIFEST_NAME)
     cases = root / CASES_DIR
     files = cases.is_dir() and not cases.is_symlink() and any(p.suffix == ".safetensors" for p in cases.iterdir())
-    return True, manifest, files
+    return manifest, files
 
 
 def _free_bytes(root: Path) -> int | None:
@@ -230,7 +229,7 @@ def plan_generation(
         raise ResourceError("\n".join(lines) + f"\nthe limit per case is {format_size(case_limit)}{share}; raise it "
                             "with --max-memory, or make the cases smaller")
     root = Path(out_dir)
-    exists, has_manifest, has_files = _state(root)
+    has_manifest, has_files = _state(root)
     mode = "new"
     kept: dict[str, dict[str, Any]] = {}
     stale: list[str] = []
@@ -270,7 +269,6 @@ def plan_generation(
     free = _free_bytes(root)
     if free is not None and need > free:
         raise ResourceError(f"{root}: the bundle needs about {format_size(need)} of disk; {format_size(free)} free")
-    _ = exists
     return plan
 
 
@@ -593,9 +591,13 @@ def _run_dask(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
                                  key=f"case-{s.id}-{uuid.uuid4().hex[:8]}", pure=False, retries=0): s.id
                    for s in todo}
         pending = set(futures)
+        stop_at: float | None = None
         while pending:
             if sig.signum is not None:
-                return
+                # a short grace: tasks that were writing their case report it and are recorded
+                stop_at = stop_at or time.monotonic() + _STOP_GRACE / 2
+                if time.monotonic() >= stop_at or sig.count > 1:
+                    return
             done = [f for f in pending if f.done()]
             if not done:
                 time.sleep(0.1)
@@ -911,5 +913,3 @@ def _entry_cost(entry: Mapping[str, Any], regenerate: bool) -> float:
             pass
     return size + 1.0
 
-
-_ = Bundle

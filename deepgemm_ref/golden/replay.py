@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -256,5 +255,3 @@ class _profile:
         if self.ctx is not None:
             self.ctx.__exit__(*exc)
 
-
-_ = Mapping
