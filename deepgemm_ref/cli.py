@@ -412,17 +412,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0) if not isinstance(e.code, str) else 2
+    saved = _terminate_like_ctrl_c()
     try:
         return int(args.func(args))
     except BaseException as e:  # noqa: B036 - every outcome becomes an exit code and one message
-        return _report(e)
+        return _report(e, exiting=argv is None)
+    finally:
+        if saved is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, saved)
 
 
-def _report(e: BaseException) -> int:
-    """Map an exception to (message on stderr, exit code)."""
+def _terminate_like_ctrl_c() -> Any:
+    """SIGTERM ends any command the way Ctrl-C does (one line, exit 143; generation installs its
+    own handler on top, which also keeps the finished cases).  Returns the previous handler."""
     from .golden.generation import GenerationInterrupted
 
-    if isinstance(e, KeyboardInterrupt):  # from now on a second Ctrl-C must not cut the exit short
+    def handler(signum: int, frame: Any) -> None:
+        raise GenerationInterrupted(signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # pragma: no cover - not the main thread
+        return None
+
+
+def _report(e: BaseException, exiting: bool = False) -> int:
+    """Map an exception to (message on stderr, exit code); ``exiting``: the process ends next
+    (the console script), so a second Ctrl-C is ignored from here on."""
+    from .golden.generation import GenerationInterrupted
+
+    if isinstance(e, KeyboardInterrupt) and exiting:  # a second Ctrl-C must not cut the exit short
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 signal.signal(sig, signal.SIG_IGN)

@@ -180,6 +180,20 @@ def _fp4_gran_rule(p: Params) -> str | None:
     return None
 
 
+# The operand formats (a and b) each kernel and profile takes.
+_FORMAT_ONLY = (
+    Only(("bf16",), "a BF16 kernel", kernels=_BF16_GEMMS, label="bf16_gemm_*, cublaslt_gemm_*, aclnn_bf16_gemm_*"),
+    Only(("fp8",), "an FP8-only kernel", kernels=_FP8_ONLY, label="fp8_gemm_*"),
+    Only(("fp8", "fp4"), "an FP8 / FP4 kernel", kernels=_FP8_FP4, label="fp8_fp4_gemm_*, aclnn_fp8_fp4_gemm_*"),
+    Only(("fp8",), "DeepGEMM on sm90 takes E4M3 operands only", profiles=("sm90",)),
+)
+# The K granularities of the scales (gran_k_a and gran_k_b) each profile and kernel takes.
+_GRAN_K_ONLY = (
+    Only((32,), "DeepGEMM-Ascend scales every 32 K elements", profiles=("ascend950",)),
+    Only((128,), "sm90 kernels take per-128 scales", profiles=("sm90",)),
+    Only((128,), "fp8_gemm_nt_skip_head_mid takes per-128 scales", kernels=_SKIP),
+)
+
 GEMM_SCHEMA = Schema(
     "gemm",
     "Dense GEMMs D = alpha * A @ B^T (+ C), the layout taken from the kernel's suffix (`nt`, `nn`, `tn`, `tt`: "
@@ -192,31 +206,17 @@ GEMM_SCHEMA = Schema(
         _dim("k", 256, "the reduction length"),
         Key("a", "str", "A's element format", lambda p: "fp8" if _quantised(p) else "bf16",
             "'bf16' for the BF16 kernels, else 'fp8'", choices=("fp8", "fp4", "bf16"),
-            only=(Only(("bf16",), "a BF16 kernel", kernels=_BF16_GEMMS,
-                       label="bf16_gemm_*, cublaslt_gemm_*, aclnn_bf16_gemm_*"),
-                  Only(("fp8",), "an FP8-only kernel", kernels=_FP8_ONLY, label="fp8_gemm_*"),
-                  Only(("fp8", "fp4"), "an FP8 / FP4 kernel", kernels=_FP8_FP4,
-                       label="fp8_fp4_gemm_*, aclnn_fp8_fp4_gemm_*"),
-                  Only(("fp8",), "DeepGEMM on sm90 takes E4M3 operands only", profiles=("sm90",)))),
+            only=_FORMAT_ONLY),
         Key("b", "str", "B's element format", lambda p: "bf16" if p["a"] == "bf16" else "fp8",
             "'bf16' when a is 'bf16', else 'fp8'", choices=("fp8", "fp4", "bf16"),
-            only=(Only(("bf16",), "a BF16 kernel", kernels=_BF16_GEMMS,
-                       label="bf16_gemm_*, cublaslt_gemm_*, aclnn_bf16_gemm_*"),
-                  Only(("fp8",), "an FP8-only kernel", kernels=_FP8_ONLY, label="fp8_gemm_*"),
-                  Only(("fp8", "fp4"), "an FP8 / FP4 kernel", kernels=_FP8_FP4,
-                       label="fp8_fp4_gemm_*, aclnn_fp8_fp4_gemm_*"),
-                  Only(("fp8",), "DeepGEMM on sm90 takes E4M3 operands only", profiles=("sm90",)))),
+            only=_FORMAT_ONLY),
         Key("gran_k_a", "int", "K granularity of A's scales", lambda p: 32 if p.ascend else 128,
             "32 under ascend950, else 128", choices=(32, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
-            only=(Only((32,), "DeepGEMM-Ascend scales every 32 K elements", profiles=("ascend950",)),
-                  Only((128,), "sm90 kernels take per-128 scales", profiles=("sm90",)),
-                  Only((128,), "fp8_gemm_nt_skip_head_mid takes per-128 scales", kernels=_SKIP))),
+            only=_GRAN_K_ONLY),
         Key("gran_k_b", "int", "K granularity of B's scales",
             lambda p: 32 if (p.ascend or p["b"] == "fp4") else 128, "32 under ascend950 or for an FP4 b, else 128",
             choices=(32, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
-            only=(Only((32,), "DeepGEMM-Ascend scales every 32 K elements", profiles=("ascend950",)),
-                  Only((128,), "sm90 kernels take per-128 scales", profiles=("sm90",)),
-                  Only((128,), "fp8_gemm_nt_skip_head_mid takes per-128 scales", kernels=_SKIP))),
+            only=_GRAN_K_ONLY),
         Key("gran_n", "int", "N granularity of B's scales: 1 (per token) or 128 (per 128 x 128 block)", 1,
             choices=(1, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
             only=(Only((1,), "DeepGEMM-Ascend's per-block SFB is not generated", profiles=("ascend950",)),)),
