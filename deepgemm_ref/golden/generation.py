@@ -123,10 +123,10 @@ class Plan:
         kept = len(self.cases) - len(self.todo)
         what = {"new": "", "resume": f" ({kept} finished cases kept)",
                 "replace": " (built aside, then swapped in)"}[self.mode]
-        return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; bundle about "
-                f"{format_size(files)}, peak memory about {format_size(peak)} per case (limit "
-                f"{format_size(self.case_limit)}), about {format_seconds(secs)} here"
-                + (f" with {self.jobs} jobs" if self.jobs > 1 and self.executor == "local" else ""))
+        jobs = f" with {self.jobs} jobs" if self.jobs > 1 and self.executor == "local" else ""
+        return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
+                f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
+                f"{format_size(peak)} per case (limit {format_size(self.case_limit)})")
 
     def table(self) -> str:
         lines = [f"{'case':<48} {'shape':<40} {'file':>10} {'memory':>10} {'time':>8}"]
