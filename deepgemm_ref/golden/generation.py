@@ -259,6 +259,7 @@ def plan_generation(
                           "an incomplete one")
     elif has_manifest:
         mode = "replace"
+        root = Path(os.path.realpath(root))  # a symlinked bundle: the directory it names is replaced
     elif has_files and not force:
         raise BundleError(f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to "
                           "finish it or --force to start over")
