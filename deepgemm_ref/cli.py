@@ -1,14 +1,21 @@
 """The ``deepgemm-ref`` command.
 
-Exit codes: 0 success, 1 a check found a mismatch, 2 a usage or input error.
+Exit codes: 0 success; 1 a check found a mismatch (or a missing or failed case), or a replayed
+case failed; 2 a usage, input, specification, manifest, outputs-file or resource error (a
+one-line message naming the file, case and key; never a traceback; ``DEEPGEMM_REF_TRACEBACK=1``
+shows one); 130 / 143 generation interrupted by SIGINT / SIGTERM (finished cases kept, see
+``golden --resume``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -81,105 +88,154 @@ def _calc_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(calc_diff(a, b))
 
 
-class _Progress:
-    """A one-line progress bar with ETA on stderr; silent when stderr is not a terminal."""
+def _progress(label: str) -> Any:
+    from .golden.progress import Progress
 
-    def __init__(self, label: str, enabled: bool | None = None) -> None:
-        import time
-
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.t0 = time.monotonic()
-        self._time = time.monotonic
-
-    def __call__(self, done: int, total: int, what: str) -> None:
-        if not self.enabled or total == 0:
-            return
-        elapsed = self._time() - self.t0
-        eta = elapsed / done * (total - done) if done else float("nan")
-        width = 30
-        fill = int(width * done / total)
-        bar = "#" * fill + "-" * (width - fill)
-        eta_s = "--" if eta != eta else f"{eta:5.0f}s"
-        sys.stderr.write(f"\r{self.label} [{bar}] {done}/{total} ETA {eta_s} {what[:40]:<40}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+    return Progress(label)
 
 
-def _load_specs(path: str) -> list[dict]:
-    import json
+#: The largest specification file read.
+_MAX_SPEC_BYTES = 64 << 20
 
-    text = open(path, encoding="utf-8").read()
+
+def _load_specs(path: str) -> list[Any]:
+    """The case tables of a JSON or TOML specification file (strict: duplicate keys, NaN and
+    unknown top-level keys are refused)."""
+    from .golden.safetensors import strict_json
+
+    try:
+        size = os.stat(path).st_size
+        if size > _MAX_SPEC_BYTES:
+            raise DGArgumentError(f"golden: --spec {path}: {size} bytes; a specification file is at most "
+                                  f"{_MAX_SPEC_BYTES >> 20} MiB")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DGArgumentError(f"golden: --spec {path}: cannot read it: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DGArgumentError(f"golden: --spec {path}: not UTF-8 text ({e})") from None
     if path.endswith(".toml"):
         try:
             import tomllib
-        except ImportError as e:  # Python 3.10
-            raise DGArgumentError("golden: --spec: TOML needs Python >= 3.11 (use JSON)") from e
-        data = tomllib.loads(text)
+        except ImportError:  # Python 3.10
+            raise DGArgumentError("golden: --spec: TOML needs Python >= 3.11 (use JSON)") from None
+        try:
+            data: Any = tomllib.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise DGArgumentError(f"golden: --spec {path}: not valid TOML: {e}") from None
     else:
-        data = json.loads(text)
-    cases = data.get("cases") if isinstance(data, dict) else data
-    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
-        raise DGArgumentError(f"golden: --spec {path}: expected a list of case tables (or {{'cases': [...]}})")
-    return cases
+        try:
+            data = strict_json(text)
+        except ValueError as e:
+            raise DGArgumentError(f"golden: --spec {path}: not valid JSON: {e}") from None
+    if isinstance(data, dict):
+        extra = sorted(set(data) - {"cases"})
+        if extra or "cases" not in data:
+            raise DGArgumentError(f"golden: --spec {path}: a table holds only 'cases' (a list of case tables); "
+                                  f"got the keys {sorted(data)}")
+        data = data["cases"]
+    if not isinstance(data, list):
+        raise DGArgumentError(f"golden: --spec {path}: expected a list of case tables (or {{'cases': [...]}}); "
+                              f"got {type(data).__name__}")
+    return data
+
+
+def _shape_text(shape: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from .golden import PRESETS, preset
+    from .golden.cases import FAMILIES
+    from .golden.generation import validate_specs
+    from .golden.schema import common_key_docs, describe_key
 
     for name in PRESETS:
-        cases = preset(name)
-        print(f"{name}: {len(cases)} cases")
+        specs = validate_specs(preset(name))
+        print(f"{name}: {len(specs)} cases")
         if args.verbose:
-            for c in cases:
-                print(f"  {c['id']}: {c['kernel']} ({c['profile']})")
+            width = max(len(s.id) for s in specs)
+            for s in specs:
+                print(f"  {s.id:<{width}}  {s.kernel} ({s.profile})  {_shape_text(s.shape())}")
+    if args.verbose:
+        print("\ncase specification keys (docs/case-specs.md):")
+        print("  every case: " + "; ".join(f"{d['name']} ({d['type']}, default {d['default']})"
+                                          for d in common_key_docs()))
+        for fam in FAMILIES.values():
+            if fam.schema is None:
+                continue
+            print(f"\nfamily {fam.name}: kernels " + ", ".join(f"{k} ({'/'.join(p)})"
+                                                             for k, p in fam.schema.kernels.items()))
+            for key in fam.schema.keys:
+                d = describe_key(key, fam.schema)
+                extra = f"; {d['only']}" if d["only"] else ""
+                print(f"  {d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}")
+            for rule in fam.schema.rules:
+                print(f"  check: {rule.doc}")
     return 0
 
 
 def _cmd_golden(args: argparse.Namespace) -> int:
     from . import golden
+    from .golden.generation import validate_specs
+    from .golden.schema import did_you_mean
 
     if (args.preset is None) == (args.spec is None):
         raise DGArgumentError("golden: give exactly one of --preset NAME or --spec FILE")
-    try:
-        specs = golden.preset(args.preset) if args.preset else _load_specs(args.spec)
-    except (OSError, ValueError) as e:
-        raise DGArgumentError(f"golden: cannot read the specification: {e}") from e
+    if args.preset is not None:
+        source = f"preset {args.preset!r}"
+        raw = golden.preset(args.preset)
+    else:
+        source = args.spec
+        raw = _load_specs(args.spec)
+    specs = validate_specs(raw, source)
     if args.case:
-        unknown = sorted(set(args.case) - {s["id"] for s in specs})
+        known = [s.id for s in specs]
+        unknown = [c for c in dict.fromkeys(args.case) if c not in known]
         if unknown:
-            raise DGArgumentError(f"golden: --case: no case {', '.join(map(repr, unknown))} in "
-                                  f"{'preset ' + repr(args.preset) if args.preset else args.spec}")
-        specs = [s for s in specs if s["id"] in set(args.case)]
-    manifest = golden.generate(specs, args.out, force=args.force, resume=args.resume, jobs=args.jobs,
-                               executor=args.executor, scheduler=args.scheduler, progress=_Progress("golden"))
-    print(f"wrote {len(manifest['cases'])} cases to {args.out}")
+            hints = "".join(f" (did you mean {' or '.join(map(repr, did_you_mean(c, known)))}?)"
+                            if did_you_mean(c, known) else "" for c in unknown[:1])
+            raise DGArgumentError(f"golden: --case: no case {', '.join(map(repr, unknown))} in {source}{hints}")
+        specs = [s for s in specs if s.id in set(args.case)]
+
+    def show(plan: Any) -> None:
+        if args.dry_run:
+            print(plan.table())
+        print(plan.summary(), flush=True)
+
+    result = golden.generate(specs, args.out, force=args.force, resume=args.resume, jobs=args.jobs,
+                             executor=args.executor, scheduler=args.scheduler, progress=_progress("golden"),
+                             max_memory=args.max_memory, dry_run=args.dry_run, on_plan=show, source=source)
+    if not args.dry_run:
+        print(f"wrote {len(result['cases'])} cases to {args.out}")
     return 0
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from . import golden
 
-    use_torch = None if args.torch is None else args.torch
-    out = golden.replay(args.bundle, args.out, module=args.module, use_torch=use_torch, device=args.device,
+    out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
                         transforms=not args.no_transforms, force=args.force, cases=args.case or None,
-                        accumulation=args.accumulation, progress=_Progress("replay"))
-    print(f"wrote {len(out)} outputs to {args.out}")
-    return 0
+                        accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    for case_id, err in out.errors.items():
+        print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
+    n_fail = len(out.errors)
+    print(f"wrote {len(out)} outputs to {args.out}" + (f"; {n_fail} case(s) failed (errors recorded in the "
+                                                      "outputs file)" if n_fail else ""))
+    return 1 if n_fail else 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    import json
-
     from . import golden
+    from .golden.check import reports_json
 
     options = golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n)
-    bundle = golden.load_bundle(args.bundle)
-    outputs = golden.load_outputs(args.outputs)
-    reports = golden.check_outputs(bundle, outputs, options, args.case or None, progress=_Progress("check"))
+    reports = golden.check(args.bundle, args.outputs, options=options, cases=args.case or None,
+                           progress=_progress("check"), max_memory=args.max_memory)
     if args.json:
-        print(json.dumps([r.to_json() for r in reports], indent=1))
+        print(reports_json(reports))
     else:
         print(golden.format_report(reports))
     if args.plot:
@@ -200,7 +256,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if not result:
         raise DGArgumentError("probe analyse: the outputs hold no probe-* case outputs")
     if args.json:
-        print(json.dumps(result, indent=1, default=str))
+        from .golden.check import strict_json_value
+
+        print(json.dumps(strict_json_value(result), indent=1, default=str, allow_nan=False))
     else:
         for key, value in result.items():
             print(f"{key}: {value}")
@@ -210,9 +268,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from . import golden
 
-    result = golden.verify(args.bundle, regenerate=args.regenerate)
+    result = golden.verify(args.bundle, regenerate=args.regenerate, progress=_progress("verify"),
+                           max_memory=args.max_memory)
     for p in result["problems"]:
         print(p)
+    if args.regenerate:
+        print(f"regenerated {result['regenerated']} of {result['cases']} cases and compared every tensor with the "
+              "stored bytes")
     print(f"{result['cases']} cases: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
     return 0 if result["ok"] else 1
 
@@ -229,6 +291,25 @@ def _power_or_float(text: str) -> float:
         return float(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or 2^e; got {text!r}") from None
+
+
+def _size(text: str) -> int:
+    from .golden.resources import parse_size
+
+    try:
+        return parse_size(text)
+    except DGArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
+    return v
 
 
 def _preset_names() -> list[str]:
@@ -252,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     lst = sub.add_parser("list", help="the golden presets and their cases")
-    lst.add_argument("-v", "--verbose", action="store_true")
+    lst.add_argument("-v", "--verbose", action="store_true",
+                     help="every case with its real shape, and every family's specification keys")
     lst.set_defaults(func=_cmd_list)
 
     gen = sub.add_parser("golden", help="generate a golden bundle from a preset or a case specification")
@@ -263,16 +345,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--case", action="append", help="only this case id (repeatable)")
     gen.add_argument("--force", action="store_true", help="overwrite an existing bundle")
     gen.add_argument("--resume", action="store_true", help="keep the verified cases of an existing bundle")
-    gen.add_argument("--jobs", type=int, default=1, help="worker processes (each gets its share of BLAS threads)")
+    gen.add_argument("--jobs", type=_positive_int, default=1,
+                     help="worker processes (each gets its share of BLAS threads and of --max-memory)")
     gen.add_argument("--executor", choices=("local", "dask"), default="local")
     gen.add_argument("--scheduler", help="dask.distributed scheduler address (with --executor dask)")
+    gen.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                     help="refuse cases whose estimated peak memory is over SIZE (e.g. 8G; default: half of this "
+                          "machine's memory); with --jobs N each case gets SIZE / N")
+    gen.add_argument("--dry-run", action="store_true", help="print the plan (cases, shapes, sizes, time) and exit")
     gen.set_defaults(func=_cmd_golden)
 
     rep = sub.add_parser("replay", help="run a bundle through a library and save its outputs")
     rep.add_argument("bundle")
     rep.add_argument("--module", default="deepgemm_ref", help="deep_gemm on the device host (default deepgemm_ref)")
     rep.add_argument("--out", required=True, help="outputs .safetensors file")
-    rep.add_argument("--device", default=None, help="torch device for inputs and outputs (npu, cuda, cpu)")
+    rep.add_argument("--device", default=None,
+                     help="torch device for inputs and outputs (npu, cuda, cpu); the deepgemm_ref module takes "
+                     "only cpu (an unavailable device is refused)")
     rep.add_argument("--torch", dest="torch", action="store_true", default=None, help="pass torch tensors")
     rep.add_argument("--no-torch", dest="torch", action="store_false", help="pass NumPy arrays")
     rep.add_argument("--no-transforms", action="store_true", help="skip the manifest's layout transforms")
@@ -280,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--force", action="store_true", help="overwrite an existing outputs file")
     rep.add_argument("--accumulation", help="with --module deepgemm_ref: emulate a device accumulator, "
                      "e.g. 'limited(13, 128)' or 'fp32'")
+    rep.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                     help="refuse cases over SIZE of memory (default: half of this machine's)")
     rep.set_defaults(func=_cmd_replay)
 
     chk = sub.add_parser("check", help="check a device's outputs against a bundle (exit 1 on mismatch)")
@@ -294,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--case", action="append", help="only this case id (repeatable)")
     chk.add_argument("--json", action="store_true", help="JSON report")
     chk.add_argument("--plot", metavar="DIR", help="write a PNG heatmap per case (needs matplotlib)")
+    chk.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                     help="refuse files over SIZE (default: half of this machine's memory)")
     chk.set_defaults(func=_cmd_check)
 
     prb = sub.add_parser("probe", help="analyse a device's outputs of the ascend-probes preset")
@@ -305,22 +398,85 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="verify every hash of a bundle; --regenerate rebuilds and compares bytes")
     ver.add_argument("bundle")
-    ver.add_argument("--regenerate", action="store_true")
+    ver.add_argument("--regenerate", action="store_true", help="rebuild every case and compare its bytes")
+    ver.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                     help="refuse cases over SIZE of memory (default: half of this machine's)")
     ver.set_defaults(func=_cmd_verify)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; never a traceback for an input error (see the module docstring)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
-        return int(e.code or 0)
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    saved = _terminate_like_ctrl_c()
     try:
         return int(args.func(args))
-    except (DGArgumentError, OSError) as e:
-        print(f"deepgemm-ref: error: {e}", file=sys.stderr)
-        return 2
+    except BaseException as e:  # noqa: B036 - every outcome becomes an exit code and one message
+        return _report(e, exiting=argv is None)
+    finally:
+        if saved is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, saved)
+
+
+def _terminate_like_ctrl_c() -> Any:
+    """SIGTERM ends any command the way Ctrl-C does (one line, exit 143; generation installs its
+    own handler on top, which also keeps the finished cases).  Returns the previous handler."""
+    from .golden.generation import GenerationInterrupted
+
+    def handler(signum: int, frame: Any) -> None:
+        raise GenerationInterrupted(signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # pragma: no cover - not the main thread
+        return None
+
+
+def _report(e: BaseException, exiting: bool = False) -> int:
+    """Map an exception to (message on stderr, exit code); ``exiting``: the process ends next
+    (the console script), so a second Ctrl-C is ignored from here on."""
+    from .golden.generation import GenerationInterrupted
+
+    if isinstance(e, KeyboardInterrupt) and exiting:  # a second Ctrl-C must not cut the exit short
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (ValueError, OSError):  # pragma: no cover - not the main thread
+                pass
+    if isinstance(e, GenerationInterrupted):
+        _err(e.message)
+        return 128 + e.signum
+    if isinstance(e, KeyboardInterrupt):
+        _err("interrupted")
+        return 130
+    if isinstance(e, SystemExit):
+        raise e
+    if os.environ.get("DEEPGEMM_REF_TRACEBACK"):
+        raise e
+    if isinstance(e, DGArgumentError):
+        _err(f"error: {e}")
+    elif isinstance(e, MemoryError):
+        _err("error: out of memory (lower --max-memory, use fewer --jobs, or smaller cases)")
+    elif isinstance(e, OSError):
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        _err(f"error: {where}{e.strerror or e}")
+    elif isinstance(e, Exception):
+        _err(f"internal error: {type(e).__name__}: {e} (a bug in deepgemm_ref: please report it; "
+             "DEEPGEMM_REF_TRACEBACK=1 shows the traceback)")
+    else:
+        raise e
+    return 2
+
+
+def _err(text: str) -> None:
+    try:
+        print(f"deepgemm-ref: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

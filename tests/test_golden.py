@@ -123,7 +123,8 @@ def _check_one(bundle, case_id, device):
 
 def _rerun(bundle, case_id, **replace_inputs):
     """Run the emulator on a case with some inputs replaced (what a buggy port would compute)."""
-    from deepgemm_ref.golden.bundle import _fresh_outputs, call_kernel
+    from deepgemm_ref.golden.call import call_kernel
+    from deepgemm_ref.golden.call import fresh_outputs as _fresh_outputs
 
     case = golden.load_bundle(bundle).case(case_id)
     inputs = {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in case.inputs().items()}
@@ -199,7 +200,8 @@ def test_float32_accumulation_in_any_order_passes(bundle):
         built = build_case(golden.CaseSpec.from_dict(spec))
         with dg.numerics(arch=case.entry["profile"]):
             with dg.trace.capture(want_acc=True) as cap:
-                from deepgemm_ref.golden.bundle import _fresh_outputs, call_kernel
+                from deepgemm_ref.golden.call import call_kernel
+                from deepgemm_ref.golden.call import fresh_outputs as _fresh_outputs
 
                 outs = _fresh_outputs(built.outputs, built.inputs)
                 call_kernel(dg, built.function, built.args, built.kwargs, built.inputs, outs)
@@ -425,11 +427,14 @@ def test_failure_keeps_finished_cases_and_resume_finishes(tmp_path, monkeypatch)
 
     monkeypatch.setattr(bmod.st, "save_file", full_disk)
     root = tmp_path / "b"
-    with pytest.raises(golden.BundleError, match="resume"):
+    with pytest.raises(golden.CaseFailures, match="No space left") as exc:
         golden.generate(CASES, root)
+    assert "--resume" in str(exc.value) and CASES[2]["id"] in str(exc.value)
     m = json.loads((root / "manifest.json").read_text())
-    assert len(m["cases"]) == 2 and m["incomplete"] == [c["id"] for c in CASES[2:]]
-    assert golden.verify(root)["ok"]  # what was kept verifies
+    # the other cases went on: every case but the failing one is kept
+    assert len(m["cases"]) == len(CASES) - 1 and m["incomplete"] == [CASES[2]["id"]]
+    result = golden.verify(root)
+    assert result["problems"][:-1] == [] and result["incomplete"] == [CASES[2]["id"]] and not result["ok"]
     assert not list((root / "cases").glob(".*tmp"))  # nothing half-written
     monkeypatch.setattr(bmod.st, "save_file", real_save)
     golden.generate(CASES, root, resume=True)
@@ -440,10 +445,22 @@ def test_failure_keeps_finished_cases_and_resume_finishes(tmp_path, monkeypatch)
     assert _bundle_bytes(root) == _bundle_bytes(fresh)
 
 
-def test_failing_worker_reported(tmp_path):
-    bad = dict(CASES[0], id="bad", m=-1)
-    with pytest.raises(golden.BundleError, match="bad"):
+def test_failing_worker_reported(tmp_path, monkeypatch):
+    """A case that raises in a worker process is reported by id; the other cases are kept."""
+    from deepgemm_ref.golden import generation as gen
+
+    real = gen.compute_golden
+
+    def broken(built):
+        if built.spec.id == "bad":
+            raise RuntimeError("the emulator broke")
+        return real(built)
+
+    monkeypatch.setattr(gen, "compute_golden", broken)  # inherited by the forked workers
+    bad = dict(CASES[0], id="bad")
+    with pytest.raises(golden.CaseFailures, match="case 'bad': RuntimeError: the emulator broke") as exc:
         golden.generate([CASES[1], bad], tmp_path / "b", jobs=2)
+    assert exc.value.internal
     m = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert [c["id"] for c in m["cases"]] == [CASES[1]["id"]] and m["incomplete"] == ["bad"]
 
@@ -534,7 +551,8 @@ def test_catches_group_boundary_off_by_one(smoke):
 
 def _rerun_mega(bundle, case_id, edit):
     """Drive the emulator on a Mega MoE case after ``edit(inputs)`` (what a buggy port computes)."""
-    from deepgemm_ref.golden.bundle import _fresh_outputs, run_case_call
+    from deepgemm_ref.golden.call import fresh_outputs as _fresh_outputs
+    from deepgemm_ref.golden.call import run_case_call
 
     case = golden.load_bundle(bundle).case(case_id)
     inputs = {k: np.array(v.data if isinstance(v, st.PackedFP4) else v) for k, v in case.inputs().items()}

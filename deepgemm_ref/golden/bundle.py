@@ -1,4 +1,4 @@
-"""Golden bundles on disk: generation, loading with verification, and ``verify --regenerate``.
+"""The golden bundle format: the manifest, its validation, and case files confined to the bundle.
 
 A bundle is a directory::
 
@@ -10,41 +10,65 @@ float32 or packed UE8M0 scales in user form).  Goldens: ``golden.<output>`` in t
 ``golden.acc`` (float64 accumulator), ``golden.acc_lo`` (its low part, float32 outputs),
 ``golden.S`` (float64 error scale, rounded up) and ``golden.defined`` (bool mask).  The manifest
 records the call, the transforms, the checker parameters, the numerics policies, the seed and
-generator, package versions, BLAS thread settings and the sha256 of every tensor and file, and
-``manifest_sha256``, the sha256 of its own canonical JSON (an edited manifest is refused).
-Every file is written atomically (temporary file, then rename); nothing is overwritten without
-``force``; loading verifies every hash.  No pickle anywhere.
+generator, each case's resolved keys and real shape, package versions, BLAS thread settings and
+the sha256 of every tensor and file, and ``manifest_sha256``, the sha256 of its own canonical
+JSON (an edited manifest is refused).  A manifest whose generation did not finish lists the
+missing case ids under ``incomplete``.
+
+The manifest hash is a checksum anyone can recompute, so nothing relies on it for safety: on load
+every field is checked by type and against the others (:func:`validate_manifest`, errors name the
+field), every function a case names must be one its family registered, each case's file is
+``cases/<file name of its id>`` (no other path), read without following symlinks, and checked
+against its size limit, its sha256 and every tensor's sha256.  Files are written atomically
+(temporary file, then rename).  No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
 import os
 import platform
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import stat
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import ml_dtypes
 import numpy as np
 
-from .. import __version__, trace
-from .._parallel import limit_blas_threads, single_threaded_blas
-from ..config import get_numerics, numerics
+from .. import __version__
+from ..config import get_numerics
 from ..errors import DGArgumentError
+from ..profiles import PROFILES
 from . import safetensors as st
-from .cases import ArgRef, BuiltCase, CaseSpec, build_case
+from .cases import FAMILIES, ArgRef, BuiltCase, SpecError, case_file_name, family_of
+from .resources import ResourceError, default_memory_limit, format_size
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "manifest_digest", "BundleError", "Bundle",
-           "CaseData", "generate", "load_bundle", "verify", "compute_golden", "call_kernel"]
+__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "FORMAT_NAME", "manifest_digest",
+           "BundleError", "Bundle", "CaseData", "load_bundle", "validate_manifest", "case_relpath",
+           "check_file_names", "atomic_write_text", "write_manifest", "new_manifest", "case_entry",
+           "tensor_entry", "open_confined", "CASES_DIR"]
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2  # 2: the manifest carries the sha256 of its own contents
 MANIFEST_HASH_KEY = "manifest_sha256"
+FORMAT_NAME = "deepgemm-ref-golden"
+CASES_DIR = "cases"
+#: The largest manifest read (a bundle of 100 000 cases is about 200 MiB).
+MAX_MANIFEST_BYTES = 512 << 20
+_HEX = frozenset("0123456789abcdef")
+_CHECK_CMODES = ("kernel", "fused", "rounded")
+#: Output dtypes a manifest may name (numpy names) -> safetensors dtype strings.
+OUTPUT_DTYPES = {"bfloat16": "BF16", "float32": "F32", "float64": "F64", "float8_e4m3fn": "F8_E4M3",
+                 "int32": "I32", "int16": "I16", "int8": "I8", "int64": "I64", "uint8": "U8", "bool": "BOOL"}
+
+
+class BundleError(DGArgumentError):
+    """A bundle that cannot be read, is incomplete, altered, or of an unknown version."""
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -53,187 +77,36 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     body = {k: v for k, v in manifest.items() if k != MANIFEST_HASH_KEY}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
-FORMAT_NAME = "deepgemm-ref-golden"
 
 
-class BundleError(DGArgumentError):
-    """A bundle that cannot be read, is incomplete, altered, or of an unknown version."""
+def case_relpath(case_id: str) -> str:
+    """The one path a case's file may have inside its bundle."""
+    return f"{CASES_DIR}/{case_file_name(case_id)}.safetensors"
 
 
-# ----------------------------------------------------------------------------------------------
-# calling a kernel from a call description
-# ----------------------------------------------------------------------------------------------
-
-def _materialise(ref: ArgRef, tensors: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
-    if ref.kind == "value":
-        v = ref.value
-        return tuple(v) if isinstance(v, list) else v
-    first = str(ref.names[0])
-    if ref.kind == "output":
-        return outputs[first]
-    if ref.kind == "tensor":
-        return tensors[first]
-    second = ref.names[1]
-    return (tensors[first], None if second is None else tensors[second])  # pair
-
-
-def call_kernel(module: Any, function: str, args: list[ArgRef], kwargs: Mapping[str, ArgRef],
-                tensors: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
-    """``module.function(*args, **kwargs)`` with references resolved to tensors and outputs."""
-    fn = getattr(module, function, None)
-    if fn is None:
-        raise BundleError(f"module {getattr(module, '__name__', module)!r} has no function {function!r}")
-    return fn(*[_materialise(a, tensors, outputs) for a in args],
-              **{k: _materialise(v, tensors, outputs) for k, v in kwargs.items()})
-
-
-def run_case_call(module: Any, entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping[str, ArgRef],
-                  tensors: dict[str, Any], outputs: dict[str, Any]) -> None:
-    """Setup calls, derived inputs, the kernel call; a returned output lands in ``outputs``."""
-    for call in entry.get("setup", []):
-        _call_desc(module, call, tensors, outputs)
-    for call in entry.get("derived", []):
-        tensors[call["name"]] = _call_desc(module, call, tensors, outputs)
-    if entry.get("driver"):
-        from .moe import DRIVERS
-
-        name = entry["driver"].get("name")
-        if name not in DRIVERS:
-            raise BundleError(f"manifest: unknown driver {name!r}")
-        DRIVERS[name](module, dict(entry), tensors, outputs)
-        return
-    result = call_kernel(module, entry["function"], args, kwargs, tensors, outputs)
-    ret = entry.get("returns")
-    if ret:
-        outputs[ret] = result
-
-
-def _call_desc(module: Any, call: Mapping[str, Any], tensors: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
-    return call_kernel(module, call["function"], [ArgRef.from_json(a) for a in call.get("args", [])],
-                       {k: ArgRef.from_json(v) for k, v in call.get("kwargs", {}).items()}, tensors, outputs)
-
-
-def _fresh_outputs(
-    outputs: Mapping[str, Mapping[str, Any]], tensors: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    out = {}
-    for name, o in outputs.items():
-        if o["init"] == "returned":
-            continue
-        if o["init"] == "zeros":
-            out[name] = np.zeros(o["shape"], np.dtype(_DTYPES[o["dtype"]]))
-        elif o["init"] == "nan":
-            out[name] = np.full(o["shape"], np.nan, np.dtype(_DTYPES[o["dtype"]]))
-        else:
-            out[name] = np.array(tensors[o["init"]], copy=True)
-    return out
-
-
-_DTYPES: dict[str, Any] = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64,
-                           "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "int32": np.int32, "int16": np.int16,
-                           "int8": np.int8, "int64": np.int64, "uint8": np.uint8, "bool": np.bool_}
-
-
-def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Run the case through the emulator's exact model; returns (golden tensors, stats)."""
-    import deepgemm_ref
-
-    # One BLAS thread: stored float64 tensors (acc, S) that no certificate makes exact would
-    # otherwise depend on the BLAS thread count (see _parallel.single_threaded_blas).
-    with single_threaded_blas(), numerics(arch=built.spec.profile, accumulation="exact"):
-        outs = _fresh_outputs(built.outputs, built.inputs)
-        tensors = dict(built.inputs)
-        with trace.capture(want_acc=True, want_S=True) as cap:
-            run_case_call(deepgemm_ref, _entry_of(built), built.args, built.kwargs, tensors, outs)
-    golden: dict[str, np.ndarray] = {}
-    for name in built.outputs:
-        golden[name] = np.ascontiguousarray(outs[name])
-    stats: dict[str, Any] = {}
-    if cap.records and built.driver is not None:
-        stats = _stack_rank_records(cap.records, golden)
-        from .moe import hard_error_scale
-
-        golden["S_hard"] = hard_error_scale(golden, built.inputs)
-    elif cap.records:
-        rec = cap.records[-1]
-        main = next(iter(built.outputs))
-        shape = golden[main].shape
-        if rec.acc is not None:
-            golden["acc"] = np.ascontiguousarray(rec.acc, np.float64)
-        if rec.acc_lo is not None:
-            golden["acc_lo"] = np.ascontiguousarray(rec.acc_lo, np.float64)
-        if rec.S is not None:
-            golden["S"] = np.ascontiguousarray(rec.S, np.float64)
-        golden["defined"] = np.ones(shape, bool) if rec.defined is None else np.ascontiguousarray(rec.defined, bool)
-        for k, v in rec.extra.items():
-            golden[f"extra.{k}"] = np.ascontiguousarray(v)
-        stats = dict(rec.stats)
-    return golden, stats
-
-
-def _stack_rank_records(records: list[Any], golden: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One record per rank (Mega MoE): stack ``acc`` / ``S`` along the rank axis of the main
-    output, keep each rank's stage goldens as ``extra.rank<r>.<name>``."""
-    for key in ("acc", "S"):
-        vals = [getattr(rec, key) for rec in records]
-        if all(v is not None for v in vals):
-            golden[key] = np.ascontiguousarray(np.stack([np.asarray(v, np.float64) for v in vals]))
-    golden["defined"] = np.ones(golden["y"].shape, bool)
-    for r, rec in enumerate(records):
-        for k, v in rec.extra.items():
-            golden[f"extra.rank{r}.{k}"] = np.ascontiguousarray(v)
-    return {"ranks": [dict(rec.stats) for rec in records]}
+def check_file_names(ids: list[str]) -> dict[str, str]:
+    """Case id -> relative file path; two ids with one file name (ignoring case, as macOS and
+    Windows file systems do) are refused before anything is written."""
+    paths: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for case_id in ids:
+        rel = case_relpath(case_id)
+        key = rel.casefold()
+        if key in seen:
+            raise BundleError(f"case ids {seen[key]!r} and {case_id!r} map to one file name ({rel}); rename one")
+        seen[key] = case_id
+        paths[case_id] = rel
+    return paths
 
 
 # ----------------------------------------------------------------------------------------------
-# manifest
+# writing
 # ----------------------------------------------------------------------------------------------
 
-# The BLAS thread settings of this process as it started (dask.distributed rewrites them in the
-# client process; --jobs sets them for its workers): every golden is exact, so they cannot change
-# a byte of a bundle; they are recorded for the record.
-_BLAS_ENV = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                        "DEEPGEMM_REF_NUM_THREADS") if k in os.environ}
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    import tempfile
 
-
-def _entry_of(built: BuiltCase) -> dict[str, Any]:
-    return {"function": built.function, "setup": built.setup, "derived": built.derived, "returns": built.returns,
-            "driver": built.driver, "profile": built.spec.profile}
-
-
-def _environment() -> dict[str, Any]:
-    blas = dict(_BLAS_ENV)
-    return {
-        "deepgemm_ref": __version__,
-        "numpy": np.__version__,
-        "ml_dtypes": ml_dtypes.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "blas_thread_env": blas,
-    }
-
-
-def _numerics_record() -> dict[str, Any]:
-    opts = get_numerics()
-    return {
-        "accumulation": "exact",
-        "output_rounding": "round to nearest even, once, from the exact value",
-        "scale_division": opts.scale_division,
-        "e4m3_overflow": opts.e4m3_overflow,
-        "fp4_rounding": "deepgemm (ties toward zero, no -0, NaN -> +0) in the quantisers",
-        "ue8m0_scales": "ceil_to_ue8m0 on float32 bits; byte 0 read as 2^-127 by kernels",
-    }
-
-
-def _tensor_entry(x: Any) -> dict[str, Any]:
-    name = st.NUMPY_TO_SAFETENSORS.get(np.dtype(x.dtype)) if isinstance(x, np.ndarray) else "F4"
-    return {"dtype": name, "shape": list(x.shape), "sha256": st.tensor_sha256(x)}
-
-
-def _atomic_write_text(path: Path, text: str, force: bool) -> None:
-    if path.exists() and not force:
-        raise BundleError(f"{path}: exists; pass force=True (--force) to overwrite")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -247,13 +120,56 @@ def _atomic_write_text(path: Path, text: str, force: bool) -> None:
         raise
 
 
-def _case_entry(built: BuiltCase, tensors: Mapping[str, Any], rel_file: str, file_sha: str,
-                stats: Mapping[str, Any]) -> dict[str, Any]:
+# The BLAS thread settings of this process as it started (dask.distributed rewrites them in the
+# client process; --jobs sets them for its workers): every golden is exact, so they cannot change
+# a byte of a bundle; they are recorded for the record.
+_BLAS_ENV = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                        "DEEPGEMM_REF_NUM_THREADS") if k in os.environ}
+
+
+def _environment() -> dict[str, Any]:
     return {
-        "id": built.spec.id,
-        "spec": built.spec.to_dict(),
-        "kernel": built.spec.kernel,
-        "profile": built.spec.profile,
+        "deepgemm_ref": __version__,
+        "numpy": np.__version__,
+        "ml_dtypes": ml_dtypes.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "blas_thread_env": dict(_BLAS_ENV),
+    }
+
+
+def _numerics_record() -> dict[str, Any]:
+    opts = get_numerics()
+    return {
+        "accumulation": "exact",
+        "output_rounding": "round to nearest even, once, from the exact value",
+        "scale_division": opts.scale_division,
+        "e4m3_overflow": opts.e4m3_overflow,
+        "fp4_rounding": "deepgemm (ties toward zero, no -0, NaN -> +0) in the quantisers",
+        "ue8m0_scales": "ceil_to_ue8m0 on float32 bits; byte 0 read as 2^-127 by kernels",
+        "output_init": "zeros (or c for c-is-d cases)",
+    }
+
+
+def tensor_entry(x: Any) -> dict[str, Any]:
+    """A tensor's manifest record: safetensors dtype, logical shape and sha256."""
+    if isinstance(x, st.PackedFP4):
+        return {"dtype": st.F4, "shape": list(x.shape), "sha256": st.tensor_sha256(x)}
+    arr = np.asarray(x)
+    return {"dtype": st.NUMPY_TO_SAFETENSORS[arr.dtype], "shape": list(arr.shape), "sha256": st.tensor_sha256(arr)}
+
+
+def case_entry(built: BuiltCase, tensors: Mapping[str, Any], file_sha: str, stats: Mapping[str, Any]) -> dict[str, Any]:
+    """A generated case's manifest record."""
+    spec = built.spec
+    return {
+        "id": spec.id,
+        "spec": spec.to_dict(),
+        "params": spec.resolved.as_dict(),
+        "shape": spec.shape(),
+        "kernel": spec.kernel,
+        "profile": spec.profile,
         "function": built.function,
         "args": [a.to_json() for a in built.args],
         "kwargs": {k: v.to_json() for k, v in built.kwargs.items()},
@@ -265,205 +181,385 @@ def _case_entry(built: BuiltCase, tensors: Mapping[str, Any], rel_file: str, fil
         "returns": built.returns,
         "driver": built.driver,
         "check": built.check,
-        "seed": built.spec.seed,
+        "seed": spec.seed,
         "generator": "numpy PCG64(SeedSequence(seed, spawn_key=(crc32(case id),)))",
-        "file": rel_file,
+        "file": case_relpath(spec.id),
         "file_sha256": file_sha,
-        "tensors": {k: _tensor_entry(v) for k, v in sorted(tensors.items())},
+        "tensors": {k: tensor_entry(v) for k, v in sorted(tensors.items())},
         "golden_stats": dict(stats),
     }
 
 
-def generate(
-    specs: Iterable[CaseSpec | Mapping[str, Any]],
-    out_dir: str | os.PathLike[str],
-    *,
-    force: bool = False,
-    resume: bool = False,
-    jobs: int = 1,
-    executor: str = "local",
-    scheduler: str | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
-) -> dict[str, Any]:
-    """Generate a bundle: build every case, compute its golden, write files atomically.
-
-    jobs: worker processes (``executor="local"``), each given ``cpu_count // jobs`` BLAS threads.
-    executor: ``"local"`` or ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
-    ``scheduler``, which must see ``out_dir``).
-    resume: keep the verified cases of an existing (possibly incomplete) bundle, generate the rest.
-    Every case is deterministic, so the bundle's bytes do not depend on jobs or the executor.
-    On a failure the finished cases are kept (and listed in the manifest with the unfinished ones
-    under ``"incomplete"``) and :class:`BundleError` says which cases to re-run (``resume=True``).
-    Returns the manifest.
-    """
-    spec_list = [s if isinstance(s, CaseSpec) else CaseSpec.from_dict(s) for s in specs]
-    ids = [s.id for s in spec_list]
-    if len(set(ids)) != len(ids):
-        raise BundleError(f"duplicate case ids: {sorted({i for i in ids if ids.count(i) > 1})}")
-    for s in spec_list:
-        _safe_name(s.id)
-    if jobs < 1:
-        raise BundleError(f"golden: jobs: expected a positive number of workers; got {jobs}")
-    root = Path(out_dir)
-    try:
-        (root / "cases").mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BundleError(f"{root}: cannot create the bundle directory: {e}") from e
-    if not os.access(root, os.W_OK):
-        raise BundleError(f"{root}: not writable")
-    done: dict[str, dict[str, Any]] = {}
-    if (root / MANIFEST_NAME).exists():
-        if resume:
-            done = _verified_cases(root)
-        elif not force:
-            raise BundleError(f"{root}: already holds a bundle; pass force=True (--force) to overwrite "
-                              "or resume=True (--resume) to finish an incomplete one")
-    todo = [s for s in spec_list if s.id not in done or done[s.id]["spec"] != s.to_dict()]
-    finished: dict[str, dict[str, Any]] = {k: v for k, v in done.items() if k in set(ids)}
-    error: BaseException | None = None
-    try:
-        for i, entry in enumerate(_run_cases(todo, root, force or resume, jobs, executor, scheduler)):
-            finished[entry["id"]] = entry
-            if progress is not None:
-                progress(i + 1, len(todo), entry["id"])
-    except (BundleError, OSError, RuntimeError, ImportError) as e:
-        error = e
-    entries = [finished[i] for i in ids if i in finished]
-    manifest = {
+def new_manifest(entries: list[dict[str, Any]], missing: list[str]) -> dict[str, Any]:
+    """The manifest of ``entries`` (in order); ``missing`` ids are listed as ``incomplete``."""
+    manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": MANIFEST_VERSION,
         "created_by": _environment(),
         "numerics": _numerics_record(),
         "cases": entries,
     }
-    missing = [i for i in ids if i not in finished]
     if missing:
-        manifest["incomplete"] = missing
+        manifest["incomplete"] = list(missing)
     manifest[MANIFEST_HASH_KEY] = manifest_digest(manifest)
-    _atomic_write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n", force=True)
-    if missing:
-        raise BundleError(
-            f"{root}: {len(entries)} of {len(ids)} cases finished and kept; not finished: {missing}"
-            + (f" ({type(error).__name__}: {error})" if error else "")
-            + "; re-run with --resume to generate them"
-        )
     return manifest
 
 
-def _verified_cases(root: Path) -> dict[str, dict[str, Any]]:
-    """The cases of an existing bundle whose files still verify."""
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_text(root / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------------
+
+class _Invalid(Exception):
+    """One field of a manifest is wrong (``field``: its dotted path; ``problem``: what)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.field = field
+        self.problem = problem
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, default=str) if isinstance(v, (dict, list, str, int, float, bool)) or v is None else repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _member(v: Any, collection: Any) -> bool:
+    """``v in collection`` for a string ``v`` (a forged value may be unhashable)."""
+    return isinstance(v, str) and v in collection
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _need(cond: bool, field: str, expected: str, got: Any) -> None:
+    if not cond:
+        raise _Invalid(field, f"expected {expected}; got {_short(got)}")
+
+
+def _table(d: Any, field: str) -> dict[str, Any]:
+    _need(isinstance(d, dict), field, "a table", d)
+    out: dict[str, Any] = d
+    return out
+
+
+def _str(d: Mapping[str, Any], key: str, field: str) -> str:
+    v = d.get(key)
+    _need(isinstance(v, str), f"{field}{key}", "a string", v)
+    return str(v)
+
+
+def _hex64(v: Any, field: str) -> None:
+    _need(isinstance(v, str) and len(v) == 64 and set(v) <= _HEX, field, "a sha256 (64 lower-case hex digits)", v)
+
+
+def _shape(v: Any, field: str) -> list[int]:
+    _need(isinstance(v, list) and len(v) <= 8 and all(_is_int(s) and 0 <= s < 2**62 for s in v), field,
+          "a list of at most 8 non-negative integers", v)
+    out: list[int] = v
+    return out
+
+
+def _argref(v: Any, field: str, tensors: set[str], outputs: Mapping[str, Any]) -> ArgRef:
     try:
-        b = Bundle(root)
-    except BundleError:
-        return {}
-    ok = {}
-    for case_id, entry in b.cases.items():
+        ref = ArgRef.from_json(v)
+    except DGArgumentError:
+        raise _Invalid(field, f"expected an argument reference ({{'tensor': name}}, {{'pair': [name, name or "
+                              f"null]}}, {{'output': name}} or {{'value': v}}); got {_short(v)}") from None
+    if ref.kind in ("tensor", "pair"):
+        for name in ref.names:
+            _need(name is None or name in tensors, field, f"a tensor of the case ({', '.join(sorted(tensors))})",
+                  name)
+    elif ref.kind == "output":
+        _need(ref.names[0] in outputs, field, f"an output of the case ({', '.join(outputs)})", ref.names[0])
+    else:
+        _value(ref.value, field)
+    return ref
+
+
+def _value(v: Any, field: str, depth: int = 0) -> None:
+    if v is None or isinstance(v, (bool, str)):
+        _need(not isinstance(v, str) or len(v) <= 256, field, "a string of at most 256 characters", v)
+        return
+    if isinstance(v, int):
+        return
+    if isinstance(v, float):
+        _need(math.isfinite(v), field, "a finite number", v)
+        return
+    _need(isinstance(v, list) and depth == 0, field, "a number, string, bool, null or a flat list of them", v)
+    for i, x in enumerate(v):
+        _value(x, f"{field}[{i}]", depth + 1)
+
+
+def _ints_in(v: Any) -> Iterator[int]:
+    if isinstance(v, bool):
+        return
+    if isinstance(v, int):
+        yield v
+    elif isinstance(v, list):
+        yield len(v)
+        for x in v:
+            yield from _ints_in(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _ints_in(x)
+
+
+def _call(v: Any, field: str, family: Any, tensors: set[str], outputs: Mapping[str, Any], derived: bool) -> None:
+    c = _table(v, field)
+    allowed = {"function", "args", "kwargs"} | ({"name"} if derived else set())
+    extra = set(c) - allowed
+    _need(not extra, field, f"only the keys {sorted(allowed)}", sorted(extra))
+    fn = _str(c, "function", f"{field}.")
+    _need(family.allows(fn), f"{field}.function", f"a function of the {family.name} family "
+                                                  f"({', '.join(sorted(family.functions)) or 'none'})", fn)
+    args = c.get("args", [])
+    _need(isinstance(args, list), f"{field}.args", "a list", args)
+    for i, a in enumerate(args):
+        _argref(a, f"{field}.args[{i}]", tensors, outputs)
+    kwargs = _table(c.get("kwargs", {}), f"{field}.kwargs")
+    for k, a in kwargs.items():
+        _argref(a, f"{field}.kwargs.{k}", tensors, outputs)
+    if derived:
+        name = _str(c, "name", f"{field}.")
+        _need(name.isidentifier(), f"{field}.name", "a name", name)
+
+
+def _validate_case(c: Any, i: int) -> str:
+    """Check one case entry; returns its id (raises _Invalid)."""
+    f = f"cases[{i}]."
+    c = _table(c, f"cases[{i}]")
+    case_id = _str(c, "id", f)
+    try:
+        rel = case_relpath(case_id)
+    except SpecError:
+        raise _Invalid(f + "id", f"expected an id that names a file; got {_short(case_id)}") from None
+    spec = _table(c.get("spec"), f + "spec")
+    for key in ("id", "kernel", "profile"):
+        _need(spec.get(key) == c.get(key), f"{f}spec.{key}", f"the case's {key} {_short(c.get(key))}", spec.get(key))
+    kernel = _str(c, "kernel", f)
+    profile = _str(c, "profile", f)
+    _need(profile in PROFILES, f + "profile", f"one of {', '.join(PROFILES)}", profile)
+    fam_name = spec.get("family")
+    if fam_name is None:
         try:
-            b.case(case_id)
-        except BundleError:
-            continue
-        ok[case_id] = entry
-    return ok
+            fam_name = family_of(kernel)
+        except SpecError:
+            raise _Invalid(f + "kernel", f"a kernel of a registered family; got {_short(kernel)}") from None
+    _need(isinstance(fam_name, str) and fam_name in FAMILIES, f + "spec.family", "a registered family", fam_name)
+    family = FAMILIES[fam_name]
+    _need(not family.kernels or kernel in family.kernels, f + "kernel", f"a kernel of the {fam_name} family", kernel)
+    fn = _str(c, "function", f)
+    _need(fn in family.kernels or (not family.kernels and family.allows(fn)), f + "function",
+          f"a kernel of the {fam_name} family", fn)
+    _need(c.get("file") == rel, f + "file", f"{rel!r} (a case's file is named after its id)", c.get("file"))
+    _hex64(c.get("file_sha256"), f + "file_sha256")
+    _need(_is_int(c.get("seed")) and c["seed"] >= 0, f + "seed", "a non-negative integer", c.get("seed"))
+    tensors_meta = _table(c.get("tensors"), f + "tensors")
+    _need(0 < len(tensors_meta) <= 100000, f + "tensors", "1 to 100000 tensors", len(tensors_meta))
+    dims: list[int] = []
+    for name, meta in tensors_meta.items():
+        tf = f"{f}tensors.{name}"
+        _need(isinstance(name, str) and 0 < len(name) <= 200 and "/" not in name, tf, "a tensor name", name)
+        meta = _table(meta, tf)
+        _need(set(meta) == {"dtype", "shape", "sha256"}, tf, "the keys dtype, shape, sha256", sorted(meta))
+        _need(_member(meta["dtype"], st.SAFETENSORS_DTYPES), tf + ".dtype", "a safetensors dtype", meta["dtype"])
+        dims += _shape(meta["shape"], tf + ".shape")
+        _hex64(meta["sha256"], tf + ".sha256")
+    inputs = {n[len("input."):] for n in tensors_meta if n.startswith("input.")}
+    outputs = _table(c.get("outputs"), f + "outputs")
+    _need(0 < len(outputs) <= 64, f + "outputs", "1 to 64 outputs", len(outputs))
+    for name, o in outputs.items():
+        of = f"{f}outputs.{name}"
+        _need(isinstance(name, str) and name.isidentifier(), of, "an output name", name)
+        o = _table(o, of)
+        _need(set(o) == {"init", "shape", "dtype"}, of, "the keys init, shape, dtype", sorted(o))
+        _need(_member(o["dtype"], OUTPUT_DTYPES), of + ".dtype", f"one of {', '.join(OUTPUT_DTYPES)}", o["dtype"])
+        shape = _shape(o["shape"], of + ".shape")
+        _need(f"golden.{name}" in tensors_meta, f"{f}tensors", f"a golden.{name} tensor for output {name!r}",
+              sorted(tensors_meta))
+        g = tensors_meta[f"golden.{name}"]
+        _need(g["shape"] == shape and g["dtype"] == OUTPUT_DTYPES[o["dtype"]], of,
+              f"the shape and dtype of golden.{name} ({g['shape']}, {g['dtype']})", o)
+        init = o["init"]
+        _need(isinstance(init, str) and (init in ("zeros", "nan", "returned") or init in inputs), of + ".init",
+              "'zeros', 'nan', 'returned' or an input tensor name", init)
+        if init in inputs:
+            src = tensors_meta[f"input.{init}"]
+            _need(src["shape"] == shape and src["dtype"] == g["dtype"], of + ".init",
+                  f"an input of the output's shape and dtype ({shape}, {g['dtype']})", init)
+        for key in ("acc", "S"):
+            e = tensors_meta.get(f"golden.extra.{name}.{key}")
+            _need(e is None or e["shape"] == shape, f"{f}tensors.golden.extra.{name}.{key}", f"shape {shape}",
+                  e and e["shape"])
+    main = _str(c, "main_output", f)
+    _need(main in outputs, f + "main_output", f"an output ({', '.join(outputs)})", main)
+    for key in ("acc", "acc_lo", "S", "S_hard", "defined"):
+        t = tensors_meta.get(f"golden.{key}")
+        _need(t is None or t["shape"] == outputs[main]["shape"], f"{f}tensors.golden.{key}.shape",
+              f"the main output's shape {outputs[main]['shape']}", t and t["shape"])
+    ret = c.get("returns")
+    _need(ret is None or (_member(ret, outputs) and outputs[ret]["init"] == "returned"), f + "returns",
+          "null or an output with init 'returned'", ret)
+    derived_names: set[str] = set()
+    for key, is_derived in (("setup", False), ("derived", True)):
+        calls = c.get(key) or []
+        _need(isinstance(calls, list) and len(calls) <= 16, f + key, "a list of at most 16 calls", calls)
+        for j, call in enumerate(calls):
+            _call(call, f"{f}{key}[{j}]", family, inputs | derived_names, outputs, is_derived)
+            if is_derived:
+                derived_names.add(call["name"])
+    names = inputs | derived_names
+    args = c.get("args")
+    _need(isinstance(args, list) and len(args) <= 64, f + "args", "a list of argument references", args)
+    for j, a in enumerate(args):
+        _argref(a, f"{f}args[{j}]", names, outputs)
+    kwargs = _table(c.get("kwargs"), f + "kwargs")
+    for k, a in kwargs.items():
+        _need(k.isidentifier(), f"{f}kwargs", "keyword names", k)
+        _argref(a, f"{f}kwargs.{k}", names, outputs)
+    transforms = _table(c.get("transforms"), f + "transforms")
+    for name, t in transforms.items():
+        tf = f"{f}transforms.{name}"
+        _need(name in inputs, tf, "a transform of an input tensor", name)
+        t = _table(t, tf)
+        _need(set(t) <= {"function", "kwargs", "profile", "transpose_back"}, tf,
+              "the keys function, kwargs, profile, transpose_back", sorted(t))
+        fn = _str(t, "function", tf + ".")
+        _need(family.allows(fn), tf + ".function", f"a function of the {fam_name} family", fn)
+        kw = _table(t.get("kwargs", {}), tf + ".kwargs")
+        for k, v in kw.items():
+            _need(k.isidentifier(), tf + ".kwargs", "keyword names", k)
+            _value(v, f"{tf}.kwargs.{k}")
+        _need(isinstance(t.get("transpose_back", False), bool), tf + ".transpose_back", "true or false",
+              t.get("transpose_back"))
+    driver = c.get("driver")
+    _need(driver is None or (isinstance(driver, dict) and driver.get("name") == fam_name and family.driver is not None),
+          f + "driver", "null or the family's driver", driver)
+    if driver is not None:
+        for k, v in driver.items():
+            _value(v, f"{f}driver.{k}")
+    check = _table(c.get("check"), f + "check")
+    _need(_is_int(check.get("n")) and check["n"] >= 1, f + "check.n", "an integer >= 1", check.get("n"))
+    _need(_is_int(check.get("c_epi", 0)) and 0 <= check.get("c_epi", 0) <= 4, f + "check.c_epi",
+          "an integer in [0, 4]", check.get("c_epi"))
+    u = check.get("u_acc")
+    _need(u is None or (isinstance(u, (int, float)) and not isinstance(u, bool) and 0 < u < 1), f + "check.u_acc",
+          "a unit roundoff in (0, 1)", u)
+    ep = _table(check.get("epilogue"), f + "check.epilogue")
+    _need(ep.get("out") in ("bf16", "f32"), f + "check.epilogue.out", "'bf16' or 'f32'", ep.get("out"))
+    alpha = ep.get("alpha")
+    _need(alpha is None or (isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+                            and math.isfinite(alpha)), f + "check.epilogue.alpha", "a finite number or null", alpha)
+    cname = ep.get("c")
+    _need(cname is None or (_member(cname, inputs)
+                            and tensors_meta[f"input.{cname}"]["shape"] == outputs[main]["shape"]),
+          f + "check.epilogue.c", "null or an input of the main output's shape", cname)
+    _need(ep.get("c_mode", "kernel") in _CHECK_CMODES, f + "check.epilogue.c_mode",
+          f"one of {', '.join(_CHECK_CMODES)}", ep.get("c_mode"))
+    _table(c.get("golden_stats", {}), f + "golden_stats")
+    for key in ("shape", "params"):
+        if key in c:
+            _table(c[key], f + key)
+    # A resource guard independent of the kernels: no integer the call passes (sizes, lengths,
+    # list lengths) may exceed twice the case's largest stored dimension (or 1024).  A driver's
+    # sizes are checked against the tensors by its family (check_entry).
+    bound = 2 * max([512] + dims + [s for o in outputs.values() for s in o["shape"]])
+    for key in ("args", "kwargs", "setup", "derived", "transforms"):
+        for v in _ints_in(c.get(key)):
+            _need(abs(v) <= bound, f + key, f"integers of magnitude <= {bound} (twice the case's largest "
+                  "dimension)", v)
+    if family.check_entry is not None:
+        problem = family.check_entry(c)
+        if problem:
+            raise _Invalid(f + "driver" if c.get("driver") else f + "args", problem)
+    return case_id
 
 
-def _generate_case_worker(spec_dict: dict[str, Any], root: str, overwrite: bool) -> dict[str, Any]:
-    """Process/Dask worker entry point: one case, written to ``root``; returns its manifest entry."""
-    return _generate_case(CaseSpec.from_dict(spec_dict), Path(root), overwrite)
-
-
-def _run_cases(todo: list[CaseSpec], root: Path, overwrite: bool, jobs: int, executor: str,
-               scheduler: str | None) -> Iterable[dict[str, Any]]:
-    if executor == "dask":
-        yield from _run_dask(todo, root, overwrite, scheduler)
-        return
-    if executor != "local":
-        raise BundleError(f"golden: executor: expected 'local' or 'dask'; got {executor!r}")
-    if jobs == 1 or len(todo) <= 1:
-        for spec in todo:
-            yield _generate_case(spec, root, overwrite)
-        return
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    env_keys = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ.update({k: str(threads) for k in env_keys})  # inherited by the workers
+def validate_manifest(m: Any, where: str) -> None:
+    """Check a parsed manifest field by field (raises :class:`BundleError` naming the field)."""
     try:
-        # Fork where the platform has it: workers start at once with the package imported, and
-        # scripts without a ``__main__`` guard work (spawn re-imports them); each worker then
-        # limits its BLAS threads (_parallel resets its own pool after a fork).  Spawn elsewhere.
-        # Results are exact, so neither the start method nor the thread counts change a byte.
-        fork = sys.platform == "linux" and "fork" in mp.get_all_start_methods()
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork" if fork else "spawn"),
-                                    initializer=limit_blas_threads, initargs=(threads,)) as pool:
-            futures = {pool.submit(_generate_case_worker, s.to_dict(), str(root), overwrite): s.id for s in todo}
-            failures = []
-            for fut in cf.as_completed(futures):
-                try:
-                    yield fut.result()
-                except Exception as e:  # a worker died or raised: keep going, report at the end
-                    failures.append(f"{futures[fut]}: {type(e).__name__}: {e}")
-            if failures:
-                raise BundleError("; ".join(failures))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _run_dask(todo: list[CaseSpec], root: Path, overwrite: bool, scheduler: str | None) -> Iterable[dict[str, Any]]:
-    try:
-        from distributed import Client, as_completed
-    except ImportError as e:
-        raise BundleError("golden: executor 'dask' needs dask.distributed: pip install 'deepgemm-ref[dask]'") from e
-    if not scheduler:
-        raise BundleError("golden: executor 'dask' needs --scheduler ADDRESS")
-    try:
-        client = Client(scheduler, timeout="10s")
-    except (OSError, TimeoutError) as e:
-        raise BundleError(f"golden: cannot reach the Dask scheduler at {scheduler}: {e}") from e
-    try:
-        futures = [client.submit(_generate_case_worker, s.to_dict(), str(root.resolve()), overwrite, key=f"case-{s.id}",
-                                 pure=False, retries=0) for s in todo]
-        failures = []
-        for fut in as_completed(futures):
+        m = _table(m, "manifest")
+        _need(m.get("format") == FORMAT_NAME, "format", repr(FORMAT_NAME), m.get("format"))
+        if m.get("version") != MANIFEST_VERSION or not _is_int(m.get("version")):
+            raise BundleError(f"{where}: manifest version {m.get('version')!r} is not supported "
+                              f"(this deepgemm_ref reads version {MANIFEST_VERSION})")
+        _hex64(m.get(MANIFEST_HASH_KEY), MANIFEST_HASH_KEY)
+        if m[MANIFEST_HASH_KEY] != manifest_digest(m):
+            raise BundleError(f"{where}: the manifest's sha256 does not match its contents (edited or "
+                              "corrupted); regenerate the bundle")
+        allowed = {"format", "version", "created_by", "numerics", "cases", "incomplete", MANIFEST_HASH_KEY}
+        extra = set(m) - allowed
+        _need(not extra, "manifest", f"only the fields {sorted(allowed)}", sorted(extra))
+        _table(m.get("created_by"), "created_by")
+        _table(m.get("numerics"), "numerics")
+        cases = m.get("cases")
+        _need(isinstance(cases, list), "cases", "a list of cases", cases)
+        ids: list[str] = []
+        for i, c in enumerate(cases):
             try:
-                yield fut.result()
-            except Exception as e:
-                failures.append(f"{fut.key}: {type(e).__name__}: {e}")
-        if failures:
-            raise BundleError("; ".join(failures))
-    finally:
-        client.close()
+                ids.append(_validate_case(c, i))
+            except _Invalid as e:
+                cid = c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None
+                if cid is None:
+                    raise
+                raise BundleError(f"{where}: case {cid!r}: field {e.field!r}: {e.problem}") from None
+        if len(set(ids)) != len(ids):
+            raise BundleError(f"{where}: duplicate case ids {sorted({i for i in ids if ids.count(i) > 1})}")
+        check_file_names(ids)
+        inc = m.get("incomplete", [])
+        _need(isinstance(inc, list) and all(isinstance(x, str) for x in inc) and len(set(inc)) == len(inc)
+              and not set(inc) & set(ids), "incomplete", "a list of distinct case ids not among the cases", inc)
+    except _Invalid as e:
+        raise BundleError(f"{where}: field {e.field!r}: {e.problem}") from None
 
 
-def _generate_case(spec: CaseSpec, root: Path, force: bool) -> dict[str, Any]:
-    built = build_case(spec)
-    golden, stats = compute_golden(built)
-    tensors: dict[str, Any] = {f"input.{k}": v for k, v in built.inputs.items()}
-    tensors.update({f"golden.{k}": v for k, v in golden.items()})
-    rel = f"cases/{_safe_name(spec.id)}.safetensors"
+# ----------------------------------------------------------------------------------------------
+# reading, confined to the bundle
+# ----------------------------------------------------------------------------------------------
+
+def open_confined(root: Path, rel: str, what: str) -> BinaryIO:
+    """Open ``root/rel`` for reading: a regular file, reached without any symlink below ``root``."""
     path = root / rel
+    parent = root
+    for part in Path(rel).parts[:-1]:
+        parent = parent / part
+        try:
+            st_parent = os.lstat(parent)
+        except OSError as e:
+            raise BundleError(f"{parent}: cannot read the {what}'s directory: {e.strerror}") from None
+        if stat.S_ISLNK(st_parent.st_mode) or not stat.S_ISDIR(st_parent.st_mode):
+            raise BundleError(f"{parent}: is a symlink or not a directory (refused: bundle files stay in the bundle)")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
-        st.save_file(tensors, path, metadata={"case": spec.id, "format": FORMAT_NAME}, overwrite=force)
-    except st.SafetensorsError as e:
-        raise BundleError(str(e)) from e
-    return _case_entry(built, tensors, rel, st.file_sha256(path), stats)
+        if os.path.islink(path):
+            raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)")
+        fd = os.open(path, flags)
+    except BundleError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)") from None
+        if e.errno == errno.ENOENT:
+            raise BundleError(f"{path}: missing ({what})") from None
+        raise BundleError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise BundleError(f"{path}: not a regular file ({what})")
+    return f
 
 
-def _safe_name(case_id: str) -> str:
-    ok = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case_id)
-    if not ok or ok.startswith("."):
-        raise BundleError(f"case id {case_id!r} cannot name a file")
-    return ok
+def _sha256_of(f: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
 
-
-# ----------------------------------------------------------------------------------------------
-# loading
-# ----------------------------------------------------------------------------------------------
 
 @dataclass
 class CaseData:
@@ -492,90 +588,66 @@ class CaseData:
 
 
 class Bundle:
-    """A bundle directory with its manifest; cases are loaded (and verified) on demand."""
+    """A bundle directory with its validated manifest; cases are loaded (and verified) on demand.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    max_memory: the largest case file read (default: the machine's memory limit).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_memory: int | None = None) -> None:
         self.root = Path(root)
+        self.max_memory = default_memory_limit() if max_memory is None else max_memory
         path = self.root / MANIFEST_NAME
+        if not self.root.is_dir():
+            raise BundleError(f"{self.root}: not a bundle directory (missing or not a directory)")
+        with open_confined(self.root, MANIFEST_NAME, "manifest") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{path}: {format_size(size)}; a manifest is at most "
+                                  f"{format_size(MAX_MANIFEST_BYTES)}")
+            raw = f.read()
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise BundleError(f"{path}: cannot read the manifest: {e}") from e
-        try:
-            self.manifest = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BundleError(f"{path}: not valid JSON: {e}") from e
+            self.manifest = st.strict_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise BundleError(f"{path}: not UTF-8 text: {e}") from None
+        except ValueError as e:
+            raise BundleError(f"{path}: not valid JSON: {e}") from None
         if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT_NAME:
             raise BundleError(f"{path}: not a deepgemm-ref golden manifest")
-        if self.manifest.get("version") != MANIFEST_VERSION:
-            raise BundleError(f"{path}: manifest version {self.manifest.get('version')!r} is not supported "
-                              f"(this deepgemm_ref reads version {MANIFEST_VERSION})")
-        if self.manifest.get(MANIFEST_HASH_KEY) != manifest_digest(self.manifest):
-            raise BundleError(f"{path}: the manifest's sha256 does not match its contents (edited or "
-                              "corrupted); regenerate the bundle")
-        cases = self.manifest.get("cases", [])
-        self.cases = {c["id"]: c for c in cases}
-        if len(self.cases) != len(cases):
-            raise BundleError(f"{path}: duplicate case ids")
+        validate_manifest(self.manifest, str(path))
+        self.cases: dict[str, dict[str, Any]] = {c["id"]: c for c in self.manifest["cases"]}
+        self.incomplete: list[str] = list(self.manifest.get("incomplete", []))
 
     def case(self, case_id: str) -> CaseData:
         if case_id not in self.cases:
             raise BundleError(f"{self.root}: no case {case_id!r}")
         entry = self.cases[case_id]
-        path = self.root / entry["file"]
-        if not path.exists():
-            raise BundleError(f"{path}: missing (case {case_id!r})")
-        if st.file_sha256(path) != entry["file_sha256"]:
-            raise BundleError(f"{path}: sha256 differs from the manifest (altered or corrupted)")
-        try:
-            tensors = st.load_file(path)
-        except st.SafetensorsError as e:
-            raise BundleError(str(e)) from e
+        where = f"{self.root / entry['file']} (case {case_id!r})"
+        with open_confined(self.root, entry["file"], f"case {case_id!r}") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > self.max_memory:
+                raise ResourceError(f"{where}: {format_size(size)}, over the memory limit "
+                                    f"{format_size(self.max_memory)}"
+                                    " (--max-memory)")
+            if _sha256_of(f) != entry["file_sha256"]:
+                raise BundleError(f"{where}: sha256 differs from the manifest (altered or corrupted)")
+            f.seek(0)
+            try:
+                tensors = st.load_fileobj(f, where)
+            except st.SafetensorsError as e:
+                raise BundleError(str(e)) from None
         want = entry["tensors"]
         if set(tensors) != set(want):
-            raise BundleError(f"{path}: tensors {sorted(set(tensors) ^ set(want))} missing or unexpected")
+            raise BundleError(f"{where}: tensors {sorted(set(tensors) ^ set(want))} missing or unexpected")
         for name, meta in want.items():
             if st.tensor_sha256(tensors[name]) != meta["sha256"]:
-                raise BundleError(f"{path}: tensor {name!r} does not match its sha256")
+                raise BundleError(f"{where}: tensor {name!r} does not match its sha256")
         return CaseData(entry, tensors)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[CaseData]:
         for case_id in self.cases:
             yield self.case(case_id)
 
 
-def load_bundle(root: str | os.PathLike[str]) -> Bundle:
+def load_bundle(root: str | os.PathLike[str], *, max_memory: int | None = None) -> Bundle:
     """Open a bundle (the manifest is validated now, each case's tensors when it is loaded)."""
-    return Bundle(root)
-
-
-def verify(root: str | os.PathLike[str], *, regenerate: bool = False) -> dict[str, Any]:
-    """Check every hash; with ``regenerate`` rebuild each case and compare the bytes.
-
-    Returns {"cases": n, "ok": bool, "problems": [str]}.
-    """
-    b = load_bundle(root)
-    problems: list[str] = []
-    for case_id in b.cases:
-        try:
-            data = b.case(case_id)
-        except BundleError as e:
-            problems.append(str(e))
-            continue
-        if regenerate:
-            spec = CaseSpec.from_dict(data.entry["spec"])
-            built = build_case(spec)
-            golden, _ = compute_golden(built)
-            fresh = {f"input.{k}": v for k, v in built.inputs.items()}
-            fresh.update({f"golden.{k}": v for k, v in golden.items()})
-            for name, meta in data.entry["tensors"].items():
-                if name not in fresh:
-                    problems.append(f"case {case_id!r}: regenerated case lacks {name!r}")
-                elif st.tensor_sha256(fresh[name]) != meta["sha256"]:
-                    problems.append(f"case {case_id!r}: regenerated {name!r} differs from the stored bytes")
-            for name in set(fresh) - set(data.entry["tensors"]):
-                problems.append(f"case {case_id!r}: regenerated case has an extra tensor {name!r}")
-    return {"cases": len(b.cases), "ok": not problems, "problems": problems}
-
-
-_ = sys
+    return Bundle(root, max_memory=max_memory)

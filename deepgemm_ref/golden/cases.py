@@ -1,13 +1,18 @@
-"""Golden cases: specifications, input generation and the golden computation.
+"""Golden cases: specifications, the family registry and input generation.
 
 A *case specification* is a flat JSON/TOML table: ``id``, ``kernel`` (a public function name),
-``profile`` and the kernel family's parameters (shapes, formats, recipe, output dtype, ``c``,
-``alpha``, ``seed``).  Each family registers a builder that turns a specification into
+``profile``, ``seed`` and the kernel family's keys (shapes, formats, recipe, output dtype, ``c``,
+``alpha``, ...), checked against the family's schema (:mod:`.schema`) by :func:`validate_spec`.
+Each family registers (:func:`register_family`) a builder that turns a validated specification
+into
 
 * the inputs, stored contiguous in the dtypes the kernel API takes (user-form scales),
 * the exact call (function, argument list, keyword values, which tensors are outputs),
 * the layout transform each input needs before a device call, and
-* the checker parameters (epilogue, rounding-path length ``n``).
+* the checker parameters (epilogue, rounding-path length ``n``),
+
+together with its schema, a resource estimate, the helper functions its manifests may call, and
+where the call is more than one function call (Mega MoE) a driver and a finish hook.
 
 Inputs are generated as DeepGEMM's test generators generate them (``tests/generators.py``:
 seeded standard-normal bf16 matrices, then DeepGEMM's quantisers), with a NumPy generator seeded
@@ -24,37 +29,57 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import quant
 from ..errors import DGArgumentError
+from ..profiles import PROFILES
+from .resources import Estimate, ResourceError, default_memory_limit, format_size
+from .schema import MAX_ID_LENGTH, MAX_SEED, Params, Schema, SpecError, as_int, did_you_mean, validate_params
 
-__all__ = ["CaseSpec", "BuiltCase", "ArgRef", "build_case", "FAMILIES", "register_family", "family_of", "case_rng"]
+__all__ = ["CaseSpec", "BuiltCase", "ArgRef", "Family", "build_case", "FAMILIES", "register_family", "family_of",
+           "family_for", "case_rng", "validate_spec", "case_file_name", "estimate_case", "SpecError"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """One golden case.  ``params`` holds the family-specific fields (see each builder)."""
+    """One golden case.  ``params`` holds the family keys as given (in canonical form);
+    ``resolved`` every key the case reads, defaults filled in (see :func:`validate_spec`)."""
 
     id: str
     kernel: str
     profile: str
     seed: int = 0
     params: Mapping[str, Any] = field(default_factory=dict)
+    values: Params | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> CaseSpec:
-        for key in ("id", "kernel", "profile"):
-            if key not in d:
-                raise DGArgumentError(f"case specification: missing {key!r} in {dict(d)!r}")
-        params = {k: v for k, v in d.items() if k not in ("id", "kernel", "profile", "seed")}
-        return CaseSpec(str(d["id"]), str(d["kernel"]), str(d["profile"]), int(d.get("seed", 0)), params)
+    def from_dict(d: Mapping[str, Any], source: str = "", index: int | None = None) -> CaseSpec:
+        """Validate a specification table (raises :class:`SpecError`, see :func:`validate_spec`)."""
+        return validate_spec(d, source, index)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "kernel": self.kernel, "profile": self.profile, "seed": self.seed, **dict(self.params)}
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.params.get(key, default)
+
+    @property
+    def resolved(self) -> Params:
+        """Every key the case reads (given or default)."""
+        if self.values is not None:
+            return self.values
+        v = validate_spec(self.to_dict()).values
+        assert v is not None
+        return v
+
+    @property
+    def family(self) -> str:
+        return family_for(self).name
+
+    def shape(self) -> dict[str, Any]:
+        """The case's real shape (the resolved shape keys of its family)."""
+        fam = family_for(self)
+        return fam.schema.shape_keys(self.resolved) if fam.schema is not None else {}
 
 
 @dataclass
@@ -74,12 +99,20 @@ class ArgRef:
 
     @staticmethod
     def from_json(j: Mapping[str, Any]) -> ArgRef:
+        if not isinstance(j, Mapping) or len(j) != 1:
+            raise DGArgumentError(f"manifest: an argument reference is a table with one key; got {j!r}")
         if "value" in j:
             return ArgRef("value", (), j["value"])
         if "pair" in j:
-            return ArgRef("pair", tuple(j["pair"]))
+            pair = j["pair"]
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and (pair[1] is None or isinstance(pair[1], str))):
+                raise DGArgumentError(f"manifest: pair: expected [tensor name, tensor name or null]; got {pair!r}")
+            return ArgRef("pair", tuple(pair))
         for kind in ("tensor", "output"):
             if kind in j:
+                if not isinstance(j[kind], str):
+                    raise DGArgumentError(f"manifest: {kind}: expected a name; got {j[kind]!r}")
                 return ArgRef(kind, (j[kind],))
         raise DGArgumentError(f"manifest: unknown argument reference {dict(j)!r}")
 
@@ -104,32 +137,185 @@ class BuiltCase:
     # The output that is the kernel's return value (MQA logits), if any.
     returns: str | None = None
     # A driver that makes the call instead of ``function(*args, **kwargs)`` (Mega MoE: buffers and
-    # weight transforms on every rank): {"name": key of golden.moe.DRIVERS, ...its parameters}.
+    # weight transforms on every rank): {"name": the family's driver name, ...its parameters}.
     driver: dict[str, Any] | None = None
 
 
 Builder = Callable[[CaseSpec, np.random.Generator], BuiltCase]
-FAMILIES: dict[str, Builder] = {}
+#: driver(module, manifest entry, tensors, outputs): makes the case's call with ``module``.
+Driver = Callable[[Any, dict[str, Any], dict[str, Any], dict[str, Any]], None]
+#: finish(golden tensors, trace records, inputs) -> golden stats: turns a driver's trace records
+#: into the case's golden tensors (``acc``, ``S``, ``defined``, ...).
+Finish = Callable[[dict[str, np.ndarray], list[Any], dict[str, np.ndarray]], dict[str, Any]]
 
 
-def register_family(name: str, builder: Builder) -> None:
-    """Make a kernel family available to specifications (``family_of`` maps kernels to it)."""
-    FAMILIES[name] = builder
+@dataclass(frozen=True)
+class Family:
+    """A kernel family's golden case support.
+
+    build: the builder.  schema: its keys (None: parameters pass unchecked).  estimate: file,
+    memory and work of a case from its resolved keys.  functions: the helper functions (setup,
+    derived inputs, layout transforms) its manifests may call besides its kernels.  driver /
+    finish: a call that is more than one function call, and its golden bookkeeping.
+    check_entry: family-specific consistency checks of a manifest entry (returns a problem or
+    None).  explicit: chosen only by a specification's ``family`` key.
+    """
+
+    name: str
+    build: Builder
+    schema: Schema | None = None
+    estimate: Callable[[Params], Estimate] | None = None
+    functions: frozenset[str] = frozenset()
+    driver: Driver | None = None
+    finish: Finish | None = None
+    check_entry: Callable[[Mapping[str, Any]], str | None] | None = None
+    explicit: bool = False
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(self.schema.kernels) if self.schema is not None else ()
+
+    def allows(self, function: str) -> bool:
+        """Whether a manifest of this family may call ``function``."""
+        return function in self.functions or function in self.kernels
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(name: str, builder: Builder, *, schema: Schema | None = None,
+                    estimate: Callable[[Params], Estimate] | None = None, functions: tuple[str, ...] = (),
+                    driver: Driver | None = None, finish: Finish | None = None,
+                    check_entry: Callable[[Mapping[str, Any]], str | None] | None = None,
+                    explicit: bool = False) -> Family:
+    """Make a kernel family available to specifications (see :class:`Family`)."""
+    fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit)
+    FAMILIES[name] = fam
+    return fam
+
+
+def _known_kernels() -> list[str]:
+    return sorted({k for f in FAMILIES.values() for k in f.kernels})
 
 
 def family_of(kernel: str) -> str:
-    """The family of a public kernel name."""
-    if kernel.startswith(("fp8_fp4_gemm_", "fp8_gemm_", "bf16_gemm_", "cublaslt_gemm_", "aclnn_")):
-        return "gemm" if "skip_head_mid" not in kernel else "gemm_skip_head_mid"
-    if kernel.startswith(("m_grouped_", "k_grouped_", "fp8_m_grouped", "bf16_m_grouped")):
-        return "grouped"
-    if "mqa_logits" in kernel:
-        return "mqa"
-    if "mega_moe" in kernel:
-        return "mega_moe"
-    if kernel in ("einsum", "fp8_einsum", "tf32_hc_prenorm_gemm"):
-        return "einsum"
-    raise DGArgumentError(f"case specification: kernel: unknown kernel {kernel!r}")
+    """The family of a public kernel name (the first registered family that builds it and is not
+    chosen only explicitly)."""
+    for fam in FAMILIES.values():
+        if not fam.explicit and kernel in fam.kernels:
+            return fam.name
+    raise SpecError(_unknown_kernel(kernel))
+
+
+def _unknown_kernel(kernel: str) -> str:
+    import deepgemm_ref
+
+    known = _known_kernels()
+    near = did_you_mean(kernel, known)
+    hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else f" (kernels: {', '.join(known)})"
+    if callable(getattr(deepgemm_ref, kernel, None)) and not kernel.startswith("_"):
+        near_text = f"; near ones with a builder: {', '.join(near)}" if near else ""
+        return (f"kernel: {kernel!r} has no golden case builder{near_text} (deepgemm-ref list -v and "
+                "docs/case-specs.md list the kernels each family builds)")
+    return f"kernel: unknown kernel {kernel!r}{hint}"
+
+
+def family_for(spec: CaseSpec) -> Family:
+    name = spec.params.get("family") or family_of(spec.kernel)
+    if name not in FAMILIES:
+        raise SpecError(f"case {spec.id!r}: family: unknown family {name!r} (families: {', '.join(FAMILIES)})")
+    return FAMILIES[name]
+
+
+def case_file_name(case_id: str) -> str:
+    """The case's file name under ``cases/`` (without the suffix): letters, digits, ``-``, ``_``
+    and ``.`` are kept, anything else becomes ``_``."""
+    name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case_id)
+    if not name or name.startswith("."):
+        raise SpecError(f"case {case_id!r}: key 'id': cannot name a file (empty, or starting with '.')")
+    return name
+
+
+def _check_id(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise SpecError(f"{where}: key 'id': expected a string; got {type(v).__name__} {v!r}"[:300])
+    if not v:
+        raise SpecError(f"{where}: key 'id': expected a non-empty string")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF for ch in v):
+        raise SpecError(f"{where}: key 'id': control characters and lone surrogates are not allowed; got {v!r}"[:300])
+    if len(v.encode("utf-8")) > MAX_ID_LENGTH:
+        raise SpecError(f"{where}: key 'id': expected at most {MAX_ID_LENGTH} bytes; got {len(v.encode())}")
+    case_file_name(v)
+    return v
+
+
+def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpec:
+    """Check one specification table against the common keys and its family's schema.
+
+    Raises :class:`SpecError` naming the file (``source``), the case (its id, or its position
+    ``index`` in the file when it has none), the key, what is allowed and near misses.
+    Returns the :class:`CaseSpec` with canonical values (``16.0`` -> ``16``)
+    and every key the case reads resolved (``spec.resolved``).
+    """
+    prefix = f"{source}: " if source else ""
+    where = prefix + (f"case #{index}" if index is not None else "case specification")
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: expected a table of keys; got {type(d).__name__}")
+    for key in d:
+        if not isinstance(key, str):
+            raise SpecError(f"{where}: keys are strings; got {key!r}")
+    if "id" not in d:
+        raise SpecError(f"{where}: missing key 'id'")
+    case_id = _check_id(d["id"], where)
+    where = f"{prefix}case {case_id!r}"
+    for key in ("kernel", "profile"):
+        if key not in d:
+            raise SpecError(f"{where}: missing key {key!r}")
+        if not isinstance(d[key], str):
+            raise SpecError(f"{where}: key {key!r}: expected a string; got {type(d[key]).__name__} {d[key]!r}"[:300])
+    kernel, profile = d["kernel"], d["profile"]
+    if profile not in PROFILES:
+        near = did_you_mean(profile, list(PROFILES))
+        raise SpecError(f"{where}: key 'profile': expected one of {', '.join(map(repr, PROFILES))}; got {profile!r}"
+                        + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
+    fam_name = d.get("family")
+    if fam_name is not None:
+        if not isinstance(fam_name, str) or fam_name not in FAMILIES:
+            raise SpecError(f"{where}: key 'family': expected one of {', '.join(map(repr, FAMILIES))}; got "
+                            f"{fam_name!r}")
+        fam = FAMILIES[fam_name]
+        if fam.schema is not None and kernel not in fam.kernels:
+            raise SpecError(f"{where}: key 'kernel': the {fam_name} family builds {', '.join(fam.kernels)}; "
+                            f"got {kernel!r}")
+    else:
+        try:
+            fam = FAMILIES[family_of(kernel)]
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}") from None
+    seed = d.get("seed", 0)
+    seed_i = as_int(seed)
+    if seed_i is None or not 0 <= seed_i <= MAX_SEED:
+        raise SpecError(f"{where}: key 'seed': expected an integer in [0, 2^63 - 1]; got {seed!r}"[:300])
+    given = {k: v for k, v in d.items() if k not in ("id", "kernel", "profile", "seed", "family")}
+    if fam.schema is None:
+        params = Params(kernel, profile, given)
+        canonical = dict(given)
+    else:
+        allowed = fam.schema.kernels[kernel]
+        if profile not in allowed:
+            why = fam.schema.why_not.get(kernel, "")
+            raise SpecError(f"{where}: kernel {kernel} is not generated under profile {profile!r} (profiles: "
+                            f"{', '.join(allowed)}){': ' + why if why else ''}")
+        canonical, params = validate_params(fam.schema, kernel, profile, given, where)
+    if fam_name is not None:
+        canonical["family"] = fam_name
+    return CaseSpec(case_id, kernel, profile, seed_i, canonical, params)
+
+
+def estimate_case(spec: CaseSpec) -> Estimate | None:
+    """The family's estimate of a case (None for a family without an estimator)."""
+    fam = family_for(spec)
+    return fam.estimate(spec.resolved) if fam.estimate is not None else None
 
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:
@@ -138,149 +324,28 @@ def case_rng(spec: CaseSpec) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seq))
 
 
-def build_case(spec: CaseSpec) -> BuiltCase:
-    """Generate a case's inputs and call description."""
-    fam = spec.get("family") or family_of(spec.kernel)
-    if fam not in FAMILIES:
-        raise DGArgumentError(f"case {spec.id!r}: kernel family {fam!r} ({spec.kernel}) has no golden builder yet")
-    return FAMILIES[fam](spec, case_rng(spec))
+def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = None) -> BuiltCase:
+    """Generate a case's inputs and call description.
+
+    The case's estimated peak memory is checked first against ``max_memory`` (default: the
+    machine's limit, :func:`.resources.default_memory_limit`); nothing is allocated for a case
+    over it (:class:`.resources.ResourceError`).
+    """
+    if not isinstance(spec, CaseSpec):
+        spec = validate_spec(spec)
+    fam = family_for(spec)
+    est = estimate_case(spec)
+    limit = default_memory_limit() if max_memory is None else max_memory
+    if est is not None and est.peak_bytes > limit:
+        raise ResourceError(f"case {spec.id!r}: needs about {format_size(est.peak_bytes)} of memory "
+                            f"({_shape_text(spec)}); the limit is {format_size(limit)} (--max-memory)")
+    return fam.build(spec, case_rng(spec))
 
 
-# ----------------------------------------------------------------------------------------------
-# Dense GEMMs
-# ----------------------------------------------------------------------------------------------
+def _shape_text(spec: CaseSpec) -> str:
+    return " ".join(f"{k}={v}" for k, v in spec.shape().items()) or spec.kernel
+
 
 def randn_bf16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
     """Standard-normal values rounded to bf16 (DeepGEMM's ``torch.randn(..., dtype=bf16)``)."""
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
-
-
-def _quantise(x: np.ndarray, fmt: str, gran_k: int, ue8m0: bool, block: bool) -> tuple[np.ndarray, np.ndarray]:
-    if fmt == "fp4":
-        return quant.per_token_cast_to_fp4(x, use_ue8m0=ue8m0, gran_k=gran_k)
-    if block:
-        return quant.per_block_cast_to_fp8(x, use_ue8m0=ue8m0, gran_k=gran_k)
-    return quant.per_token_cast_to_fp8(x, use_ue8m0=ue8m0, gran_k=gran_k)
-
-
-def _out_dtype(name: str) -> np.dtype:
-    if name not in ("bf16", "f32"):
-        raise DGArgumentError(f"case specification: out: expected 'bf16' or 'f32'; got {name!r}")
-    return BF16 if name == "bf16" else np.dtype(np.float32)
-
-
-def _sf_transform(profile: str, mn: int, k: int, recipe: tuple[int, ...], is_sfa: bool | None,
-                  gran: tuple[int, int] | None = None) -> dict[str, Any]:
-    """The layout transform a device call needs for one SF tensor (recorded, and applied by replay)."""
-    kwargs: dict[str, Any] = {"mn": mn, "k": k}
-    if gran is not None:
-        kwargs["recipe"] = list(gran)
-    else:
-        kwargs["recipe"] = list(recipe)
-        kwargs["is_sfa"] = is_sfa
-    return {"function": "transform_sf_into_required_layout", "kwargs": kwargs, "profile": profile}
-
-
-def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
-    """Dense GEMM cases.
-
-    params: m, n, k; ``a`` / ``b``: "fp8", "fp4" or "bf16"; gran_k_a, gran_k_b (FP8/FP4 K
-    granularity), gran_n (1, or 128 for a per-block SFB); out ("bf16" / "f32"); c ("none",
-    "separate", "is_d"); alpha (float or None); the layout is the kernel's suffix.
-    ``fp8_gemm_nt_skip_head_mid``: head_splits (left, mid, right), default (n // 2, 8, n // 2)
-    for one head; d is (m, n + heads * mid) and the mid columns stay undefined.
-    """
-    kernel = spec.kernel
-    skip = "skip_head_mid" in kernel
-    layout = "nt" if skip else kernel[-2:]
-    m, n, k = int(spec.get("m", 128)), int(spec.get("n", 128)), int(spec.get("k", 256))
-    fa = spec.get("a", "bf16" if kernel.startswith(("bf16", "cublaslt", "aclnn_bf16")) else "fp8")
-    fb = spec.get("b", None) or ("bf16" if fa == "bf16" else "fp8")
-    out = _out_dtype(spec.get("out", "bf16"))
-    c_mode = spec.get("c", "none")
-    alpha = spec.get("alpha")
-    profile = spec.profile
-    ascend = profile == "ascend950"
-    ue8m0 = bool(spec.get("ue8m0", profile != "sm90"))
-    a_x = randn_bf16(rng, (m, k))
-    b_x = randn_bf16(rng, (n, k))
-    inputs: dict[str, np.ndarray] = {}
-    kwargs: dict[str, ArgRef] = {}
-    transforms: dict[str, dict[str, Any]] = {}
-    if fa == "bf16":
-        a_t, b_t = a_x, b_x
-        pair = False
-        recipe_desc: dict[str, Any] = {}
-    else:
-        gka = int(spec.get("gran_k_a", 32 if ascend else 128))
-        gkb = int(spec.get("gran_k_b", 32 if (ascend or fb == "fp4") else 128))
-        gran_n = int(spec.get("gran_n", 1))
-        a_t, a_sf = _quantise(a_x, fa, gka, ue8m0, False)
-        b_t, b_sf = _quantise(b_x, fb, gkb, ue8m0, gran_n != 1)
-        pair = True
-        if gka == gkb and gran_n in (1, 128):
-            recipe = (1, gran_n, gka)
-            recipe_desc = {"recipe": list(recipe)}
-            kwargs["recipe"] = ArgRef("value", (), list(recipe))
-            transforms["a_sf"] = _sf_transform(profile, m, k, recipe, True)
-            transforms["b_sf"] = _sf_transform(profile, n, k, recipe, False)
-        else:
-            recipe_desc = {"recipe_a": [1, gka], "recipe_b": [gran_n, gkb]}
-            kwargs["recipe_a"] = ArgRef("value", (), [1, gka])
-            kwargs["recipe_b"] = ArgRef("value", (), [gran_n, gkb])
-            transforms["a_sf"] = _sf_transform(profile, m, k, (), None, (1, gka))
-            transforms["b_sf"] = _sf_transform(profile, n, k, (), None, (gran_n, gkb))
-        inputs["a_sf"], inputs["b_sf"] = np.ascontiguousarray(a_sf), np.ascontiguousarray(b_sf)
-    # Orientation: "t" as first letter: A is given as (K, M); "n" as second: B is given as (K, N).
-    if layout[0] == "t":
-        a_t = np.ascontiguousarray(a_t.T) if fa != "fp4" else quant.transpose_packed_fp4(a_t)
-        if pair:
-            inputs["a_sf"] = np.ascontiguousarray(inputs["a_sf"].T)
-            transforms["a_sf"]["transpose_back"] = True
-    if layout[1] == "n":
-        b_t = np.ascontiguousarray(b_t.T) if fb != "fp4" else quant.transpose_packed_fp4(b_t)
-        if pair:
-            inputs["b_sf"] = np.ascontiguousarray(inputs["b_sf"].T)
-            transforms["b_sf"]["transpose_back"] = True
-    # transpose_packed_fp4 gives the (K, MN / 2) storage of an MN-major FP4 operand, which is what
-    # the T / N positions take (the kernel sees its (MN / 2, K) transposed view).
-    inputs["a"], inputs["b"] = np.ascontiguousarray(a_t), np.ascontiguousarray(b_t)
-    args = [ArgRef("pair", ("a", "a_sf")) if pair else ArgRef("tensor", ("a",)),
-            ArgRef("pair", ("b", "b_sf")) if pair else ArgRef("tensor", ("b",)),
-            ArgRef("output", ("d",))]
-    init = "zeros"
-    if c_mode in ("separate", "is_d"):
-        inputs["c"] = randn_bf16(rng, (m, n), 32.0).astype(out)
-        if c_mode == "separate":
-            kwargs["c"] = ArgRef("tensor", ("c",))
-        else:
-            kwargs["c"] = ArgRef("output", ("d",))
-            init = "c"
-    elif c_mode != "none":
-        raise DGArgumentError(f"case {spec.id!r}: c: expected 'none', 'separate' or 'is_d'; got {c_mode!r}")
-    if alpha is not None:
-        kwargs["alpha"] = ArgRef("value", (), float(alpha))
-    if kernel.startswith("aclnn_"):
-        transforms = {}  # ACLNN takes the float32 user form (int16 pairs are rejected)
-    d_cols = n
-    if skip:
-        splits = [int(v) for v in spec.get("head_splits", [n // 2, 8, n - n // 2])]
-        if len(splits) != 3 or c_mode != "none" or alpha is not None:
-            raise DGArgumentError(f"case {spec.id!r}: skip_head_mid takes head_splits (left, mid, right) "
-                                  "and neither c nor alpha")
-        args.append(ArgRef("value", (), splits))
-        d_cols = n + n // max(splits[0] + splits[2], 1) * splits[1]
-    outputs = {"d": {"init": init, "shape": [m, d_cols], "dtype": str(out)}}
-    check = {
-        "n": k,
-        "epilogue": {"out": "bf16" if out == BF16 else "f32", "alpha": alpha, "c": "c" if "c" in inputs else None,
-                     "c_mode": "fused" if kernel.startswith(("cublaslt", "aclnn_bf16")) else
-                     ("rounded" if kernel.startswith("aclnn_fp8") else "kernel")},
-        "c_epi": int(alpha is not None) + int("c" in inputs),
-        **recipe_desc,
-    }
-    return BuiltCase(spec, inputs, kernel, args, kwargs, outputs, transforms, check)
-
-
-register_family("gemm", build_gemm)
-register_family("gemm_skip_head_mid", build_gemm)

@@ -24,6 +24,8 @@ Defaults: ``lambda = 8``, ``u_acc = 2^-24`` (float32 accumulation), ``n`` from t
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +36,14 @@ from .. import core
 from .. import formats as fm
 from ..errors import DGArgumentError
 from ..testing import ulp_distance
+from . import safetensors as st
+from .bundle import Bundle, BundleError, load_bundle
+from .progress import as_progress
+from .replay import read_replay_record
+from .resources import default_memory_limit, format_size
 
-__all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS"]
+__all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
+           "check", "strict_json_value", "reports_json"]
 
 ULP_BINS = (0, 1, 2, 4, 8, 16, 64, 256, 1024)  # histogram bin lower edges (last: >= 1024)
 
@@ -80,9 +88,38 @@ class CaseReport:
     worst: list[dict[str, Any]] = field(default_factory=list)
     bound: dict[str, Any] = field(default_factory=dict)
     tiles: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why the case could not be checked (missing, replay failed, no such case)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The report as strict JSON values (non-finite numbers as strings, see
+        :func:`strict_json_value`)."""
+        return strict_json_value(dict(self.__dict__))
+
+
+def strict_json_value(x: Any) -> Any:
+    """``x`` with every NaN / infinity replaced by the string ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"`` (strict JSON has no such numbers) and NumPy scalars by Python ones."""
+    if isinstance(x, (float, np.floating)):
+        v = float(x)
+        if math.isfinite(v):
+            return v
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, Mapping):
+        return {str(k): strict_json_value(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json_value(v) for v in x]
+    return x
+
+
+def reports_json(reports: list[CaseReport]) -> str:
+    """The reports as strict JSON text (``json.dumps(..., allow_nan=False)`` holds)."""
+    import json
+
+    return json.dumps([r.to_json() for r in reports], indent=1, allow_nan=False)
 
 
 _OUT_FMT = {np.dtype(ml_dtypes.bfloat16): fm.BF16, np.dtype(np.float32): fm.F32}
@@ -297,6 +334,9 @@ def format_report(reports: list[CaseReport]) -> str:
     """Human-readable report."""
     lines = []
     for r in reports:
+        if r.error is not None:
+            lines.append(f"{r.id}: {r.status.upper()}  {r.error}")
+            continue
         lines.append(f"{r.id}: {r.status.upper()}  checked {r.checked}, passed {r.passed}, warn {r.warned}, "
                      f"failed {r.failed} (special-value mismatches {r.special_mismatches}), undefined {r.undefined}")
         lines.append(f"  max normalised error {r.max_normalised_error:.3g}   calc_diff "
@@ -311,3 +351,128 @@ def format_report(reports: list[CaseReport]) -> str:
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
     lines.append(f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# checking a bundle against a device's outputs file
+# ----------------------------------------------------------------------------------------------
+
+def load_outputs(path: str | os.PathLike[str], *, max_memory: int | None = None) -> dict[str, np.ndarray]:
+    """Device outputs: a safetensors file (names ``<case id>/<output>``) or a single ``.npy``."""
+    p = os.fspath(path)
+    limit = default_memory_limit() if max_memory is None else max_memory
+    try:
+        size = os.stat(p).st_size
+    except OSError as e:
+        raise BundleError(f"{p}: cannot read the outputs: {e.strerror}") from None
+    if size > limit:
+        raise BundleError(f"{p}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
+    if p.endswith(".npy"):
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise BundleError(f"{p}: cannot read the .npy outputs: {e}") from None
+        if not isinstance(arr, np.ndarray):
+            raise BundleError(f"{p}: not a single array")
+        return {"": arr}
+    try:
+        raw = st.load_file(p)
+    except (OSError, st.SafetensorsError) as e:
+        raise BundleError(f"{p}: cannot read the outputs: {e}") from None
+    return {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in raw.items()}
+
+
+def _failed(case_id: str, why: str) -> CaseReport:
+    return CaseReport(case_id, "fail", error=why)
+
+
+def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: CheckOptions | None = None,
+                  cases: list[str] | None = None, progress: Any = None,
+                  errors: Mapping[str, str] | None = None) -> list[CaseReport]:
+    """Check device outputs against a loaded bundle; one report per (case, output).
+
+    A case whose outputs are missing, whose replay failed (``errors``: case id -> message, from
+    the outputs file), or that the bundle lacks (incomplete) is reported as failed, and so is
+    every output name that matches no case of the bundle.  An output of the wrong shape or dtype
+    is an outputs-file error (:class:`BundleError`).
+    """
+    options = options or CheckOptions()
+    errors = dict(errors or {})
+    if cases is None:
+        ids = list(bundle.cases) + list(bundle.incomplete)
+    else:
+        ids = list(dict.fromkeys(cases))
+        unknown = [c for c in ids if c not in bundle.cases and c not in bundle.incomplete]
+        if unknown:
+            raise BundleError(f"check: --case: no case {', '.join(map(repr, unknown))} in {bundle.root}")
+    single = set(outputs) == {""}
+    if single and len(ids) != 1:
+        raise BundleError("a .npy outputs file can only be checked against a one-case bundle (use --case)")
+    reports: list[CaseReport] = []
+    prog = as_progress(progress)
+    sizes = {i: float(sum(np.prod(o["shape"]) for o in bundle.cases[i]["outputs"].values())) + 1.0
+             if i in bundle.cases else 1.0 for i in ids}
+    prog.start(len(ids), sum(sizes.values()))
+    done_work = 0.0
+    for n, case_id in enumerate(ids, start=1):
+        reports += _check_one_case(bundle, case_id, outputs, single, errors, options)
+        done_work += sizes[case_id]
+        prog.update(n, done_work, case_id)
+    prog.finish()
+    if not single:
+        known = {f"{cid}/{name}" for cid, e in bundle.cases.items() for name in e["outputs"]}
+        for key in sorted(set(outputs) - known):
+            reports.append(_failed(key, "an output that matches no case of the bundle (another bundle's outputs?)"))
+    return reports
+
+
+def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarray], single: bool,
+                    errors: Mapping[str, str], options: CheckOptions) -> list[CaseReport]:
+    if case_id not in bundle.cases:
+        return [_failed(case_id, "not generated: the bundle is incomplete (golden --resume finishes it)")]
+    if case_id in errors:
+        return [_failed(case_id, f"replay failed: {errors[case_id]}")]
+    entry = bundle.cases[case_id]
+    outs = entry["outputs"]
+    main = entry.get("main_output") or next(iter(outs))
+    names = [main] + [n for n in outs if n != main]
+
+    def label(name: str) -> str:
+        return case_id if len(outs) == 1 else f"{case_id}/{name}"
+
+    keys = {name: ("" if single else f"{case_id}/{name}") for name in names}
+    missing = [name for name in names if keys[name] not in outputs]
+    if len(missing) == len(names):
+        return [_failed(case_id, "missing from the outputs (not replayed?)")]
+    case = bundle.case(case_id)
+    golden = case.golden()
+    inputs = case.inputs()
+    reports = []
+    for name in names:
+        key = keys[name]
+        if key not in outputs:
+            reports.append(_failed(label(name), f"output {name!r} missing from the outputs"))
+            continue
+        dev = outputs[key]
+        want = golden[name]
+        if dev.shape != want.shape or dev.dtype != want.dtype:
+            raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
+                              f"expected shape {want.shape} and dtype {want.dtype}")
+        if name == main:
+            sel = ("acc", "acc_lo", "S", "S_hard", "defined")
+            g = {"main": want, **{k: v for k, v in golden.items() if k in sel}}
+        else:  # a second output: its own accumulator and error scale when the kernel reports them
+            g = {"main": want, **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
+                                  if f"extra.{name}.{k}" in golden}}
+        reports.append(check_case(label(name), dev, g, entry.get("check", {}), inputs, options))
+    return reports
+
+
+def check(bundle_dir: str | os.PathLike[str], outputs_path: str | os.PathLike[str], *,
+          options: CheckOptions | None = None, cases: list[str] | None = None, progress: Any = None,
+          max_memory: int | None = None) -> list[CaseReport]:
+    """``deepgemm-ref check``: load a bundle and a device's outputs, and check every case."""
+    bundle = load_bundle(bundle_dir, max_memory=max_memory)
+    outputs = load_outputs(outputs_path, max_memory=max_memory)
+    errors, _ = read_replay_record(outputs_path) if not os.fspath(outputs_path).endswith(".npy") else ({}, None)
+    return check_outputs(bundle, outputs, options, cases, progress, errors)

@@ -1,14 +1,18 @@
-"""Golden case builders for the grouped GEMMs, einsums, the HC prenorm GEMM and MQA logits.
+"""Golden case families: dense GEMMs, grouped GEMMs, einsums and the HC prenorm GEMM, MQA logits.
 
-Each builder generates inputs the way DeepGEMM's test generators do (``tests/generators.py``,
+Each family is its schema (the keys a specification may give, see ``docs/case-specs.md``), a
+builder that generates inputs the way DeepGEMM's test generators do (``tests/generators.py``,
 ``tests/test_attention.py``: seeded normal bf16 data, its quantisers, zeroed padding rows) and
-records the exact call.  Parameters (all optional, small defaults):
+records the exact call, and an estimate of the case's file, memory and work from its keys.
 
-grouped  ``groups``, ``m`` (expected rows per group), ``n``, ``k``, ``dtype`` ("fp8" / "bf16"),
-         ``layout`` ("psum", "m_indices", "masked", "k_grouped").
+gemm     ``m``, ``n``, ``k``; ``a`` / ``b`` ("fp8", "fp4", "bf16"); ``gran_k_a``, ``gran_k_b``,
+         ``gran_n``, ``ue8m0``; ``out``; ``c``; ``alpha``; ``head_splits`` (skip_head_mid).
+grouped  ``groups``, ``m`` (expected rows per group; the M of a k-grouped GEMM), ``n``, ``k``,
+         ``layout`` ("psum" / "m_indices", or the ``psum`` flag), ``dtype`` (must match the
+         kernel), ``max_m`` (masked).
 einsum   ``expr``, ``b`` (batch), ``h``, ``r``, ``d_dim``; ``tf32_hc_prenorm_gemm``: ``m``, ``n``, ``k``.
-mqa      ``seq``, ``seq_kv``, ``heads``, ``head_dim``, ``fp4``, ``paged`` (with ``batch``,
-         ``block_kv``), ``clean``.
+mqa      ``seq``, ``seq_kv``, ``heads``, ``head_dim``, ``fp4``, ``clean``; paged: ``batch``,
+         ``block_kv``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,21 @@ import numpy as np
 from .. import quant
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
+from .resources import Estimate, tensor_bytes
+from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
-__all__ = ["build_grouped", "build_einsum", "build_mqa"]
+__all__ = ["build_gemm", "build_grouped", "build_einsum", "build_mqa", "GEMM_SCHEMA", "GROUPED_SCHEMA",
+           "EINSUM_SCHEMA", "MQA_SCHEMA"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+F32 = np.dtype(np.float32)
+ALL = ("sm90", "sm100", "ascend950")
+CUDA = ("sm90", "sm100")
+NOT_SM90 = ("sm100", "ascend950")
+LAYOUTS = ("nt", "nn", "tn", "tt")
+#: Bytes per element of a stored operand format.
+_BYTES = {"fp8": 1.0, "fp4": 0.5, "bf16": 2.0}
 
 
 def _v(x: Any) -> ArgRef:
@@ -44,6 +58,11 @@ def _out(name: str) -> ArgRef:
     return ArgRef("output", (name,))
 
 
+def _dim(name: str, default: Any, doc: str, **kw: Any) -> Key:
+    """A positive dimension (part of the case's shape)."""
+    return Key(name, "int", doc, default, lo=kw.pop("lo", 1), hi=kw.pop("hi", MAX_DIM), shape=True, **kw)
+
+
 def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"n": n, "epilogue": {"out": out, "alpha": None, "c": c, "c_mode": "kernel"},
                          "c_epi": int(c is not None)}
@@ -52,25 +71,432 @@ def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -
     return d
 
 
+def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_bytes: float, batch: float = 1,
+                   extra: float = 0) -> Estimate:
+    """A GEMM-shaped case: ``batch`` products of (rows, depth) x (depth, cols).
+
+    File: stored operands (``in_bytes`` per element, scales included) and per output element the
+    output, float64 accumulator and error scale and the defined mask.  Peak (measured with
+    tracemalloc on the smoke and deepgemm-tests-small cases, then rounded up): about 20 bytes
+    per source operand element (float32 normals, bf16, quantised codes, float64 dequantised
+    copies) and 64 per output element (the float64 accumulator, its error scale and their
+    temporaries).
+    """
+    src = batch * (rows + cols) * depth
+    outs = batch * rows * cols
+    file = tensor_bytes((src, in_bytes), (outs, out_bytes + 17)) + int(extra)
+    return Estimate.of(file, 24 * src + 72 * outs + extra * 2 + (8 << 20), batch * rows * cols * depth)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dense GEMMs
+# ----------------------------------------------------------------------------------------------
+
+_BF16_GEMMS = tuple(f"{p}_gemm_{x}" for p in ("bf16", "cublaslt", "aclnn_bf16") for x in LAYOUTS)
+_FP8_ONLY = tuple(f"fp8_gemm_{x}" for x in LAYOUTS) + ("fp8_gemm_nt_skip_head_mid",)
+_FP8_FP4 = tuple(f"{p}_gemm_{x}" for p in ("fp8_fp4", "aclnn_fp8_fp4") for x in LAYOUTS)
+_SKIP = ("fp8_gemm_nt_skip_head_mid",)
+_NO_ALPHA = tuple(f"{p}_gemm_{x}" for p in ("cublaslt", "aclnn_bf16", "aclnn_fp8_fp4") for x in LAYOUTS)
+
+
+def _gemm_kernels() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for x in LAYOUTS:
+        out[f"fp8_fp4_gemm_{x}"] = ALL if x == "nt" else NOT_SM90
+        out[f"fp8_gemm_{x}"] = ALL if x == "nt" else NOT_SM90
+        out[f"bf16_gemm_{x}"] = ALL
+        out[f"cublaslt_gemm_{x}"] = ALL
+    for x in LAYOUTS:
+        out[f"aclnn_fp8_fp4_gemm_{x}"] = ("ascend950",)
+        out[f"aclnn_bf16_gemm_{x}"] = ("ascend950",)
+    out["fp8_gemm_nt_skip_head_mid"] = CUDA
+    return out
+
+
+def _quantised(p: Params) -> bool:
+    return p.kernel not in _BF16_GEMMS
+
+
+def _sm90_recipe(p: Params) -> str | None:
+    if p.profile != "sm90" or not _quantised(p):
+        return None
+    if p.kernel in _SKIP:
+        return "fp8_gemm_nt_skip_head_mid on sm90 takes the 1D2D recipe: gran_n 128" if p["gran_n"] != 128 else None
+    if p["gran_n"] == 1 and (p["out"] != "f32" or p["c"] == "none"):
+        return "sm90's 1D1D FP8 kernel (gran_n 1) writes out 'f32' with c ('is_d' or 'separate')"
+    if p["gran_n"] == 128 and (p["out"] != "bf16" or p["c"] != "none"):
+        return "sm90's 1D2D FP8 kernel (gran_n 128) writes out 'bf16' without c"
+    return None
+
+
+def _skip_splits(p: Params) -> str | None:
+    if p.kernel not in _SKIP:
+        return None
+    left, _, right = p["head_splits"]
+    if left + right == 0 or p["n"] % (left + right):
+        return f"head_splits: left + right must divide n = {p['n']}; got {p['head_splits']}"
+    return None
+
+
+def _gran_n_rule(p: Params) -> str | None:
+    if _quantised(p) and p["gran_n"] == 128 and (p["b"] != "fp8" or p["gran_k_b"] != 128):
+        return "gran_n 128 (a per-block SFB) needs b 'fp8' with gran_k_b 128"
+    return None
+
+
+def _fp4_pair_rule(p: Params) -> str | None:
+    if p.ascend and _quantised(p) and p["a"] == "fp4" and p["b"] != "fp4":
+        return "DeepGEMM-Ascend takes FP8 x FP8, FP4 x FP4 or FP8 x FP4 operands, not FP4 (a) x FP8 (b)"
+    return None
+
+
+def _fp4_even_rule(p: Params) -> str | None:
+    """Packed FP4 holds two codes per byte along K (K-major) or along M / N (MN-major)."""
+    if not _quantised(p):
+        return None
+    layout = "nt" if p.kernel in _SKIP else p.kernel[-2:]
+    for side, mn, major_mn in (("a", "m", layout[0] == "t"), ("b", "n", layout[1] == "n")):
+        if p[side] == "fp4" and p["k"] % 2:
+            return f"an FP4 {side} packs two K elements per byte: k must be even; got {p['k']}"
+        if p[side] == "fp4" and major_mn and p[mn] % 2:
+            return f"an MN-major FP4 {side} packs two {mn.upper()} elements per byte: {mn} must be even; got {p[mn]}"
+    return None
+
+
+def _aclnn_rule(p: Params) -> str | None:
+    if not p.kernel.startswith("aclnn_fp8_fp4"):
+        return None
+    if p["k"] % 64:
+        return f"ACLNN's FP8 / FP4 GEMMs take K divisible by 64; got k = {p['k']}"
+    if p["a"] == "fp8" and p["b"] == "fp4" and (p.kernel[-2:] != "nt" or p["out"] != "bf16"):
+        return "ACLNN's FP8 x FP4 GEMM takes K-major A and B (the nt layout) and writes out 'bf16'"
+    return None
+
+
+def _fp4_gran_rule(p: Params) -> str | None:
+    for side in ("a", "b"):
+        if _quantised(p) and p[side] == "fp4" and p[f"gran_k_{side}"] != 32:
+            return f"FP4 operands take per-32 scales: gran_k_{side} 32"
+    return None
+
+
+# The operand formats (a and b) each kernel and profile takes.
+_FORMAT_ONLY = (
+    Only(("bf16",), "a BF16 kernel", kernels=_BF16_GEMMS, label="bf16_gemm_*, cublaslt_gemm_*, aclnn_bf16_gemm_*"),
+    Only(("fp8",), "an FP8-only kernel", kernels=_FP8_ONLY, label="fp8_gemm_*"),
+    Only(("fp8", "fp4"), "an FP8 / FP4 kernel", kernels=_FP8_FP4, label="fp8_fp4_gemm_*, aclnn_fp8_fp4_gemm_*"),
+    Only(("fp8",), "DeepGEMM on sm90 takes E4M3 operands only", profiles=("sm90",)),
+)
+# The K granularities of the scales (gran_k_a and gran_k_b) each profile and kernel takes.
+_GRAN_K_ONLY = (
+    Only((32,), "DeepGEMM-Ascend scales every 32 K elements", profiles=("ascend950",)),
+    Only((128,), "sm90 kernels take per-128 scales", profiles=("sm90",)),
+    Only((128,), "fp8_gemm_nt_skip_head_mid takes per-128 scales", kernels=_SKIP),
+)
+
+GEMM_SCHEMA = Schema(
+    "gemm",
+    "Dense GEMMs D = alpha * A @ B^T (+ C), the layout taken from the kernel's suffix (`nt`, `nn`, `tn`, `tt`: "
+    "a T first letter stores A as (K, M), an N second letter stores B as (K, N)).  FP8 / FP4 operands are "
+    "quantised with DeepGEMM's casting utilities (per-token SFA, per-token or per-block SFB).",
+    _gemm_kernels(),
+    (
+        _dim("m", 128, "rows of A and D"),
+        _dim("n", 128, "rows of B, columns of D"),
+        _dim("k", 256, "the reduction length"),
+        Key("a", "str", "A's element format", lambda p: "fp8" if _quantised(p) else "bf16",
+            "'bf16' for the BF16 kernels, else 'fp8'", choices=("fp8", "fp4", "bf16"),
+            only=_FORMAT_ONLY),
+        Key("b", "str", "B's element format", lambda p: "bf16" if p["a"] == "bf16" else "fp8",
+            "'bf16' when a is 'bf16', else 'fp8'", choices=("fp8", "fp4", "bf16"),
+            only=_FORMAT_ONLY),
+        Key("gran_k_a", "int", "K granularity of A's scales", lambda p: 32 if p.ascend else 128,
+            "32 under ascend950, else 128", choices=(32, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
+            only=_GRAN_K_ONLY),
+        Key("gran_k_b", "int", "K granularity of B's scales",
+            lambda p: 32 if (p.ascend or p["b"] == "fp4") else 128, "32 under ascend950 or for an FP4 b, else 128",
+            choices=(32, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
+            only=_GRAN_K_ONLY),
+        Key("gran_n", "int", "N granularity of B's scales: 1 (per token) or 128 (per 128 x 128 block)", 1,
+            choices=(1, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
+            only=(Only((1,), "DeepGEMM-Ascend's per-block SFB is not generated", profiles=("ascend950",)),)),
+        Key("ue8m0", "bool", "round the scales to powers of two (UE8M0)", lambda p: p.profile != "sm90",
+            "false under sm90, else true", when=_quantised, when_doc="FP8 / FP4 kernels",
+            only=(Only((True,), "the kernel takes UE8M0 scales", profiles=NOT_SM90),)),
+        Key("out", "str", "D's dtype", "bf16", choices=("bf16", "f32"),
+            only=(Only(("bf16",), "sm90's skip_head_mid kernel writes bf16", profiles=("sm90",), kernels=_SKIP),)),
+        Key("c", "str", "the C input: none, a separate tensor, or D itself (accumulate in place)", "none",
+            choices=("none", "separate", "is_d"),
+            only=(Only(("none",), "fp8_gemm_nt_skip_head_mid takes no c", kernels=_SKIP),)),
+        Key("alpha", "float", "the output scale alpha (DeepGEMM-Ascend's epilogue)", None, nullable=True,
+            only=(Only((None,), "the kernel takes no alpha", kernels=_SKIP + _NO_ALPHA,
+                       label="skip_head_mid, cublaslt_gemm_*, aclnn_*"),)),
+        Key("head_splits", "ints", "(left, mid, right) columns of each head; the mid columns of d stay undefined",
+            lambda p: [p["n"] // 2, 8, p["n"] - p["n"] // 2], "[n // 2, 8, n - n // 2]: one head", lo=0,
+            hi=MAX_DIM, length=3, kernels=_SKIP),
+    ),
+    (Rule("sm90 FP8 GEMMs: gran_n 1 (1D1D) writes out 'f32' with c; gran_n 128 (1D2D) writes out 'bf16' "
+          "without c; skip_head_mid takes gran_n 128", _sm90_recipe, ("gran_n", "out", "c")),
+     Rule("gran_n 128 needs b 'fp8' and gran_k_b 128", _gran_n_rule, ("gran_n", "b", "gran_k_b")),
+     Rule("FP4 operands take gran_k 32", _fp4_gran_rule, ("a", "b", "gran_k_a", "gran_k_b")),
+     Rule("FP4 operands: k even, and m (n) even when A (B) is MN-major", _fp4_even_rule, ("a", "b", "m", "n", "k")),
+     Rule("ACLNN FP8 / FP4 GEMMs: k divisible by 64; FP8 x FP4 only as nt with out 'bf16'", _aclnn_rule,
+          ("k", "a", "b", "out")),
+     Rule("ascend950: an FP4 a needs an FP4 b", _fp4_pair_rule, ("a", "b")),
+     Rule("skip_head_mid: left + right divides n", _skip_splits, ("head_splits",))),
+    why_not={**{f"fp8_fp4_gemm_{x}": "sm90 takes K-major operands only (the NT layout)" for x in LAYOUTS[1:]},
+             **{f"fp8_gemm_{x}": "sm90 takes K-major operands only (the NT layout)" for x in LAYOUTS[1:]},
+             **{f"aclnn_{p}_gemm_{x}": "ACLNN reference GEMMs exist only in DeepGEMM-Ascend"
+                for p in ("fp8_fp4", "bf16") for x in LAYOUTS},
+             "fp8_gemm_nt_skip_head_mid": "DeepGEMM-Ascend does not export it"},
+    aliases={"a_dtype": "a", "b_dtype": "b", "out_dtype": "out", "dtype": "a", "a_format": "a", "b_format": "b",
+             "gran_k": "gran_k_a", "use_ue8m0": "ue8m0"},
+)
+
+
+def _quantise(x: np.ndarray, fmt: str, gran_k: int, ue8m0: bool, block: bool) -> tuple[np.ndarray, np.ndarray]:
+    if fmt == "fp4":
+        return quant.per_token_cast_to_fp4(x, use_ue8m0=ue8m0, gran_k=gran_k)
+    if block:
+        return quant.per_block_cast_to_fp8(x, use_ue8m0=ue8m0, gran_k=gran_k)
+    return quant.per_token_cast_to_fp8(x, use_ue8m0=ue8m0, gran_k=gran_k)
+
+
+def _sf_transform(profile: str, mn: int, k: int, recipe: tuple[int, ...], is_sfa: bool | None,
+                  gran: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The layout transform a device call needs for one SF tensor (recorded, and applied by replay)."""
+    kwargs: dict[str, Any] = {"mn": mn, "k": k}
+    if gran is not None:
+        kwargs["recipe"] = list(gran)
+    else:
+        kwargs["recipe"] = list(recipe)
+        kwargs["is_sfa"] = is_sfa
+    return {"function": "transform_sf_into_required_layout", "kwargs": kwargs, "profile": profile}
+
+
+def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
+    """A dense GEMM case (keys: :data:`GEMM_SCHEMA`).
+
+    ``fp8_gemm_nt_skip_head_mid``: d is (m, n + heads * mid) and the mid columns stay undefined.
+    """
+    p = spec.resolved
+    kernel = spec.kernel
+    skip = kernel in _SKIP
+    layout = "nt" if skip else kernel[-2:]
+    m, n, k = p["m"], p["n"], p["k"]
+    fa, fb = p["a"], p["b"]
+    out = BF16 if p["out"] == "bf16" else F32
+    c_mode = p["c"]
+    alpha = p["alpha"]
+    profile = spec.profile
+    a_x = randn_bf16(rng, (m, k))
+    b_x = randn_bf16(rng, (n, k))
+    inputs: dict[str, np.ndarray] = {}
+    kwargs: dict[str, ArgRef] = {}
+    transforms: dict[str, dict[str, Any]] = {}
+    if not _quantised(p):
+        a_t, b_t = a_x, b_x
+        pair = False
+        recipe_desc: dict[str, Any] = {}
+    else:
+        gka, gkb, gran_n, ue8m0 = p["gran_k_a"], p["gran_k_b"], p["gran_n"], p["ue8m0"]
+        a_t, a_sf = _quantise(a_x, fa, gka, ue8m0, False)
+        b_t, b_sf = _quantise(b_x, fb, gkb, ue8m0, gran_n != 1)
+        pair = True
+        if gka == gkb:
+            recipe = (1, gran_n, gka)
+            recipe_desc = {"recipe": list(recipe)}
+            kwargs["recipe"] = _v(list(recipe))
+            transforms["a_sf"] = _sf_transform(profile, m, k, recipe, True)
+            transforms["b_sf"] = _sf_transform(profile, n, k, recipe, False)
+        else:
+            recipe_desc = {"recipe_a": [1, gka], "recipe_b": [gran_n, gkb]}
+            kwargs["recipe_a"] = _v([1, gka])
+            kwargs["recipe_b"] = _v([gran_n, gkb])
+            transforms["a_sf"] = _sf_transform(profile, m, k, (), None, (1, gka))
+            transforms["b_sf"] = _sf_transform(profile, n, k, (), None, (gran_n, gkb))
+        inputs["a_sf"], inputs["b_sf"] = np.ascontiguousarray(a_sf), np.ascontiguousarray(b_sf)
+    # Orientation: "t" as first letter: A is given as (K, M); "n" as second: B is given as (K, N).
+    if layout[0] == "t":
+        a_t = np.ascontiguousarray(a_t.T) if fa != "fp4" else quant.transpose_packed_fp4(a_t)
+        if pair:
+            inputs["a_sf"] = np.ascontiguousarray(inputs["a_sf"].T)
+            transforms["a_sf"]["transpose_back"] = True
+    if layout[1] == "n":
+        b_t = np.ascontiguousarray(b_t.T) if fb != "fp4" else quant.transpose_packed_fp4(b_t)
+        if pair:
+            inputs["b_sf"] = np.ascontiguousarray(inputs["b_sf"].T)
+            transforms["b_sf"]["transpose_back"] = True
+    # transpose_packed_fp4 gives the (K, MN / 2) storage of an MN-major FP4 operand, which is what
+    # the T / N positions take (the kernel sees its (MN / 2, K) transposed view).
+    inputs["a"], inputs["b"] = np.ascontiguousarray(a_t), np.ascontiguousarray(b_t)
+    args = [_pair("a", "a_sf") if pair else _t("a"), _pair("b", "b_sf") if pair else _t("b"), _out("d")]
+    init = "zeros"
+    if c_mode in ("separate", "is_d"):
+        inputs["c"] = randn_bf16(rng, (m, n), 32.0).astype(out)
+        if c_mode == "separate":
+            kwargs["c"] = _t("c")
+        else:
+            kwargs["c"] = _out("d")
+            init = "c"
+    if alpha is not None:
+        kwargs["alpha"] = _v(float(alpha))
+    if kernel.startswith("aclnn_"):
+        transforms = {}  # ACLNN takes the float32 user form (int16 pairs are rejected)
+    d_cols = n
+    if skip:
+        splits = list(p["head_splits"])
+        args.append(_v(splits))
+        d_cols = n + n // (splits[0] + splits[2]) * splits[1]
+    outputs = {"d": {"init": init, "shape": [m, d_cols], "dtype": str(out)}}
+    check = {
+        "n": k,
+        "epilogue": {"out": "bf16" if out == BF16 else "f32", "alpha": alpha, "c": "c" if "c" in inputs else None,
+                     "c_mode": "fused" if kernel.startswith(("cublaslt", "aclnn_bf16")) else
+                     ("rounded" if kernel.startswith("aclnn_fp8") else "kernel")},
+        "c_epi": int(alpha is not None) + int("c" in inputs),
+        **recipe_desc,
+    }
+    return BuiltCase(spec, inputs, kernel, args, kwargs, outputs, transforms, check)
+
+
+def estimate_gemm(p: Params) -> Estimate:
+    m, n, k = p["m"], p["n"], p["k"]
+    fmt = (_BYTES[p["a"]] + _BYTES[p["b"]]) / 2 + (0 if p["a"] == "bf16" else 4 / 32)
+    out_b = 2 if p["out"] == "bf16" else 12  # f32 outputs also store the accumulator's low part
+    cols = n + (n // max(p["head_splits"][0] + p["head_splits"][2], 1) * p["head_splits"][1]
+                if p.kernel in _SKIP else 0)
+    c_bytes = m * n * out_b if p["c"] != "none" else 0
+    return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes)
+
+
+register_family("gemm", build_gemm, schema=GEMM_SCHEMA, estimate=estimate_gemm,
+                functions=("transform_sf_into_required_layout",))
+
+
 # ----------------------------------------------------------------------------------------------
 # grouped GEMMs
 # ----------------------------------------------------------------------------------------------
 
+_CONTIGUOUS = ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
+               "m_grouped_bf16_gemm_nt_contiguous")
+_MASKED = ("m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked",
+           "m_grouped_bf16_gemm_nt_masked", "bf16_m_grouped_gemm_nt_masked")
+_K_GROUPED = ("k_grouped_fp8_gemm_tn_contiguous", "k_grouped_bf16_gemm_tn_contiguous")
+
+
+def _grouped_kernels() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {k: ALL for k in _CONTIGUOUS}
+    out.update({k: CUDA for k in _MASKED})
+    out["k_grouped_fp8_gemm_tn_contiguous"] = NOT_SM90
+    out["k_grouped_bf16_gemm_tn_contiguous"] = ALL
+    return out
+
+
+def _fp8(kernel: str) -> bool:
+    return "fp8" in kernel
+
+
+def _default_layout(p: Params) -> str:
+    if p.kernel in _MASKED:
+        return "masked"
+    if p.kernel in _K_GROUPED:
+        return "k_grouped"
+    return "psum" if p.get("psum", True) else "m_indices"
+
+
+def _default_max_m(p: Params) -> int:
+    return align(int(p["m"] * 1.3) + 1, 64)
+
+
+def _masked_rows(p: Params) -> str | None:
+    if p.kernel in _MASKED and p["max_m"] < int(p["m"] * 1.3):
+        return (f"max_m must hold every group's rows (up to int(1.3 m) = {int(p['m'] * 1.3)} for m = {p['m']}); "
+                f"got {p['max_m']}")
+    return None
+
+
+def _psum_layout(p: Params) -> str | None:
+    if p.kernel in _CONTIGUOUS and (p["layout"] == "psum") != p["psum"]:
+        return f"layout {p['layout']!r} and psum {p['psum']} disagree (give one of them)"
+    return None
+
+
+def _k_grouped_mn(p: Params) -> str | None:
+    if p.kernel in _K_GROUPED and (p["m"] < 2 or p["n"] < 2):
+        return ("k-grouped cases take m, n >= 2 (a (K, 1) operand reads as K-major to the kernel's layout check); "
+                f"got m = {p['m']}, n = {p['n']}")
+    if p.kernel == "k_grouped_fp8_gemm_tn_contiguous" and p.profile == "sm100" and (p["m"] % 4 or p["n"] % 4):
+        return f"sm100's FP8 k-grouped GEMM packs 4 scales per int32 along M and N: m, n divisible by 4; got " \
+               f"m = {p['m']}, n = {p['n']}"
+    return None
+
+
+def _sm90_k(p: Params) -> str | None:
+    if p.profile == "sm90" and not _fp8(p.kernel) and p.kernel not in _K_GROUPED and p["k"] % 64:
+        return f"sm90's BF16 grouped kernels take K divisible by 64; got k = {p['k']}"
+    return None
+
+
+GROUPED_SCHEMA = Schema(
+    "grouped",
+    "M-grouped GEMMs (contiguous with psum ends or m_indices, masked) and K-grouped GEMMs.  Each group's row "
+    "count (K size for k-grouped) is drawn uniformly in [0.7, 1.3] times `m` (`k`), as DeepGEMM's tests do, "
+    "and padded to the contiguous-layout alignment (128; 256 under ascend950).",
+    _grouped_kernels(),
+    (
+        _dim("groups", 3, "the number of groups (experts)", hi=1 << 16),
+        _dim("m", lambda p: 48 if p.kernel in _K_GROUPED else 40, "expected rows per group (m-grouped); M of a "
+             "k-grouped GEMM", default_doc="40 (48 for k-grouped)"),
+        _dim("n", 64, "columns of D (rows of each group's B)"),
+        _dim("k", 256, "the reduction length (expected K per group for k-grouped)"),
+        Key("dtype", "str", "the operand format, which the kernel's name fixes", lambda p: "fp8" if _fp8(p.kernel)
+            else "bf16", "the kernel's", choices=("fp8", "bf16"),
+            only=(Only(("fp8",), "an FP8 kernel; the m_grouped_bf16_* and k_grouped_bf16_* kernels take bf16",
+                       kernels=tuple(k for k in _grouped_kernels() if _fp8(k)), label="the FP8 kernels"),
+                  Only(("bf16",), "a BF16 kernel; the FP8 kernels take fp8",
+                       kernels=tuple(k for k in _grouped_kernels() if not _fp8(k)), label="the BF16 kernels"))),
+        Key("psum", "bool", "psum end offsets (true) or per-row m_indices (false) as the grouped layout",
+            lambda p: p.get("layout", "psum") == "psum", "from layout (true)", kernels=_CONTIGUOUS,
+            only=(Only((True,), "DeepGEMM-Ascend supports only the psum layout", profiles=("ascend950",)),)),
+        Key("layout", "str", "the grouped layout; the kernel fixes it except for contiguous M-grouped kernels",
+            _default_layout, "from psum for contiguous kernels, else the kernel's", choices=("psum", "m_indices",
+                                                                                         "masked", "k_grouped"),
+            only=(Only(("psum", "m_indices"), "a contiguous M-grouped kernel", kernels=_CONTIGUOUS,
+                       label="the contiguous kernels"),
+                  Only(("psum",), "DeepGEMM-Ascend supports only the psum layout", profiles=("ascend950",),
+                       kernels=_CONTIGUOUS, label="the contiguous kernels"),
+                  Only(("masked",), "a masked kernel", kernels=_MASKED, label="the masked kernels"),
+                  Only(("k_grouped",), "a K-grouped kernel", kernels=_K_GROUPED, label="the k-grouped kernels"))),
+        Key("max_m", "int", "rows per group of a and d (masked)", _default_max_m, "align(int(1.3 m) + 1, 64)", lo=1,
+            hi=MAX_DIM, kernels=_MASKED, shape=True),
+    ),
+    (Rule("masked: max_m >= int(1.3 m) (the largest masked_m drawn)", _masked_rows, ("max_m", "m")),
+     Rule("layout and psum, when both given, agree", _psum_layout, ("layout", "psum")),
+     Rule("sm90 BF16 M-grouped GEMMs take K divisible by 64", _sm90_k, ("k",)),
+     Rule("k-grouped: m, n >= 2; sm100 FP8: m, n divisible by 4", _k_grouped_mn, ("m", "n"))),
+    why_not={**{k: "DeepGEMM-Ascend provides no masked grouped GEMM" for k in _MASKED},
+             "k_grouped_fp8_gemm_tn_contiguous": "the FP8 TN k-grouped GEMM is sm100 / Ascend only"},
+    aliases={"num_groups": "groups", "num_experts": "groups", "experts": "groups", "expected_m": "m",
+             "m_per_group": "m", "a": "dtype", "a_dtype": "dtype", "use_psum_layout": "psum", "masked_m": "max_m"},
+)
+
+
 def build_grouped(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
+    """A grouped GEMM case (keys: :data:`GROUPED_SCHEMA`)."""
+    p = spec.resolved
     kernel = spec.kernel
-    ascend = spec.profile == "ascend950"
-    groups = int(spec.get("groups", 3))
-    exp_m = int(spec.get("m", 40))
-    n, k = int(spec.get("n", 64)), int(spec.get("k", 256))
-    fp8 = "fp8" in kernel
+    ascend = p.ascend
+    groups, exp_m, n, k = p["groups"], p["m"], p["n"], p["k"]
+    fp8 = _fp8(kernel)
     ue8m0 = spec.profile != "sm90"
     gran = 32 if ascend else 128
     setup = [] if ascend else [{"function": "set_mk_alignment_for_contiguous_layout", "args": [{"value": 128}]}]
     alignment = 256 if ascend else 128
-    if "k_grouped" in kernel:
+    if kernel in _K_GROUPED:
         return _build_k_grouped(spec, rng, groups, n, k, fp8, ascend, setup)
-    if kernel.endswith("_masked"):
-        max_m = align(int(exp_m * 1.3) + 1, 64)
+    if kernel in _MASKED:
+        max_m = p["max_m"]
         masked = np.array([int(exp_m * rng.uniform(0.7, 1.3)) for _ in range(groups)], np.int32)
         a = randn_bf16(rng, (groups, max_m, k))
         b = randn_bf16(rng, (groups, n, k))
@@ -91,7 +517,7 @@ def build_grouped(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
         outputs = {"d": {"init": "zeros", "shape": [groups, max_m, n], "dtype": "bfloat16"}}
         return BuiltCase(spec, inputs, kernel, args, {}, outputs, {}, _check("bf16", k), setup)
     # m-grouped contiguous: psum ends or m_indices
-    psum = bool(spec.get("psum", True)) or ascend
+    psum = bool(p["psum"]) or ascend
     actual = [int(exp_m * rng.uniform(0.7, 1.3)) for _ in range(groups)]
     aligned = [align(x, alignment) for x in actual]
     m = sum(aligned)
@@ -127,7 +553,7 @@ def build_grouped(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
 
 def _build_k_grouped(spec: CaseSpec, rng: np.random.Generator, groups: int, n: int, k_avg: int, fp8: bool,
                      ascend: bool, setup: list[dict[str, Any]]) -> BuiltCase:
-    m = int(spec.get("m", 48))
+    m = spec.resolved["m"]
     alignment = 256 if ascend else 128
     real = [max(1, int(k_avg * rng.uniform(0.7, 1.3))) for _ in range(groups)]
     if ascend:
@@ -203,26 +629,76 @@ def _per_group_channel_cast(
     return q, np.concatenate(sfs) if sfs else np.zeros((0, x.shape[1]), np.float32)
 
 
-register_family("grouped", build_grouped)
+def estimate_grouped(p: Params) -> Estimate:
+    groups, m, n, k = p["groups"], p["m"], p["n"], p["k"]
+    al = 256 if p.ascend else 128
+    fmt = 1 + 4 / 32 if _fp8(p.kernel) else 2
+    if p.kernel in _K_GROUPED:
+        # SUM_K <= groups * align(int(1.3 k), alignment); the (groups, m, n) float32 c and d
+        k_group = align(int(1.3 * k) + 1, al)
+        est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
+        return Estimate.of(est.file_bytes, est.peak_bytes, 2 * groups * m * n * k_group)  # twice a dense GEMM's time
+    rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
+    # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each
+    return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
+
+
+register_family("grouped", build_grouped, schema=GROUPED_SCHEMA, estimate=estimate_grouped,
+                functions=("set_mk_alignment_for_contiguous_layout",))
 
 
 # ----------------------------------------------------------------------------------------------
 # einsum, fp8_einsum, tf32_hc_prenorm_gemm
 # ----------------------------------------------------------------------------------------------
 
+_EINSUMS = ("einsum", "fp8_einsum")
+_HC = ("tf32_hc_prenorm_gemm",)
+
+def _hc_rule(p: Params) -> str | None:
+    if p.kernel not in _HC:
+        return None
+    n_max, k_mult = (64, 256) if p.ascend else ((32, 64) if p.profile == "sm90" else (128, 64))
+    if p["n"] > n_max or p["n"] % 8 or p["k"] % k_mult:
+        return (f"tf32_hc_prenorm_gemm under {p.profile} takes n <= {n_max}, n % 8 == 0 and k % {k_mult} == 0; "
+                f"got n = {p['n']}, k = {p['k']}")
+    return None
+
+
+EINSUM_SCHEMA = Schema(
+    "einsum",
+    "`einsum` / `fp8_einsum` with the expression `bhr,hdr->bhd` (batched per-head products), and "
+    "`tf32_hc_prenorm_gemm` (D = A @ B^T with bf16 A, float32 B, and the row sums of squares of A).",
+    {"einsum": ALL, "fp8_einsum": ALL, "tf32_hc_prenorm_gemm": ALL},
+    (
+        Key("expr", "str", "the einsum expression (only this one is generated)", "bhr,hdr->bhd",
+            choices=("bhr,hdr->bhd",), kernels=_EINSUMS),
+        _dim("b", 4, "the batch size b", kernels=_EINSUMS),
+        _dim("h", 2, "the heads h", kernels=_EINSUMS),
+        _dim("r", 256, "the reduction length r", kernels=_EINSUMS),
+        _dim("d_dim", 128, "the output length d", kernels=_EINSUMS),
+        _dim("m", 13, "rows of A and D", kernels=_HC),
+        _dim("n", 24, "rows of B, columns of D", kernels=_HC),
+        _dim("k", 512, "the reduction length", kernels=_HC),
+    ),
+    (Rule("tf32_hc_prenorm_gemm: n <= 128 (sm90: 32; ascend950: 64), n % 8 == 0, k % 64 == 0 (ascend950: 256)",
+          _hc_rule, ("n", "k")),),
+    aliases={"batch": "b", "heads": "h", "d": "d_dim", "equation": "expr"},
+)
+
+
 def build_einsum(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
+    """An einsum or HC prenorm case (keys: :data:`EINSUM_SCHEMA`)."""
+    p = spec.resolved
     kernel = spec.kernel
     if kernel == "tf32_hc_prenorm_gemm":
-        m, n, k = int(spec.get("m", 13)), int(spec.get("n", 24)), int(spec.get("k", 512))
+        m, n, k = p["m"], p["n"], p["k"]
         inputs = {"a": randn_bf16(rng, (m, k)), "b": rng.standard_normal((n, k), dtype=np.float32)}
         outputs = {"d": {"init": "zeros", "shape": [m, n], "dtype": "float32"},
                    "sqr_sum": {"init": "zeros", "shape": [m], "dtype": "float32"}}
         return BuiltCase(spec, inputs, kernel, [_t("a"), _t("b"), _out("d"), _out("sqr_sum")], {}, outputs, {},
                          _check("f32", k))
-    expr = spec.get("expr", "bhr,hdr->bhd")
-    bsz, h, r, dd = int(spec.get("b", 4)), int(spec.get("h", 2)), int(spec.get("r", 256)), int(spec.get("d_dim", 128))
-    if expr != "bhr,hdr->bhd":
-        raise ValueError(f"golden einsum builder: only 'bhr,hdr->bhd' is generated; got {expr!r}")
+    expr = p["expr"]
+    bsz, h, r, dd = p["b"], p["h"], p["r"], p["d_dim"]
     x = randn_bf16(rng, (bsz, h, r))
     y = randn_bf16(rng, (h, dd, r))
     if kernel == "einsum":
@@ -243,12 +719,78 @@ def build_einsum(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     return BuiltCase(spec, inputs, kernel, args, kwargs, outputs, {}, _check("bf16", r))
 
 
-register_family("einsum", build_einsum)
+def estimate_einsum(p: Params) -> Estimate:
+    if p.kernel in _HC:
+        m, n, k = p["m"], p["n"], p["k"]
+        est = _gemm_estimate(m, n, k, 3, 12 + 40 / max(n, 1))
+        # the HC prenorm GEMM's exact model holds about 2 bytes per multiply-add (measured: 280 MiB
+        # for m, n, k = 1024, 32, 4096) and is about 30 times slower per multiply-add than a
+        # dense GEMM's
+        return Estimate.of(est.file_bytes, est.peak_bytes + 4.5 * m * n * k, 30 * m * n * k)
+    return _gemm_estimate(p["b"], p["d_dim"], p["r"], 2 if p.kernel == "einsum" else 1.2, 2, batch=p["h"])
+
+
+register_family("einsum", build_einsum, schema=EINSUM_SCHEMA, estimate=estimate_einsum)
 
 
 # ----------------------------------------------------------------------------------------------
 # MQA logits
 # ----------------------------------------------------------------------------------------------
+
+_MQA = ("fp8_fp4_mqa_logits",)
+_PAGED = ("fp8_fp4_paged_mqa_logits",)
+
+
+def _cuda(p: Params) -> bool:
+    return not p.ascend
+
+
+def _seq_rule(p: Params) -> str | None:
+    if p.kernel in _MQA and p["seq_kv"] < p["seq"]:
+        return f"seq_kv must be >= seq (causal rows end at i + seq_kv - seq + 1); got seq {p['seq']}, " \
+               f"seq_kv {p['seq_kv']}"
+    return None
+
+
+def _fp4_dim_rule(p: Params) -> str | None:
+    if _cuda(p) and p["fp4"] and p["head_dim"] not in (64, 128):
+        return f"FP4 MQA takes head_dim 64 or 128; got {p['head_dim']}"
+    return None
+
+
+MQA_SCHEMA = Schema(
+    "mqa",
+    "MQA logits `fp8_fp4_mqa_logits` (causal rows, as DeepGEMM's test builds them) and the paged "
+    "`fp8_fp4_paged_mqa_logits` (random context lengths in [block_kv / 2, 3 block_kv), a shuffled block "
+    "table, the schedule from `get_paged_mqa_logits_metadata`).  DeepGEMM-Ascend takes FP8 with int16 UE8M0 "
+    "pairs and writes bf16 logits.",
+    {"fp8_fp4_mqa_logits": ALL, "fp8_fp4_paged_mqa_logits": ALL},
+    (
+        _dim("seq", 16, "query tokens", kernels=_MQA),
+        _dim("seq_kv", 96, "KV tokens", kernels=_MQA),
+        _dim("batch", 3, "requests", kernels=_PAGED, hi=1 << 20),
+        Key("heads", "int", "query heads", lambda p: 32 if p.profile == "sm90" else (4 if p.ascend else 8),
+            "32 under sm90, 4 under ascend950, else 8", lo=1, hi=64, shape=True,
+            only=(Only((8, 16, 32, 64), "DeepGEMM on sm100", profiles=("sm100",)),
+                  Only((32, 64), "DeepGEMM on sm90", profiles=("sm90",)),
+                  Only(tuple(range(4, 65, 4)), "DeepGEMM-Ascend takes a multiple of 4 in [4, 64]",
+                       profiles=("ascend950",)))),
+        Key("head_dim", "int", "the head dimension", 64, choices=(32, 64, 128), shape=True,
+            only=(Only((64, 128), "DeepGEMM-Ascend", profiles=("ascend950",)),)),
+        Key("block_kv", "int", "tokens per KV block (page)", 64, choices=(32, 64, 128), kernels=_PAGED, shape=True,
+            only=(Only((32, 64), "DeepGEMM on sm100", profiles=("sm100",)),
+                  Only((64,), "DeepGEMM on sm90", profiles=("sm90",)),
+                  Only((64, 128), "DeepGEMM-Ascend's page sizes", profiles=("ascend950",)))),
+        Key("fp4", "bool", "FP4 queries and keys (packed, per-32 UE8M0 scales) instead of FP8", False,
+            profiles=CUDA, only=(Only((False,), "FP4 MQA logits need sm100", profiles=("sm90",)),)),
+        Key("clean", "bool", "clean_logits: -inf outside each row's KV range", True, kernels=_MQA, profiles=CUDA),
+    ),
+    (Rule("seq_kv >= seq", _seq_rule, ("seq", "seq_kv")),
+     Rule("FP4 MQA takes head_dim 64 or 128", _fp4_dim_rule, ("fp4", "head_dim"))),
+    aliases={"num_heads": "heads", "seq_len": "seq", "seq_len_kv": "seq_kv", "batch_size": "batch",
+             "page_size": "block_kv", "dim": "head_dim", "clean_logits": "clean"},
+)
+
 
 def _ascend_pairs(sf: np.ndarray) -> np.ndarray:
     """float32 per-32 UE8M0 scales (..., D/32) -> int16 packed pairs (..., D/64)."""
@@ -259,13 +801,15 @@ def _ascend_pairs(sf: np.ndarray) -> np.ndarray:
 
 
 def build_mqa(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
+    """An MQA logits case (keys: :data:`MQA_SCHEMA`)."""
+    p = spec.resolved
     kernel = spec.kernel
-    ascend = spec.profile == "ascend950"
-    heads, dim = int(spec.get("heads", 8 if not ascend else 4)), int(spec.get("head_dim", 64))
-    fp4 = bool(spec.get("fp4", False))
-    if "paged" in kernel:
+    ascend = p.ascend
+    heads, dim = p["heads"], p["head_dim"]
+    fp4 = bool(p.get("fp4", False))
+    if kernel in _PAGED:
         return _build_paged(spec, rng, heads, dim, fp4, ascend)
-    seq, seq_kv = int(spec.get("seq", 16)), int(spec.get("seq_kv", 96))
+    seq, seq_kv = p["seq"], p["seq_kv"]
     q = randn_bf16(rng, (seq, heads, dim))
     kv = randn_bf16(rng, (seq_kv, dim))
     w = rng.standard_normal((seq, heads), dtype=np.float32)
@@ -293,10 +837,10 @@ def build_mqa(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
         else:
             inputs.update(q=q.astype(np.float32).astype(E4M3), w=w)
             kq, ksf = quant.per_custom_dims_cast_to_fp8(kv, (0,), False)
-            inputs.update(kv=kq, kv_sf=ksf)
+            inputs.update(kv=kq, kv_sf=ksf.reshape(seq_kv))  # the utility squeezes one token's scale to 0-d
             q_arg = ArgRef("pair", ("q", None))
         args = [q_arg, _pair("kv", "kv_sf"), _t("w"), _t("ks"), _t("ke")]
-        kwargs = {"clean_logits": _v(bool(spec.get("clean", True)))}
+        kwargs = {"clean_logits": _v(bool(p["clean"]))}
         out_dtype, out_shape = "float32", [seq, seq_kv]
         check = _check("f32", dim + heads)
     outputs = {"logits": {"init": "returned", "shape": out_shape, "dtype": out_dtype}}
@@ -305,8 +849,8 @@ def build_mqa(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
 
 def _build_paged(spec: CaseSpec, rng: np.random.Generator, heads: int, dim: int, fp4: bool,
                  ascend: bool) -> BuiltCase:
-    batch = int(spec.get("batch", 3))
-    block_kv = int(spec.get("block_kv", 64))
+    batch = spec.resolved["batch"]
+    block_kv = spec.resolved["block_kv"]
     ctx = np.array([int(rng.integers(block_kv // 2, 3 * block_kv)) for _ in range(batch)], np.int32)
     blocks_per = [ceil_div(int(c), block_kv) for c in ctx]
     max_blocks = max(blocks_per)
@@ -370,7 +914,35 @@ def _build_paged(spec: CaseSpec, rng: np.random.Generator, heads: int, dim: int,
     return BuiltCase(spec, inputs, spec.kernel, args, kwargs, outputs, {}, check, derived=derived, returns="logits")
 
 
-register_family("mqa", build_mqa)
+def estimate_mqa(p: Params) -> Estimate:
+    heads, dim = p["heads"], p["head_dim"]
+    if p.kernel in _PAGED:
+        batch, block = p["batch"], p["block_kv"]
+        rows, cols = batch, 3 * block  # one query token per request; contexts < 3 block_kv
+        kv_tokens = batch * 3 * block + block
+    else:
+        rows, cols = p["seq"], p["seq_kv"]
+        kv_tokens = cols
+    src = rows * heads * dim + kv_tokens * dim
+    logits = rows * cols
+    file = tensor_bytes((src, 1.2), (logits, 21), (rows * heads, 4))
+    # the exact model keeps every head's (rows, cols) float64 products and their error terms,
+    # and is about twice as slow per multiply-add as a dense GEMM's
+    peak = 24 * src + 32 * logits * heads + 128 * logits + (8 << 20)
+    return Estimate.of(file, peak, 2 * logits * heads * dim)
+
+
+def check_mqa_entry(entry: Any) -> str | None:
+    """The max_context_len / max_k argument of an MQA case is the logits' column count."""
+    cols = entry["outputs"]["logits"]["shape"][-1]
+    values = [a["value"] for a in entry["args"] if "value" in a and isinstance(a["value"], int)]
+    if any(v != cols for v in values):
+        return f"the kernel's length argument {values} differs from the logits' columns {cols}"
+    return None
+
+
+register_family("mqa", build_mqa, schema=MQA_SCHEMA, estimate=estimate_mqa,
+                functions=("get_paged_mqa_logits_metadata", "get_num_sms"), check_entry=check_mqa_entry)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:

@@ -55,8 +55,10 @@ from .. import formats as fm
 from .. import quant
 from ..errors import DGArgumentError
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
+from .resources import Estimate, tensor_bytes
+from .schema import Key, Params, Rule, Schema
 
-__all__ = ["build_mega_moe", "run_mega_moe", "hard_error_scale"]
+__all__ = ["build_mega_moe", "run_mega_moe", "finish_mega_moe", "hard_error_scale", "MEGA_MOE_SCHEMA"]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -75,9 +77,11 @@ def hard_error_scale(golden: dict[str, np.ndarray], inputs: dict[str, np.ndarray
     ranks = s_hard.shape[0]
     for r in range(ranks):
         src, l2s = golden.get(f"extra.rank{r}.dispatch.src"), golden.get(f"extra.rank{r}.l2.S")
-        if src is None or l2s is None:
+        received = src is not None and src.shape[0] > 0  # a rank that received no token has no L2 stage
+        if src is None or (received and l2s is None):
             raise DGArgumentError(f"Mega MoE golden: rank {r}'s dispatch.src / l2.S stage goldens are missing")
-        np.add.at(s_hard, (src[:, 0], src[:, 1]), 2 * l2s)
+        if received and l2s is not None:
+            np.add.at(s_hard, (src[:, 0], src[:, 1]), 2 * l2s)
         acts = golden.get(f"extra.rank{r}.shared.l2.acts")
         if acts is not None:  # DeepGEMM-Ascend's shared experts: e4m3 acts x e4m3 weights, per-32 scales
             a = np.abs(acts.astype(np.float64)) * np.repeat(
@@ -95,19 +99,71 @@ def _fp4_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
 
 
+def _divisible(p: Params) -> str | None:
+    if p["experts"] % p["ranks"]:
+        return f"experts must be a multiple of ranks = {p['ranks']}; got {p['experts']}"
+    return None
+
+
+def _topk(p: Params) -> str | None:
+    if p["topk"] > p["experts"]:
+        return f"topk must be at most experts = {p['experts']}; got {p['topk']}"
+    return None
+
+
+def _dims(p: Params) -> str | None:
+    if p.ascend:
+        step, i_min = 256, 512
+        why = "DeepGEMM-Ascend: hidden a multiple of 256, intermediate >= 512 and a multiple of 256"
+    elif p.kernel == "fp8_fp4_mega_moe":
+        step, i_min, why = 512, 512, "fp8xfp4 (TMA alignment of the per-32 scale bytes): multiples of 512"
+    else:
+        step, i_min, why = 128, 128, "bf16xbf16: multiples of 128"
+    for name in ("hidden", "intermediate"):
+        if p[name] % step or (name == "intermediate" and p[name] < i_min):
+            return f"{why}; got {name} = {p[name]}"
+    return None
+
+
+MEGA_MOE_SCHEMA = Schema(
+    "mega_moe",
+    "Mega MoE (dispatch, L1 GEMM, SwiGLU, L2 GEMM, combine) on every EP rank of one case, inputs built the "
+    "way DeepGEMM's test builds them (top-k of random scores, some slots -1, weights scaled by 0.05).",
+    {"fp8_fp4_mega_moe": ("sm100", "ascend950"), "bf16_mega_moe": ("sm100",)},
+    (
+        Key("ranks", "int", "expert-parallel ranks R (emulated in one process)", 2, lo=1, hi=255, shape=True),
+        Key("experts", "int", "experts E over all ranks (a multiple of R)", 4, lo=1, hi=4096, shape=True),
+        Key("topk", "int", "experts per token K", 2, lo=1, hi=32, shape=True),
+        Key("hidden", "int", "the hidden size H", 512, lo=128, hi=1 << 16, shape=True),
+        Key("intermediate", "int", "the intermediate size I", 512, lo=128, hi=1 << 16, shape=True),
+        Key("tokens", "int", "tokens per rank N", 24, lo=1, hi=1 << 16, shape=True),
+        Key("shared", "int", "DeepGEMM-Ascend's shared experts", 1, lo=0, hi=2, profiles=("ascend950",)),
+        Key("masked", "float", "fraction of top-k slots set to -1", 0.1, lo=0.0, hi=1.0),
+        Key("clamp", "float", "activation_clamp (null: none)", 10.0, lo=0.0, nullable=True),
+    ),
+    (Rule("experts is a multiple of ranks", _divisible, ("experts", "ranks")),
+     Rule("topk <= experts", _topk, ("topk", "experts")),
+     Rule("hidden, intermediate: multiples of 512 (fp8_fp4_mega_moe on sm100), of 128 (bf16_mega_moe), of 256 "
+          "with intermediate >= 512 (ascend950)", _dims, ("hidden", "intermediate"))),
+    why_not={"fp8_fp4_mega_moe": "the CUDA Mega MoE kernels are SM100 only",
+             "bf16_mega_moe": "SM100 only; DeepGEMM-Ascend has no BF16 mode"},
+    aliases={"num_experts": "experts", "num_ranks": "ranks", "world_size": "ranks", "top_k": "topk",
+             "num_topk": "topk", "hidden_size": "hidden", "intermediate_size": "intermediate",
+             "num_tokens": "tokens", "activation_clamp": "clamp", "num_shared_experts": "shared"},
+)
+
+
 def build_mega_moe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
+    """A Mega MoE case (keys: :data:`MEGA_MOE_SCHEMA`)."""
+    p = spec.resolved
     kernel = spec.kernel
-    if kernel not in ("fp8_fp4_mega_moe", "bf16_mega_moe"):
-        raise DGArgumentError(f"case {spec.id!r}: kernel: expected fp8_fp4_mega_moe or bf16_mega_moe, got {kernel!r}")
-    ascend = spec.profile == "ascend950"
+    ascend = p.ascend
     bf16 = kernel == "bf16_mega_moe"
-    R, E, K = int(spec.get("ranks", 2)), int(spec.get("experts", 4)), int(spec.get("topk", 2))
-    H, I, N = int(spec.get("hidden", 512)), int(spec.get("intermediate", 512)), int(spec.get("tokens", 24))
-    shared = int(spec.get("shared", 1)) if ascend else 0
-    masked = float(spec.get("masked", 0.1))
-    clamp = spec.get("clamp", 10.0)
-    if E % R:
-        raise DGArgumentError(f"case {spec.id!r}: experts: a multiple of ranks = {R}, got {E}")
+    R, E, K = p["ranks"], p["experts"], p["topk"]
+    H, I, N = p["hidden"], p["intermediate"], p["tokens"]
+    shared = p["shared"] if ascend else 0
+    masked = p["masked"]
+    clamp = p["clamp"]
     e_l = E // R
     inputs: dict[str, np.ndarray] = {}
     for r in range(R):
@@ -150,9 +206,6 @@ def build_mega_moe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
              "epilogue": {"out": "bf16", "alpha": None, "c": None, "c_mode": "kernel"}, "c_epi": 0}
     args = [ArgRef("output", ("y",))]  # the manifest's record of the main output; the driver makes the call
     return BuiltCase(spec, inputs, kernel, args, {}, outputs, {}, check, driver=driver)
-
-
-register_family("mega_moe", build_mega_moe)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,9 +288,70 @@ def run_mega_moe(module: Any, entry: dict[str, Any], tensors: dict[str, Any], ou
             fn(y[r], weights[r][0], weights[r][1], bufs[r], stats[r], activation_clamp=d.get("activation_clamp"))
 
 
-DRIVERS: dict[str, Callable[[Any, dict[str, Any], dict[str, Any], dict[str, Any]], None]] = {
-    "mega_moe": run_mega_moe,
-}
+def finish_mega_moe(golden: dict[str, np.ndarray], records: list[Any],
+                    inputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """One trace record per rank: stack ``acc`` / ``S`` along the rank axis of ``y``, keep each
+    rank's stage goldens as ``extra.rank<r>.<name>``, and add ``S_hard`` (see the module docstring)."""
+    for key in ("acc", "S"):
+        vals = [getattr(rec, key) for rec in records]
+        if vals and all(v is not None for v in vals):
+            golden[key] = np.ascontiguousarray(np.stack([np.asarray(v, np.float64) for v in vals]))
+    golden["defined"] = np.ones(golden["y"].shape, bool)
+    for r, rec in enumerate(records):
+        for k, v in rec.extra.items():
+            golden[f"extra.rank{r}.{k}"] = np.ascontiguousarray(v)
+    golden["S_hard"] = hard_error_scale(golden, inputs)
+    return {"ranks": [dict(rec.stats) for rec in records]}
+
+
+def estimate_mega_moe(p: Params) -> Estimate:
+    R, E, K = p["ranks"], p["experts"], p["topk"]
+    H, I, N = p["hidden"], p["intermediate"], p["tokens"]
+    w_bytes = 2 if p.kernel == "bf16_mega_moe" else 0.5 + 1 / 16
+    shared = p["shared"] if p.ascend else 0
+    weights = (E + shared) * 3 * I * H
+    slots = R * N * K  # routed token copies over all ranks
+    # stage goldens per routed copy (padded to blocks: about twice the copies): L1 output and its
+    # accumulator and error scale (2I each), SwiGLU (I), L2 acts and output (I + H), combine (H)
+    stages = 2 * slots * (8 * I + 3 * H)
+    file = tensor_bytes((weights, w_bytes), (R * N * H, 2 + 8 * 3 + 1), (stages, 4), (slots, 12))
+    peak = 12 * weights + 20 * stages + 64 * R * N * H + (16 << 20)
+    # the pipeline's exact model is about 15 times slower per multiply-add than a dense GEMM's
+    return Estimate.of(file, peak, 15 * slots * 3 * H * I)
+
+
+def check_mega_moe_entry(entry: Any) -> str | None:
+    """The driver's sizes are those of the stored tensors (a forged driver cannot ask for more)."""
+    d = entry.get("driver")
+    if not isinstance(d, dict) or d.get("name") != "mega_moe":
+        return "a Mega MoE case needs the 'mega_moe' driver"
+    keys = ("ranks", "experts", "topk", "hidden", "intermediate", "tokens")
+    if not all(isinstance(d.get(k), int) and not isinstance(d.get(k), bool) and d[k] >= 1 for k in keys):
+        return f"driver: {', '.join(keys)} must be positive integers"
+    if not isinstance(d.get("shared", 0), int) or d.get("shared", 0) < 0:
+        return "driver: shared must be a non-negative integer"
+    clamp = d.get("activation_clamp")
+    if clamp is not None and not isinstance(clamp, (int, float)):
+        return "driver: activation_clamp must be a number or null"
+    R, E, K, H, _, N = (d[k] for k in keys)
+    if E % R:
+        return "driver: experts must be a multiple of ranks"
+    t = entry["tensors"]
+    y = entry["outputs"].get("y", {}).get("shape")
+    for r in range(R):
+        x, idx = t.get(f"input.x.{r}"), t.get(f"input.topk_idx.{r}")
+        if x is None or idx is None or x["shape"] != [N, H] or idx["shape"] != [N, K]:
+            return f"driver: rank {r}'s x / topk_idx tensors do not have the driver's (tokens, hidden / topk) shape"
+        l1 = t.get(f"input.l1.{r}")
+        if l1 is None or l1["shape"][0] != E // R:
+            return f"driver: rank {r}'s l1 weights do not hold experts / ranks experts"
+    if y != [R, N, H]:
+        return f"output y has shape {y}; the driver gives {[R, N, H]}"
+    return None
+
+
+register_family("mega_moe", build_mega_moe, schema=MEGA_MOE_SCHEMA, estimate=estimate_mega_moe,
+                driver=run_mega_moe, finish=finish_mega_moe, check_entry=check_mega_moe_entry)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:

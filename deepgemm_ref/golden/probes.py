@@ -37,6 +37,8 @@ import numpy as np
 
 from ..errors import DGArgumentError
 from .cases import ArgRef, BuiltCase, CaseSpec, register_family
+from .resources import Estimate, tensor_bytes
+from .schema import Key, Params, Schema
 
 __all__ = ["probe_cases", "analyse", "POSITIONS", "SPREADS"]
 
@@ -77,7 +79,7 @@ def _bytes(exps: np.ndarray) -> np.ndarray:
 
 def build_probe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     """The crafted inputs of one probe case (``probe``: accumulator, output_rounding, ue8m0_zero)."""
-    kind = spec.get("probe")
+    kind = spec.resolved["probe"]
     nb = _K // 32
     if kind == "accumulator":
         rows = _probe_rows()
@@ -135,7 +137,25 @@ def build_probe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     )
 
 
-register_family("probe", build_probe)
+PROBE_SCHEMA = Schema(
+    "probe",
+    "Device probes (numerics.md section 7): crafted MX FP8 inputs of `fp8_gemm_nt` whose outputs reveal the "
+    "accumulator width, promotion interval and rounding, the output rounding and the UE8M0 0x00 reading.  "
+    "Chosen with `\"family\": \"probe\"`.",
+    {"fp8_gemm_nt": ("ascend950", "sm100")},
+    (Key("probe", "str", "which probe", None, choices=("accumulator", "output_rounding", "ue8m0_zero")),),
+    why_not={"fp8_gemm_nt": "the probes use per-32 UE8M0 scales"},
+)
+
+
+def estimate_probe(p: Params) -> Estimate:
+    rows = len(_probe_rows()) if p["probe"] == "accumulator" else 6
+    file = tensor_bytes((rows * _K, 1), (rows * _K // 32, 4), (_K, 1), (rows, 29))
+    return Estimate.of(file, 32 * rows * _K + (8 << 20), rows * _K)
+
+
+register_family("probe", build_probe, schema=PROBE_SCHEMA, estimate=estimate_probe,
+                functions=("transform_sf_into_required_layout",), explicit=True)
 
 
 def probe_cases(profile: str = "ascend950") -> list[dict[str, Any]]:

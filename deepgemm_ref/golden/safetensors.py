@@ -69,6 +69,8 @@ __all__ = [
     "file_sha256",
     "load_bytes",
     "load_file",
+    "load_fileobj",
+    "strict_json",
     "read_header",
     "read_metadata",
     "save_bytes",
@@ -387,6 +389,15 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def strict_json(text: str) -> Any:
+    """``json.loads`` that refuses NaN / Infinity constants and duplicate keys (ValueError), and
+    turns a nesting too deep for the parser into a ValueError too."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -450,8 +461,8 @@ def _parse_header(body: bytes, buffer_size: int, where: str) -> tuple[dict[str, 
     except UnicodeDecodeError as exc:
         raise SafetensorsError(f"{where}: header is not valid UTF-8: {exc}") from None
     try:
-        header = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+        header = strict_json(text)
+    except ValueError as exc:
         raise SafetensorsError(f"{where}: header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}: header must be a JSON object; got {type(header).__name__}")
@@ -562,10 +573,14 @@ def load_file(path: PathLike) -> dict[str, np.ndarray | PackedFP4]:
     Arrays have the dtype of :data:`SAFETENSORS_TO_NUMPY` and are independent, writable, C-contiguous
     copies.  Raises :class:`SafetensorsError` for any violation of the format (see the module docstring).
     """
-    where = _where(path)
     with open(path, "rb") as f:
-        _, entries, buffer_size = _open_and_parse(f, where)
-        buffer = _read_exact(f, buffer_size, where)
+        return load_fileobj(f, _where(path))
+
+
+def load_fileobj(f: BinaryIO, where: str = "<file>") -> dict[str, np.ndarray | PackedFP4]:
+    """:func:`load_file` from an open binary file positioned at its start (``where`` names it in errors)."""
+    _, entries, buffer_size = _open_and_parse(f, where)
+    buffer = _read_exact(f, buffer_size, where)
     return _decode(entries, memoryview(buffer), where)
 
 

@@ -1,0 +1,916 @@
+"""Generating golden bundles: the plan, the workers, interruption, resume, and ``verify``.
+
+:func:`generate` first makes a :class:`Plan` (:func:`plan_generation`) without writing or
+allocating anything: every specification is validated, file names are checked for collisions,
+each case's memory, file size and work are estimated from its keys and a case over the memory
+limit is refused, the free disk space is checked, and for ``resume`` the finished cases of the
+existing bundle are verified.  Then the cases run (in this process, in ``jobs`` worker processes,
+or on a Dask cluster) and each finished case's file is written atomically.
+
+Interruption (SIGINT, SIGTERM): every worker is stopped (terminated, then killed, within about
+1.5 s), the manifest lists the finished cases and marks the rest ``incomplete``, temporary files
+are removed, and :class:`GenerationInterrupted` says so (the CLI exits 130 or 143).  A second
+signal during that cleanup is ignored, so it cannot deadlock.  ``resume=True`` then computes only
+the missing cases (finished files are not touched) and the bundle is byte-identical to an
+uninterrupted run.  A manifest is also written every few seconds while cases finish, so even a
+killed run keeps most of its work.
+
+``force=True`` over an existing bundle builds the new bundle in a sibling temporary directory and
+swaps it in only when it is complete; until then the old bundle stays valid (an interrupted or
+failed ``force`` run leaves it as it was and removes the temporary directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import stat
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._parallel import limit_blas_threads
+from ..errors import DGArgumentError
+from . import safetensors as st
+from .bundle import (
+    CASES_DIR,
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    BundleError,
+    case_entry,
+    check_file_names,
+    load_bundle,
+    new_manifest,
+    write_manifest,
+)
+from .call import compute_golden
+from .cases import CaseSpec, SpecError, build_case, estimate_case, validate_spec
+from .progress import as_progress
+from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size
+
+__all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify"]
+
+_BLAS_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
+_CHECKPOINT_SECONDS = 2.0
+_STOP_GRACE = 1.0  # seconds a terminated worker gets before it is killed
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Generation stopped by SIGINT / SIGTERM; ``signum`` is the signal, ``message`` one line."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.message = message or f"interrupted by {signal.Signals(signum).name}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CaseFailures(BundleError):
+    """Some cases could not be generated (the others are kept); ``internal`` is True when one of
+    them failed with an unexpected exception (a bug)."""
+
+    def __init__(self, message: str, internal: bool = False) -> None:
+        super().__init__(message)
+        self.internal = internal
+
+
+@dataclass
+class PlannedCase:
+    spec: CaseSpec
+    file: str
+    estimate: Estimate | None
+    kept: bool = False  # already in the bundle, verified (resume)
+
+
+@dataclass
+class Plan:
+    """What :func:`generate` will do; nothing has been written when it exists."""
+
+    root: Path
+    cases: list[PlannedCase]
+    mode: str  # "new" (write in place), "resume" (in place, keep finished cases), "replace" (aside, then swap)
+    jobs: int
+    executor: str
+    memory_limit: int
+    case_limit: int
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)  # files of the old bundle no case will have
+
+    @property
+    def todo(self) -> list[PlannedCase]:
+        return [c for c in self.cases if not c.kept]
+
+    def totals(self) -> tuple[int, int, float]:
+        """(file bytes of the bundle, largest case peak memory, estimated seconds of the todo cases)."""
+        files = sum(c.estimate.file_bytes for c in self.cases if c.estimate)
+        peak = max((c.estimate.peak_bytes for c in self.todo if c.estimate), default=0)
+        secs = sum(c.estimate.seconds for c in self.todo if c.estimate)
+        return files, peak, secs / max(1, min(self.jobs, len(self.todo)) if self.executor == "local" else 1)
+
+    def summary(self) -> str:
+        files, peak, secs = self.totals()
+        kept = len(self.cases) - len(self.todo)
+        what = {"new": "", "resume": f" ({kept} finished cases kept)",
+                "replace": " (built aside, then swapped in)"}[self.mode]
+        jobs = f" with {self.jobs} jobs" if self.jobs > 1 and self.executor == "local" else ""
+        return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
+                f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
+                f"{format_size(peak)} per case (limit {format_size(self.case_limit)})")
+
+    def table(self) -> str:
+        lines = [f"{'case':<48} {'shape':<40} {'file':>10} {'memory':>10} {'time':>8}"]
+        for c in self.cases:
+            shape = " ".join(f"{k}={v}" for k, v in c.spec.shape().items())
+            e = c.estimate
+            lines.append(f"{c.spec.id:<48} {shape:<40} {format_size(e.file_bytes) if e else '?':>10} "
+                         f"{format_size(e.peak_bytes) if e else '?':>10} "
+                         f"{('kept' if c.kept else format_seconds(e.seconds)) if e else '?':>8}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        files, peak, secs = self.totals()
+        return {"root": str(self.root), "mode": self.mode, "cases": [
+            {"id": c.spec.id, "kernel": c.spec.kernel, "profile": c.spec.profile, "shape": c.spec.shape(),
+             "file": c.file, "kept": c.kept, "file_bytes": c.estimate.file_bytes if c.estimate else None,
+             "peak_bytes": c.estimate.peak_bytes if c.estimate else None,
+             "seconds": c.estimate.seconds if c.estimate else None} for c in self.cases],
+            "file_bytes": files, "peak_bytes": peak, "seconds": secs, "memory_limit": self.memory_limit,
+            "case_limit": self.case_limit}
+
+
+# ----------------------------------------------------------------------------------------------
+# the plan
+# ----------------------------------------------------------------------------------------------
+
+def validate_specs(specs: Iterable[CaseSpec | Mapping[str, Any]], source: str = "") -> list[CaseSpec]:
+    """Validate every specification; all problems (up to 20) are reported at once."""
+    out: list[CaseSpec] = []
+    problems: list[str] = []
+    for i, s in enumerate(specs):
+        try:
+            out.append(s if isinstance(s, CaseSpec) and s.values is not None else
+                       validate_spec(s.to_dict() if isinstance(s, CaseSpec) else s, source, i))
+        except SpecError as e:
+            problems.append(str(e))
+    if problems:
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise SpecError("\n".join(problems[:20]) + more)
+    ids = [s.id for s in out]
+    if len(set(ids)) != len(ids):
+        raise SpecError(f"{source + ': ' if source else ''}duplicate case ids: "
+                        f"{sorted({i for i in ids if ids.count(i) > 1})}")
+    return out
+
+
+def _state(root: Path) -> tuple[bool, bool]:
+    """(holds a manifest, holds case files) for a target directory."""
+    try:
+        st_root = os.stat(root)
+    except FileNotFoundError:
+        return False, False
+    except OSError as e:
+        raise BundleError(f"{root}: cannot read: {e.strerror}") from None
+    if not stat.S_ISDIR(st_root.st_mode):
+        raise BundleError(f"{root}: exists and is not a directory")
+    manifest = os.path.lexists(root / MANIFEST_NAME)
+    cases = root / CASES_DIR
+    files = cases.is_dir() and not cases.is_symlink() and any(p.suffix == ".safetensors" for p in cases.iterdir())
+    return manifest, files
+
+
+def _free_bytes(root: Path) -> int | None:
+    p = root
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def plan_generation(
+    specs: Iterable[CaseSpec | Mapping[str, Any]], out_dir: str | os.PathLike[str], *, force: bool = False,
+    resume: bool = False, jobs: int = 1, executor: str = "local", max_memory: int | None = None, source: str = "",
+) -> Plan:
+    """Check everything :func:`generate` needs and return its plan (nothing is written).
+
+    Raises :class:`.cases.SpecError` (a specification), :class:`BundleError` (file names, the
+    target directory, an unreadable bundle to resume) or :class:`.resources.ResourceError` (a
+    case over the memory limit, not enough disk).
+    """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise BundleError(f"golden: jobs: expected a positive number of workers; got {jobs!r}")
+    if executor not in ("local", "dask"):
+        raise BundleError(f"golden: executor: expected 'local' or 'dask'; got {executor!r}")
+    if force and resume:
+        raise BundleError("golden: give at most one of force (--force) and resume (--resume)")
+    cases = validate_specs(specs, source)
+    files = check_file_names([c.id for c in cases])
+    limit = default_memory_limit() if max_memory is None else int(max_memory)
+    case_limit = limit // jobs if executor == "local" else limit
+    planned = [PlannedCase(c, files[c.id], estimate_case(c)) for c in cases]
+    over = [p for p in planned if p.estimate is not None and p.estimate.peak_bytes > case_limit]
+    if over:
+        prefix = f"{source}: " if source else ""
+        lines = [f"{prefix}case {p.spec.id!r} ({' '.join(f'{k}={v}' for k, v in p.spec.shape().items())}): needs about "
+                 f"{format_size(p.estimate.peak_bytes)} of memory" for p in over[:10] if p.estimate]
+        share = f" ({format_size(limit)} / {jobs} jobs)" if executor == "local" and jobs > 1 else ""
+        raise ResourceError("\n".join(lines) + f"\nthe limit per case is {format_size(case_limit)}{share}; raise it "
+                            "with --max-memory, or make the cases smaller")
+    root = Path(out_dir)
+    has_manifest, has_files = _state(root)
+    mode = "new"
+    kept: dict[str, dict[str, Any]] = {}
+    stale: list[str] = []
+    if resume and has_manifest:
+        mode = "resume"
+        try:
+            old = load_bundle(root, max_memory=limit)
+        except BundleError as e:
+            raise BundleError(f"golden --resume: the existing bundle cannot be read ({e}); use --force to "
+                              "regenerate it") from None
+        wanted = {c.id: c for c in cases}
+        for case_id, entry in old.cases.items():
+            spec = wanted.get(case_id)
+            if spec is None or entry["spec"] != spec.to_dict():
+                continue
+            try:
+                old.case(case_id)
+            except BundleError:
+                continue  # altered or missing: regenerated
+            kept[case_id] = entry
+        names = {p.file for p in planned}
+        stale = sorted(e["file"] for i, e in old.cases.items() if e["file"] not in names)
+    elif resume:
+        mode = "resume"
+    elif has_manifest and not force:
+        raise BundleError(f"{root}: already holds a bundle; pass --force to replace it, or --resume to finish "
+                          "an incomplete one")
+    elif has_manifest:
+        mode = "replace"
+        root = Path(os.path.realpath(root))  # a symlinked bundle: the directory it names is replaced
+    elif has_files and not force:
+        raise BundleError(f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to "
+                          "finish it or --force to start over")
+    for p in planned:
+        p.kept = p.spec.id in kept
+    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale)
+    need = sum(p.estimate.file_bytes for p in plan.todo if p.estimate)
+    free = _free_bytes(root)
+    if free is not None and need > free:
+        raise ResourceError(f"{root}: the bundle needs about {format_size(need)} of disk; {format_size(free)} free")
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# one case
+# ----------------------------------------------------------------------------------------------
+
+class _Stopped(Exception):
+    """The run this (Dask) task belongs to has stopped: nothing is written."""
+
+
+def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: int | None = None,
+                  token: str | None = None, guard: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Build one case, compute its golden, write its file; returns its manifest entry.
+
+    guard: a context manager factory around writing the file and making its entry (generation in
+    this process defers a signal there, so that a written file is always recorded)."""
+    built = build_case(spec, max_memory=max_memory)
+    golden, stats = compute_golden(built)
+    tensors: dict[str, Any] = {f"input.{k}": v for k, v in built.inputs.items()}
+    tensors.update({f"golden.{k}": v for k, v in golden.items()})
+    from .bundle import case_relpath
+
+    path = workdir / case_relpath(spec.id)
+    if token is not None and not (workdir / CASES_DIR / token).exists():
+        raise _Stopped(spec.id)
+    with (guard or contextlib.nullcontext)():
+        try:
+            st.save_file(tensors, path, metadata={"case": spec.id, "format": FORMAT_NAME}, overwrite=overwrite)
+        except st.SafetensorsError as e:
+            raise BundleError(str(e)) from None
+        return case_entry(built, tensors, st.file_sha256(path), _json_clean(stats))
+
+
+def _json_clean(x: Any) -> Any:
+    """Non-finite floats as strings (manifests are strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, dict):
+        return {k: _json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_clean(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return _json_clean(x.item())
+    return x
+
+
+def _failure(e: BaseException) -> dict[str, str]:
+    if isinstance(e, (ResourceError, MemoryError)):
+        kind = "resource"
+    elif isinstance(e, OSError):
+        kind = "resource"
+    elif isinstance(e, DGArgumentError):
+        kind = "input"
+    else:
+        kind = "internal"
+    text = str(e) or type(e).__name__
+    return {"kind": kind, "message": f"{type(e).__name__}: {text}" if kind != "input" else text}
+
+
+def _dask_task(spec_dict: dict[str, Any], root: str, overwrite: bool, limit: int, token: str) -> dict[str, Any]:
+    """The Dask task of one case (importable by the workers)."""
+    return generate_case(validate_spec(spec_dict), Path(root), overwrite, limit, token)
+
+
+# ----------------------------------------------------------------------------------------------
+# signals
+# ----------------------------------------------------------------------------------------------
+
+class _Signals:
+    """SIGINT and SIGTERM during generation: the first is recorded (and, when ``raise_now``,
+    raised as :class:`GenerationInterrupted` outside critical sections); later ones only count."""
+
+    def __init__(self, raise_now: bool) -> None:
+        self.raise_now = raise_now
+        self.signum: int | None = None
+        self.count = 0
+        self.critical = 0
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    self.saved[sig] = signal.signal(sig, self._handle)
+                except (ValueError, OSError):  # pragma: no cover - exotic embedding
+                    pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self.saved.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+        if self.raise_now and self.count == 1 and not self.critical:
+            raise GenerationInterrupted(signum)
+
+    def note_keyboard_interrupt(self) -> None:
+        if self.signum is None:
+            self.signum = signal.SIGINT
+            self.count = max(self.count, 1)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise GenerationInterrupted(self.signum)
+
+
+class _Critical:
+    def __init__(self, sig: _Signals) -> None:
+        self.sig = sig
+
+    def __enter__(self) -> None:
+        self.sig.critical += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.sig.critical -= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# executors: each yields (case id, entry or None, failure or None)
+# ----------------------------------------------------------------------------------------------
+
+Result = tuple[str, "dict[str, Any] | None", "dict[str, str] | None"]
+
+
+def _run_inline(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int,
+                sig: _Signals) -> Generator[Result, None, None]:
+    for spec in todo:
+        sig.check()
+        try:
+            entry = generate_case(spec, workdir, overwrite, limit, guard=lambda: _Critical(sig))
+        except (GenerationInterrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a case failing must not lose the others
+            yield spec.id, None, _failure(e)
+            continue
+        yield spec.id, entry, None
+
+
+def _pool_worker(conn: Any, threads: int) -> None:
+    """A worker process: signals are the parent's business (it terminates us); one case at a time,
+    JSON over the pipe (no pickle)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    limit_blas_threads(threads)
+    while True:
+        try:
+            msg = json.loads(conn.recv_bytes().decode("utf-8"))
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        try:
+            # SIGTERM is held from writing the file until its entry is sent: a stopping parent
+            # (which waits a moment before it kills) records every case whose file exists.
+            entry = generate_case(validate_spec(msg["spec"]), Path(msg["root"]), msg["overwrite"], msg["limit"],
+                                  guard=_HoldSigterm)
+            reply: dict[str, Any] = {"id": msg["spec"]["id"], "entry": entry}
+        except BaseException as e:  # noqa: B036 - report everything, MemoryError included
+            reply = {"id": msg["spec"]["id"], "error": _failure(e)}
+        try:
+            conn.send_bytes(json.dumps(reply, allow_nan=False).encode("utf-8"))
+        except (OSError, ValueError):
+            return
+        finally:
+            _HoldSigterm.release()
+
+
+class _HoldSigterm:
+    """Defer SIGTERM in a worker (entered around writing a case); :meth:`release` restores the
+    default action once the case's entry is sent, and a SIGTERM that came meanwhile then ends the
+    worker.  (A Python handler, not a blocked mask: the signal may be delivered to any thread.)"""
+
+    pending = False
+
+    def __enter__(self) -> None:
+        _HoldSigterm.pending = False
+        signal.signal(signal.SIGTERM, _HoldSigterm._note)
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is not None:
+            _HoldSigterm.release()
+
+    @staticmethod
+    def _note(signum: int, frame: Any) -> None:
+        _HoldSigterm.pending = True
+
+    @staticmethod
+    def release() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _HoldSigterm.pending:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Worker:
+    def __init__(self, ctx: Any, threads: int) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_pool_worker, args=(child, threads), daemon=True)
+        self.proc.start()
+        child.close()
+        self.case: str | None = None
+
+
+def _stop_workers(workers: list[_Worker], sig: _Signals) -> list[Result]:
+    """Terminate every worker; kill those still alive after the grace period (or at once on a
+    second signal).  Returns the results that had been sent before they stopped."""
+    for w in workers:
+        if w.proc.is_alive():
+            w.proc.terminate()
+    deadline = time.monotonic() + _STOP_GRACE
+    for w in workers:
+        left = 0.0 if sig.count > 1 else max(0.0, deadline - time.monotonic())
+        w.proc.join(left)
+        if w.proc.is_alive():
+            w.proc.kill()
+    results: list[Result] = []
+    for w in workers:
+        w.proc.join(0.5)
+        try:
+            while w.case is not None and not w.conn.closed and w.conn.poll():
+                reply = json.loads(w.conn.recv_bytes().decode("utf-8"))
+                if reply.get("entry") is not None:
+                    results.append((w.case, reply["entry"], None))
+                w.case = None
+        except (EOFError, OSError, ValueError):
+            pass
+        if not w.conn.closed:
+            w.conn.close()
+    return results
+
+
+def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, jobs: int,
+              sig: _Signals) -> Generator[Result, None, None]:
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    saved = {k: os.environ.get(k) for k in _BLAS_KEYS}
+    os.environ.update({k: str(threads) for k in _BLAS_KEYS})  # inherited by the workers
+    # Fork where the platform has it: workers start at once with the package imported, and
+    # scripts without a ``__main__`` guard work (spawn re-imports them); each worker then
+    # limits its BLAS threads (_parallel resets its own pool after a fork).  Spawn elsewhere.
+    # Results are exact, so neither the start method nor the thread counts change a byte.
+    ctx = mp.get_context("fork" if sys.platform == "linux" and "fork" in mp.get_all_start_methods() else "spawn")
+    pending = list(todo)
+    workers: list[_Worker] = []
+    try:
+        with _Critical(sig):
+            workers = [_Worker(ctx, threads) for _ in range(min(jobs, len(todo)))]
+        while pending or any(w.case for w in workers):
+            if sig.signum is not None:
+                with _Critical(sig):
+                    finished = _stop_workers(workers, sig)
+                yield from finished  # cases whose files were written before the workers stopped
+                return
+            for w in workers:
+                if w.case is None and pending:
+                    spec = pending.pop(0)
+                    msg = {"spec": spec.to_dict(), "root": str(workdir), "overwrite": overwrite, "limit": limit}
+                    try:
+                        w.conn.send_bytes(json.dumps(msg).encode("utf-8"))
+                        w.case = spec.id
+                    except OSError:
+                        pending.insert(0, spec)
+            busy = [w for w in workers if w.case]
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.2)
+            for w in busy:
+                case_id = w.case
+                assert case_id is not None
+                if w.conn in ready or w.conn.poll():
+                    try:
+                        reply = json.loads(w.conn.recv_bytes().decode("utf-8"))
+                    except (EOFError, OSError, ValueError):
+                        reply = None
+                    if reply is not None:
+                        w.case = None
+                        yield case_id, reply.get("entry"), reply.get("error")
+                        continue
+                if w.proc.sentinel in ready or not w.proc.is_alive():
+                    code = w.proc.exitcode
+                    how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else
+                           f"exit code {code}")
+                    hint = " (perhaps by the out-of-memory killer)" if code == -signal.SIGKILL else ""
+                    w.conn.close()
+                    idx = workers.index(w)
+                    with _Critical(sig):
+                        workers[idx] = _Worker(ctx, threads)
+                    yield case_id, None, {"kind": "resource", "message": f"worker process {how}{hint}"}
+    finally:
+        with _Critical(sig):
+            _stop_workers(workers, sig)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _run_dask(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, scheduler: str | None,
+              sig: _Signals) -> Generator[Result, None, None]:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise BundleError("golden: executor 'dask' needs dask.distributed: pip install 'deepgemm-ref[dask]'") from None
+    if not scheduler:
+        raise BundleError("golden: executor 'dask' needs --scheduler ADDRESS")
+    try:
+        client = Client(scheduler, timeout="10s")
+    except (OSError, TimeoutError) as e:
+        raise BundleError(f"golden: cannot reach the Dask scheduler at {scheduler}: {e}") from None
+    # A token file: tasks still running after this run stops see it gone and write nothing.
+    token = f".run-{uuid.uuid4().hex}.tmp"
+    (workdir / CASES_DIR / token).touch()
+    futures: dict[Any, str] = {}
+    try:
+        futures = {client.submit(_dask_task, s.to_dict(), str(workdir.resolve()), overwrite, limit, token,
+                                 key=f"case-{s.id}-{uuid.uuid4().hex[:8]}", pure=False, retries=0): s.id
+                   for s in todo}
+        pending = set(futures)
+        stop_at: float | None = None
+        while pending:
+            if sig.signum is not None:
+                # a short grace: tasks that were writing their case report it and are recorded
+                stop_at = stop_at or time.monotonic() + _STOP_GRACE / 2
+                if time.monotonic() >= stop_at or sig.count > 1:
+                    return
+            done = [f for f in pending if f.done()]
+            if not done:
+                time.sleep(0.1)
+                continue
+            for fut in done:
+                pending.discard(fut)
+                try:
+                    yield futures[fut], fut.result(), None
+                except Exception as e:
+                    yield futures[fut], None, _failure(e)
+    finally:
+        with _Critical(sig):
+            try:
+                (workdir / CASES_DIR / token).unlink()
+            except OSError:
+                pass
+            left = [f for f in futures if not f.done()]
+            if left:
+                try:
+                    client.cancel(left, force=True)
+                except Exception:  # noqa: BLE001 - best effort while stopping
+                    pass
+            try:
+                client.close(timeout=2)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# ----------------------------------------------------------------------------------------------
+# generate
+# ----------------------------------------------------------------------------------------------
+
+def _sweep_temporaries(workdir: Path) -> None:
+    """Remove the temporary files a run (or an interrupted earlier one) left in the bundle."""
+    for d in (workdir, workdir / CASES_DIR):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    os.unlink(d / name)
+                except OSError:
+                    pass
+
+
+def _prepare(plan: Plan) -> Path:
+    """The directory cases are written to (the bundle itself, or the sibling build directory)."""
+    root = plan.root
+    try:
+        if plan.mode == "replace":
+            work = root.parent / f".{root.name}.new-{uuid.uuid4().hex[:12]}"
+            (work / CASES_DIR).mkdir(parents=True)
+            return work
+        (root / CASES_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BundleError(f"{root}: cannot create the bundle directory: {e.strerror or e}") from None
+    if not os.access(root, os.W_OK) or not os.access(root / CASES_DIR, os.W_OK):
+        raise BundleError(f"{root}: not writable")
+    if (root / CASES_DIR).is_symlink():
+        raise BundleError(f"{root / CASES_DIR}: is a symlink (refused)")
+    return root
+
+
+def _swap(plan: Plan, work: Path) -> None:
+    """Put the complete new bundle in place of the old one; entries of the old directory that are
+    not part of a bundle (the user's files) move along."""
+    root = plan.root
+    old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(root, old)
+    try:
+        os.rename(work, root)
+    except OSError:
+        os.rename(old, root)
+        raise
+    for name in os.listdir(old):
+        if name not in (MANIFEST_NAME, CASES_DIR) and not (name.startswith(".") and name.endswith(".tmp")):
+            os.rename(old / name, root / name)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def generate(
+    specs: Iterable[CaseSpec | Mapping[str, Any]],
+    out_dir: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    resume: bool = False,
+    jobs: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
+    progress: Any = None,
+    max_memory: int | None = None,
+    dry_run: bool = False,
+    on_plan: Callable[[Plan], None] | None = None,
+    source: str = "",
+) -> dict[str, Any]:
+    """Generate a bundle: plan, build every case, compute its golden, write files atomically.
+
+    jobs: worker processes (``executor="local"``), each given ``cpu_count // jobs`` BLAS threads.
+    executor: ``"local"`` or ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
+    ``scheduler``, which must see ``out_dir``).
+    resume: keep the verified cases of an existing (possibly incomplete) bundle, generate the rest.
+    force: replace an existing bundle (built aside and swapped in when complete).
+    max_memory: the memory limit in bytes (default: :func:`.resources.default_memory_limit`);
+    with local jobs each case must fit in ``max_memory / jobs``.
+    dry_run: return the plan (:meth:`Plan.to_json`) and write nothing.  on_plan: called with the
+    plan before any work.  progress: a :class:`.progress.Progress`-like object or a callable
+    ``f(done, total, case_id)``.  source: names the specification file in errors.
+    Every case is deterministic, so the bundle's bytes do not depend on jobs or the executor.
+    On failures the finished cases are kept (listed in the manifest with the unfinished ones
+    under ``"incomplete"``) and :class:`CaseFailures` names each failing case and why.
+    On SIGINT / SIGTERM: :class:`GenerationInterrupted` (see the module docstring).
+    Returns the manifest.
+    """
+    plan = plan_generation(specs, out_dir, force=force, resume=resume, jobs=jobs, executor=executor,
+                           max_memory=max_memory, source=source)
+    if on_plan is not None:
+        on_plan(plan)
+    if dry_run:
+        return plan.to_json()
+    return _execute(plan, scheduler, as_progress(progress))
+
+
+def _execute(plan: Plan, scheduler: str | None, progress: Any) -> dict[str, Any]:
+    ids = [c.spec.id for c in plan.cases]
+    todo = plan.todo
+    inline = plan.executor == "local" and (plan.jobs == 1 or len(todo) <= 1)
+    finished: dict[str, dict[str, Any]] = dict(plan.kept)
+    failures: dict[str, dict[str, str]] = {}
+    in_place = plan.mode != "replace"
+    with _Signals(raise_now=inline) as sig:
+        with _Critical(sig):
+            work = _prepare(plan)
+
+        def checkpoint() -> dict[str, Any]:
+            manifest = new_manifest([finished[i] for i in ids if i in finished], [i for i in ids if i not in finished])
+            write_manifest(work, manifest)
+            return manifest
+
+        results: Generator[Result, None, None] | None = None
+        try:
+            sig.check()
+            if in_place:
+                with _Critical(sig):
+                    _sweep_temporaries(work)
+                    checkpoint()
+            overwrite = plan.mode != "replace"
+            costs = {c.spec.id: (c.estimate.work if c.estimate else 1.0) for c in todo}
+            total_work = sum(costs.values())
+            progress.start(len(todo), total_work)
+            done_work = 0.0
+            last = time.monotonic()
+            specs = [c.spec for c in todo]
+            if plan.executor == "dask":
+                results = _run_dask(specs, work, overwrite, plan.case_limit, scheduler, sig)
+            elif inline:
+                results = _run_inline(specs, work, overwrite, plan.case_limit, sig)
+            else:
+                results = _run_pool(specs, work, overwrite, plan.case_limit, plan.jobs, sig)
+            for n, (case_id, entry, failure) in enumerate(results, start=1):
+                if entry is not None:
+                    finished[case_id] = entry
+                else:
+                    failures[case_id] = failure or {"kind": "internal", "message": "no result"}
+                done_work += costs.get(case_id, 0.0)
+                progress.update(n, done_work, case_id)
+                if in_place and time.monotonic() - last >= _CHECKPOINT_SECONDS:
+                    with _Critical(sig):
+                        checkpoint()
+                    last = time.monotonic()
+            with _Critical(sig):
+                results.close()  # stops the workers (pool, Dask) now
+            if any(i not in finished for i in ids):
+                sig.check()  # a signal once every case is finished changes nothing: complete the bundle
+        except KeyboardInterrupt as e:
+            if results is not None:
+                with _Critical(sig):
+                    results.close()
+            if not isinstance(e, GenerationInterrupted):
+                sig.note_keyboard_interrupt()
+            with _Critical(sig):
+                progress.finish()
+                assert sig.signum is not None
+                raise GenerationInterrupted(sig.signum, _stopped(plan, work, finished, ids, sig.signum,
+                                                                 checkpoint if in_place else None)) from None
+        except BaseException:
+            with _Critical(sig):
+                if results is not None:
+                    results.close()
+                if in_place:
+                    checkpoint()
+                    _sweep_temporaries(work)
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
+            raise
+        with _Critical(sig):
+            progress.finish()
+            missing = [i for i in ids if i not in finished]
+            if missing:
+                if in_place:
+                    checkpoint()
+                    _sweep_temporaries(work)
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
+                raise _failures_error(plan, finished, failures, missing)
+            manifest = checkpoint()
+            _sweep_temporaries(work)
+            if plan.mode == "replace":
+                try:
+                    _swap(plan, work)
+                except OSError as e:
+                    shutil.rmtree(work, ignore_errors=True)
+                    raise BundleError(f"{plan.root}: cannot put the new bundle in place: {e}") from None
+            elif plan.mode == "resume":
+                for rel in plan.stale:
+                    try:
+                        os.unlink(plan.root / rel)
+                    except OSError:
+                        pass
+        return manifest
+
+
+def _stopped(plan: Plan, work: Path, finished: dict[str, Any], ids: list[str], signum: int,
+             checkpoint: Callable[[], Any] | None) -> str:
+    name = signal.Signals(signum).name
+    kept = sum(i in finished for i in ids)
+    if checkpoint is None:
+        shutil.rmtree(work, ignore_errors=True)
+        return (f"interrupted by {name}: {plan.root} left as it was (--force builds the new bundle aside; "
+                f"its {kept - len(plan.kept)} finished cases were discarded)")
+    checkpoint()
+    _sweep_temporaries(work)
+    return (f"interrupted by {name}: {kept} of {len(ids)} cases finished and kept in {plan.root} (manifest marked "
+            "incomplete); run the same command with --resume to finish")
+
+
+def _failures_error(plan: Plan, finished: dict[str, Any], failures: dict[str, dict[str, str]],
+                    missing: list[str]) -> CaseFailures:
+    lines = [f"case {cid!r}: {f['message']}" for cid, f in list(failures.items())[:20]]
+    kinds = {f["kind"] for f in failures.values()}
+    where = (f"{len(finished)} of {len(finished) + len(missing)} cases finished and kept in {plan.root}"
+             if plan.mode != "replace" else f"{plan.root} left as it was (the new bundle was not complete)")
+    advice = []
+    if "input" in kinds:
+        advice.append("fix the specification of the failing cases")
+    if "resource" in kinds:
+        advice.append("free memory or disk and re-run with --resume" if plan.mode != "replace" else
+                      "free memory or disk and re-run")
+    if "internal" in kinds:
+        advice.append("an unexpected error is a bug in deepgemm_ref: please report it")
+    return CaseFailures("\n".join(lines) + f"\n{where}; " + "; ".join(advice), internal="internal" in kinds)
+
+
+# ----------------------------------------------------------------------------------------------
+# verify
+# ----------------------------------------------------------------------------------------------
+
+def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: Any = None,
+           max_memory: int | None = None) -> dict[str, Any]:
+    """Check every hash; with ``regenerate`` rebuild each case and compare the bytes.
+
+    Returns {"cases": n, "ok": bool, "problems": [str], "incomplete": [ids], "regenerated": n}.
+    An incomplete bundle is not ok.
+    """
+    b = load_bundle(root, max_memory=max_memory)
+    problems: list[str] = []
+    prog = as_progress(progress)
+    costs: dict[str, float] = {}
+    for case_id, entry in b.cases.items():
+        costs[case_id] = _entry_cost(entry, regenerate)
+    prog.start(len(b.cases), sum(costs.values()))
+    done_work = 0.0
+    regenerated = 0
+    for n, case_id in enumerate(b.cases, start=1):
+        try:
+            data = b.case(case_id)
+            if regenerate:
+                built = build_case(CaseSpec.from_dict(data.entry["spec"]), max_memory=b.max_memory)
+                golden, _ = compute_golden(built)
+                fresh = {f"input.{k}": v for k, v in built.inputs.items()}
+                fresh.update({f"golden.{k}": v for k, v in golden.items()})
+                for name, meta in data.entry["tensors"].items():
+                    if name not in fresh:
+                        problems.append(f"case {case_id!r}: regenerated case lacks {name!r}")
+                    elif st.tensor_sha256(fresh[name]) != meta["sha256"]:
+                        problems.append(f"case {case_id!r}: regenerated {name!r} differs from the stored bytes")
+                for name in sorted(set(fresh) - set(data.entry["tensors"])):
+                    problems.append(f"case {case_id!r}: regenerated case has an extra tensor {name!r}")
+                regenerated += 1
+        except DGArgumentError as e:
+            problems.append(str(e))
+        done_work += costs[case_id]
+        prog.update(n, done_work, case_id)
+    prog.finish()
+    if b.incomplete:
+        problems.append(f"the bundle is incomplete: {len(b.incomplete)} cases were not generated "
+                        f"({', '.join(b.incomplete[:5])}{', ...' if len(b.incomplete) > 5 else ''}); "
+                        "finish it with golden --resume")
+    return {"cases": len(b.cases), "ok": not problems, "problems": problems, "incomplete": list(b.incomplete),
+            "regenerated": regenerated}
+
+
+def _entry_cost(entry: Mapping[str, Any], regenerate: bool) -> float:
+    """A manifest entry's work: the family estimate of its spec when regenerating, else its bytes."""
+    size = float(sum(math.prod(t["shape"]) for t in entry["tensors"].values()))
+    if regenerate:
+        try:
+            est = estimate_case(validate_spec(entry["spec"]))
+            if est is not None:
+                return est.work
+        except DGArgumentError:
+            pass
+    return size + 1.0
+
