@@ -72,8 +72,10 @@ from ._args import as_array
 from ._args import is_contiguous as _contiguous
 from ._parallel import parallel_chunks
 from .api import profiled
+from .certified import FormatRounding, Points, round_certified
 from .config import get_numerics
 from .errors import arg_error
+from .exact import U64, align, ceil_div, dd_to_f64_round_odd, gamma, two_sum
 from .interop import caller_kind, from_numpy, torch_dtype_name
 from .profiles import Profile, get_profile
 
@@ -94,8 +96,6 @@ _I8 = np.dtype(np.int8)
 _U8 = np.dtype(np.uint8)
 _I16 = np.dtype(np.int16)
 _I32 = np.dtype(np.int32)
-
-U64 = 2.0**-53
 
 # Note: DeepGEMM-Ascend's bf16 multiply-accumulate is modelled as fused (one rounding per head);
 # the port's source does not say, and the choice only matters under the fp32 / limited models.
@@ -136,19 +136,6 @@ class _TorchDtypeName:
 
 
 _TORCH_FLOAT32 = _TorchDtypeName("float32")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _align(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-def _gamma(n: int) -> float:
-    nu = n * U64
-    return nu / (1 - nu)
 
 
 def _strides(a: np.ndarray) -> tuple[int, ...]:
@@ -374,29 +361,10 @@ def _byte_view(cache: np.ndarray, offset: int, shape: tuple[int, ...], strides: 
 # roundings used by the device models (all exact emulations of one IEEE operation each)
 # ----------------------------------------------------------------------------------------------
 
-def _round_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Round-to-odd float64 of the exact s + e (s = fl(s + e)): a later RNE to float32 or bf16 is
-    then the single correct rounding of s + e (53 >= 24 + 2)."""
-    sb = s.view(np.uint64)
-    fix = (e != 0) & ((sb & np.uint64(1)) == 0) & np.isfinite(s)
-    if np.any(fix):
-        sb = sb.copy()
-        up = (e > 0) != (s < 0)  # moving away from zero is +1 on the magnitude bits
-        sb[fix] = np.where(up[fix], sb[fix] + np.uint64(1), sb[fix] - np.uint64(1))
-        return sb.view(np.float64)
-    return s
-
-
-def _sum_exact(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
 def _fma_f32(a: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
     """float32 ``fma(a, w, c)``: RN_f32(a * w + c) with one rounding (a * w is exact in float64)."""
-    s, e = _sum_exact(c.astype(np.float64), a.astype(np.float64) * w)
-    return _round_odd(s, e).astype(np.float32)
+    s, e = two_sum(c.astype(np.float64), a.astype(np.float64) * w)
+    return dd_to_f64_round_odd(s, e).astype(np.float32)
 
 
 def _to_bf16_value(x: np.ndarray) -> np.ndarray:
@@ -406,13 +374,13 @@ def _to_bf16_value(x: np.ndarray) -> np.ndarray:
 
 def _fma_bf16(a: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
     """bf16 fused multiply-add RN_bf16(a * w + c) on bf16 values held in float64."""
-    s, e = _sum_exact(c, a * w)  # a * w: 8 + 8 significand bits, exact
-    return _to_bf16_value(_round_odd(s, e))
+    s, e = two_sum(c, a * w)  # a * w: 8 + 8 significand bits, exact
+    return _to_bf16_value(dd_to_f64_round_odd(s, e))
 
 
 def _add_bf16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    s, e = _sum_exact(a, b)
-    return _to_bf16_value(_round_odd(s, e))
+    s, e = two_sum(a, b)
+    return _to_bf16_value(dd_to_f64_round_odd(s, e))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -651,7 +619,7 @@ def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | Non
     """S = |s_j| sum_h |w_h| S_h (rounded up) from the per-head error scales S_h (rows, H, n)."""
     wa = np.abs(w.astype(np.float64))[:, None, :]
     with np.errstate(over="ignore", invalid="ignore"):
-        s = np.matmul(wa, s_heads)[:, 0, :] * (1 + 2 * _gamma(s_heads.shape[1] + 2))
+        s = np.matmul(wa, s_heads)[:, 0, :] * (1 + 2 * gamma(s_heads.shape[1] + 2))
         if kvs is not None:
             s = s * np.abs(kvs)[None, :] * (1 + 4 * U64)
     return s
@@ -682,11 +650,11 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
         w2 = np.stack([w64, np.abs(w64)], axis=1)  # (rows, 2, H)
         ta = np.matmul(w2, x)  # (rows, 2, n): one pass over x
         t, a = ta[:, 0], ta[:, 1]
-        err = a * (_gamma(heads + 2) * (1 + 8 * U64))
+        err = a * (gamma(heads + 2) * (1 + 8 * U64))
         if not exact_x:
             # |relu(x^) - relu(x)| <= |x^ - x| <= x_err, weighted by |w| and summed over heads
             assert x_err is not None
-            err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * _gamma(heads + 2))
+            err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * gamma(heads + 2))
         if kvs is not None:
             z = t * kvs[None, :]
             e_all = (err * np.abs(kvs)[None, :] + np.abs(z) * U64) * (1 + 8 * U64)
@@ -696,16 +664,11 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
         z += 0.0  # the exact value has no sign: a zero logit is +0 (as the devices' +0-seeded sums give)
         # A floor for an error bound that underflowed; an exact zero (A == 0) keeps E == 0.
         e_all = np.where((e_all > 0) | (a > 0), e_all + 2.0**-1070, e_all)
-        codes = fm.round_f64(z, out).view(out.code_dtype)
-        # Interval ends rounded outward (fl(z -+ E) may land inside by half an ulp).
-        wide = e_all > 0
-        lo = fm.round_f64(np.where(wide, np.nextafter(z - e_all, -np.inf), z), out).view(out.code_dtype)
-        hi = fm.round_f64(np.where(wide, np.nextafter(z + e_all, np.inf), z), out).view(out.code_dtype)
-    pending = (lo != hi) & np.isfinite(z) & needed
-    stats["bounded"] = stats.get("bounded", 0) + int(np.count_nonzero(needed)) - int(np.count_nonzero(pending))
-    if np.any(pending):
-        ii, jj = np.nonzero(pending)
-        for i, j in zip(ii.tolist(), jj.tolist(), strict=True):
+    rounding = FormatRounding(out)
+
+    def exact(at: Points) -> np.ndarray:
+        codes = np.empty(at[0].size, out.code_dtype)
+        for p, (i, j) in enumerate(zip(at[0].tolist(), at[1].tolist(), strict=True)):
             if x_err is None or not np.any(x_err[i, :, j]):
                 xs = [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
             else:
@@ -713,9 +676,16 @@ def _exact_logits(plan: _Plan, qop: core.Operand, keys: _Keys, w: np.ndarray, x:
             v = sum((Fraction(float(w64[i, h])) * xs[h] for h in range(heads)), Fraction(0))
             if kvs is not None:
                 v *= Fraction(float(kvs[j]))
-            codes[i, j] = fm.encode_scalar(v, out, fm.IEEE_RNE)
+            codes[p] = rounding.exact(v)
             z[i, j] = float(v)
-        stats["fraction"] = stats.get("fraction", 0) + int(ii.size)
+        return codes
+
+    # Non-finite values follow IEEE arithmetic; pairs outside their row's range are discarded.
+    codes, pending = round_certified(z, e_all, rounding, final=~np.isfinite(z) | ~needed, fallback=exact)
+    n_pending = int(np.count_nonzero(pending))
+    stats["bounded"] = stats.get("bounded", 0) + int(np.count_nonzero(needed)) - n_pending
+    if n_pending:
+        stats["fraction"] = stats.get("fraction", 0) + n_pending
     return codes, z
 
 
@@ -775,7 +745,7 @@ def _range_mask(shape: tuple[int, int], lo: np.ndarray, hi: np.ndarray) -> np.nd
 def _clean(alloc: np.ndarray, seq: int, seq_kv: int, ks: np.ndarray, ke: np.ndarray) -> None:
     """smxx_clean_logits: -inf at columns [0, ks) and [ke, right) of every row, where the kernel's
     8192-column blocks stop at min(ceil(seq_kv / 8192) * 8192, row stride) (beyond the view)."""
-    right = min(_align(seq_kv, _CLEAN_BLOCK), alloc.shape[1])
+    right = min(align(seq_kv, _CLEAN_BLOCK), alloc.shape[1])
     for i in range(seq):
         alloc[i, :int(ks[i])] = -np.inf
         alloc[i, int(ke[i]):right] = -np.inf
@@ -906,10 +876,10 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     elem = 4 if out is fm.F32 else 2
     block_q = 128 // heads
     if max_k == 0:
-        stride, width = _align(seq_kv + _SPLIT_KV, 1024 // elem), seq_kv
+        stride, width = align(seq_kv + _SPLIT_KV, 1024 // elem), seq_kv
     else:
-        stride, width = _align(_align(max_k, _SPLIT_KV), 1024 // elem), max_k
-    alloc, view = _allocate(_align(seq, block_q), stride, seq, width, out)
+        stride, width = align(align(max_k, _SPLIT_KV), 1024 // elem), max_k
+    alloc, view = _allocate(align(seq, block_q), stride, seq, width, out)
 
     if fp4:
         assert q_sf is not None and kv_sf is not None
@@ -1045,7 +1015,7 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     _check(kv_sf.ndim == 2 and kv_sf.shape == (seq_kv, pairs), func, "kv[1]", f"shape ({seq_kv}, {pairs})", kv_sf)
     _check_ranges(func, ks, ke, seq_kv, max_k)
 
-    alloc, view = _allocate(t_q, _align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
+    alloc, view = _allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
     keys = _PlainKeys(kv_data, fp4, _ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
     model, block = _plan_model(get_profile())
     plan = _Plan(func, "ascend", _Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, model, block)
@@ -1106,7 +1076,7 @@ def _sm90_schedule(ctx: np.ndarray, batch: int, next_n: int, num_sms: int) -> np
     prefix = np.cumsum(segs)
     total_segs = int(prefix[-1]) if prefix.size else 0
     atom = 2 if next_n >= 2 else 1
-    atoms = _cdiv(next_n, atom)
+    atoms = ceil_div(next_n, atom)
     total = total_segs * atoms
     q, r = divmod(total, num_sms)
     pivot = num_sms - r
@@ -1198,7 +1168,7 @@ def _cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, in
         _check(2 * batch * 4 <= _SMEM_CAPACITY, func, "context_lens",
                f"at most {_SMEM_CAPACITY // 8} requests (the schedule kernel's shared memory)", ctx_a)
         return _sm100_schedule(ctx, next_n, sms, None if idx is None else idx.astype(np.int64))
-    _check(_align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
+    _check(align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
            f"batch_size <= {_SMEM_CAPACITY // 4} (the schedule kernel's shared memory)", ctx_a)
     # Note: an all-zero schedule (no work) with batch_size a multiple of 32 gives the sentinel row
     # everywhere; DeepGEMM's sm90 kernel reads one shared-memory word past its prefix sums there.
@@ -1234,7 +1204,7 @@ def _ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indic
     _check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
     cores = int(runtime.get_num_sms())
     _check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))
-    ub = _align(_align(8 * rows + 32, 32) + 8 * (cores + 1), 32)
+    ub = align(align(8 * rows + 32, 32) + 8 * (cores + 1), 32)
     _check(ub <= _ASC_UB_BYTES, func, "context_lens", "num_q_tokens small enough for the schedule kernel's "
            f"unified buffer ({_ASC_UB_BYTES} bytes)", f"{rows} rows need {ub} bytes")
     _check_nonnegative(func, "context_lens", ctx_a)
@@ -1402,7 +1372,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     pr = _paged_rows(func, ctx, starts, counts, bt_rows, bt, page, num_pages, max_len)
 
     elem = 4 if out is fm.F32 else 2
-    alloc, view = _allocate(rows, _align(_align(max_len, _SPLIT_KV), 1024 // elem), rows, max_len, out)
+    alloc, view = _allocate(rows, align(align(max_len, _SPLIT_KV), 1024 // elem), rows, max_len, out)
     layout = _PagedLayout("deepgemm", page, value_bytes, 4)
     keys = _PagedKeys(cache, layout, fp4, d, "cuda", bt, pr.bt_rows, pr.base)
     if fp4:
@@ -1529,7 +1499,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     ctx = ctx_a.astype(np.int64).reshape(-1)
     starts, counts = _runs(idx.astype(np.int64))
     pr = _paged_rows(func, ctx, starts, counts, starts, bt, page, int(cache.shape[0]), max_len)
-    alloc, view = _allocate(rows, _align(max_len, _ASC_ROW_ALIGN), rows, max_len, fm.BF16)
+    alloc, view = _allocate(rows, align(max_len, _ASC_ROW_ALIGN), rows, max_len, fm.BF16)
     layout = _PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = _PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = _Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Literal, Protocol
 
 import ml_dtypes
@@ -31,6 +30,8 @@ import numpy as np
 
 from .. import core
 from .. import formats as fm
+from ..certified import FormatRounding, Points, round_certified
+from ..exact import fraction_sum, two_sum
 from . import _swiglu as sw
 
 __all__ = [
@@ -213,25 +214,30 @@ def combine_rows(values: np.ndarray, model: Any,
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
             v = values[:, k, :].astype(np.float64)
-            s = acc + v
-            bb = s - acc
-            exact &= ((acc - (s - bb)) + (v - bb)) == 0  # TwoSum error of this addition
-            acc = s
+            acc, e = two_sum(acc, v)
+            exact &= e == 0
             if S is not None:
                 S += np.abs(v)
-    exact_sums = {}
-    for r, c in np.argwhere(~exact & np.isfinite(acc)):
-        ex = sum((Fraction(float(x)) for x in values[r, :, c].astype(np.float64)), Fraction(0))
-        exact_sums[(int(r), int(c))] = ex
-        acc[r, c] = float(ex)
     if S is not None:
         S *= 1 + 2.0**-50  # an upper bound also where the float64 sum of |terms| rounded
     acc[acc == 0] = 0.0  # an exact zero sum is +0
+    rounding = FormatRounding(fm.BF16)
+
+    def exact_sum(at: Points) -> np.ndarray:
+        codes = np.empty(at[0].size, np.uint16)
+        for p, (r, c) in enumerate(zip(at[0].tolist(), at[1].tolist(), strict=True)):
+            ex = fraction_sum(values[r, :, c].astype(np.float64))
+            acc[r, c] = float(ex) + 0.0  # the nearest float64 (an exact zero sum is +0)
+            codes[p] = rounding.exact(ex)
+        return codes
+
+    # The estimate is exact where every TwoSum error vanished (bound 0); elsewhere the bound is
+    # unknown (inf) and the Fraction sum decides (it also makes ``acc`` the exact sum's nearest
+    # float64 under every model).  Non-finite sums follow IEEE arithmetic.
+    bound = np.where(exact, 0.0, np.inf)
+    codes, _ = round_certified(acc, bound, rounding, final=~np.isfinite(acc), fallback=exact_sum)
     if model == "exact":
-        y = fm.round_f64(acc, fm.BF16)
-        for (r, c), ex in exact_sums.items():
-            y[r, c] = np.array([fm.encode_scalar(ex, fm.BF16, fm.IEEE_RNE)], np.uint16).view(BF16)[0]
-        return y, acc, S
+        return codes.view(BF16), acc, S
     acc32 = np.zeros((n, hdim), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
