@@ -63,13 +63,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-import ml_dtypes
 import numpy as np
 
 from . import core, runtime, trace
 from . import formats as fm
-from ._args import as_array
-from ._args import is_contiguous as _contiguous
 from ._parallel import parallel_chunks
 from .api import profiled
 from .certified import FormatRounding, Points, round_certified
@@ -78,6 +75,24 @@ from .errors import arg_error
 from .exact import U64, align, ceil_div, dd_to_f64_round_odd, gamma, two_sum
 from .interop import caller_kind, from_numpy, torch_dtype_name
 from .profiles import Profile, get_profile
+from .toolkit.args import (
+    BF16,
+    E4M3,
+    F32,
+    I8,
+    I16,
+    I32,
+    U8,
+    as_array,
+    as_pair,
+    bool_arg,
+    check,
+    dtype_name,
+    int_arg,
+    is_contiguous,
+    strides,
+    unit_stride,
+)
 
 __all__ = [
     "fp8_fp4_mqa_logits",
@@ -88,14 +103,6 @@ __all__ = [
     "ASCEND_BF16_MULA_FUSED",
     "TASK_ELEMENTS",
 ]
-
-_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-_F32 = np.dtype(np.float32)
-_I8 = np.dtype(np.int8)
-_U8 = np.dtype(np.uint8)
-_I16 = np.dtype(np.int16)
-_I32 = np.dtype(np.int32)
 
 # Note: DeepGEMM-Ascend's bf16 multiply-accumulate is modelled as fused (one rounding per head);
 # the port's source does not say, and the choice only matters under the fp32 / limited models.
@@ -136,49 +143,6 @@ class _TorchDtypeName:
 
 
 _TORCH_FLOAT32 = _TorchDtypeName("float32")
-
-
-def _strides(a: np.ndarray) -> tuple[int, ...]:
-    return tuple(s // a.itemsize for s in a.strides)
-
-
-def _unit_stride(a: np.ndarray, axis: int) -> bool:
-    """stride(axis) == 1, as DeepGEMM's checks read it (size-1 axes and empty arrays pass)."""
-    # Note: zero-size arrays pass stride checks (NumPy gives them arbitrary strides, often 0).
-    return a.size == 0 or a.shape[axis] <= 1 or _strides(a)[axis] == 1
-
-
-def _arr(func: str, arg: str, x: Any) -> np.ndarray:
-    a = as_array(x, func, arg)
-    assert a is not None
-    return a
-
-
-def _int_arg(func: str, arg: str, v: Any, minimum: int | None = None) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise arg_error(func, arg, "an int", f"{type(v).__name__} {v!r}")
-    if minimum is not None and v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(int(v)))
-    return int(v)
-
-
-def _bool_arg(func: str, arg: str, v: Any) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise arg_error(func, arg, "a bool", f"{type(v).__name__} {v!r}")
-    return bool(v)
-
-
-def _pair(func: str, arg: str, x: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    if not isinstance(x, (tuple, list)) or len(x) != 2:
-        raise arg_error(func, arg, "a (data, scale factor) pair", f"{type(x).__name__}")
-    data = _arr(func, f"{arg}[0]", x[0])
-    sf = as_array(x[1], func, f"{arg}[1]", allow_none=True)
-    return data, sf
-
-
-def _check(cond: bool, func: str, arg: str, expected: str, got: Any) -> None:
-    if not cond:
-        raise arg_error(func, arg, expected, got)
 
 
 def _logits_format(func: str, logits_dtype: Any) -> fm.Format:
@@ -340,11 +304,11 @@ class _PagedKeys:
                 by = fm.unpack_ue8m0_int32(raw.view("<i4"))[:, : d // 32]
                 return _Keys(core.Operand(fm.unpack_fp4(vals), _ue8m0_scales(by), 32, codes_fmt=fm.E2M1), None)
             ts = raw.view("<f4").reshape(n).astype(np.float64)
-            return _Keys(core.Operand(vals.view(_E4M3), None, 32), ts)
+            return _Keys(core.Operand(vals.view(E4M3), None, 32), ts)
         by = fm.unpack_ue8m0_int16(raw.view("<i2"))[:, : d // 32]
         if self.fp4:
             return _Keys(core.Operand(fm.unpack_fp4(vals), _ue8m0_scales(by), 32, codes_fmt=fm.E2M1), None)
-        return _Keys(core.Operand(vals.view(_E4M3), _ue8m0_scales(by), 32), None)
+        return _Keys(core.Operand(vals.view(E4M3), _ue8m0_scales(by), 32), None)
 
 
 def _byte_view(cache: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
@@ -610,7 +574,7 @@ def _model_logits(plan: _Plan, x: np.ndarray, w: np.ndarray, kvs: np.ndarray | N
         return _reduce_ascend(x, w, ASCEND_BF16_MULA_FUSED)
     if plan.reduction == "sm90":
         return _reduce_sm90(x, w, kvs).astype(np.float64)
-    if w.dtype == _BF16:
+    if w.dtype == BF16:
         return _reduce_sm100_bf16(x, w, kvs)
     return _reduce_sm100_f32(x, w, kvs).astype(np.float64)
 
@@ -757,9 +721,9 @@ def _clean(alloc: np.ndarray, seq: int, seq_kv: int, ks: np.ndarray, ke: np.ndar
 
 def _check_seq_lens(func: str, arg: str, x: np.ndarray, seq: int) -> np.ndarray:
     # Note: cu_seq_len_k_start / _end must be 1-D; DeepGEMM only checks size(0) and contiguity.
-    _check(x.ndim == 1 and x.shape[0] == seq, func, arg, f"a 1-D array of {seq} entries (one per query)", x)
-    _check(x.dtype == _I32, func, arg, "dtype int32", x)
-    _check(_contiguous(x), func, arg, "a contiguous array", x)
+    check(x.ndim == 1 and x.shape[0] == seq, func, arg, f"a 1-D array of {seq} entries (one per query)", x)
+    check(x.dtype == I32, func, arg, "dtype int32", x)
+    check(is_contiguous(x), func, arg, "a contiguous array", x)
     return x.astype(np.int64)
 
 
@@ -786,26 +750,22 @@ def _check_ranges(func: str, ks: np.ndarray, ke: np.ndarray, seq_kv: int, max_se
 
 def _check_weights(func: str, w: np.ndarray, rows: int, heads: int, dtypes: tuple[np.dtype, ...],
                    contiguous: bool = False) -> None:
-    _check(w.ndim == 2 and w.shape == (rows, heads), func, "weights", f"shape ({rows}, {heads})", w)
-    _check(_unit_stride(w, 1), func, "weights", "stride(1) == 1", w)
+    check(w.ndim == 2 and w.shape == (rows, heads), func, "weights", f"shape ({rows}, {heads})", w)
+    check(unit_stride(w, 1), func, "weights", "stride(1) == 1", w)
     if contiguous:
-        _check(_contiguous(w), func, "weights", "a contiguous array (FP8 paged MQA logits)", w)
-    _check(w.dtype in dtypes, func, "weights", "dtype " + " or ".join(_dtype_name(t) for t in dtypes), w)
-
-
-def _dtype_name(t: np.dtype) -> str:
-    return {_E4M3: "float8_e4m3fn", _I8: "int8 (packed FP4)", _BF16: "bfloat16"}.get(t, str(t))
+        check(is_contiguous(w), func, "weights", "a contiguous array (FP8 paged MQA logits)", w)
+    check(w.dtype in dtypes, func, "weights", "dtype " + " or ".join(dtype_name(t) for t in dtypes), w)
 
 
 def _cuda_heads(func: str, arg: str, arch: int, heads: int, fp4: bool, x: np.ndarray) -> None:
     allowed = (8, 16, 32, 64) if arch == 10 else (32, 64)
-    _check(heads in allowed, func, arg, f"num_heads in {allowed} on sm{arch}0", x)
+    check(heads in allowed, func, arg, f"num_heads in {allowed} on sm{arch}0", x)
 
 
 def _cuda_weights_and_dtype(func: str, w: np.ndarray, rows: int, heads: int, arch: int, out: fm.Format,
                             contiguous: bool) -> None:
-    _check_weights(func, w, rows, heads, (_F32, _BF16) if arch == 10 else (_F32,), contiguous)
-    if w.dtype == _BF16 and out is not fm.BF16:
+    _check_weights(func, w, rows, heads, (F32, BF16) if arch == 10 else (F32,), contiguous)
+    if w.dtype == BF16 and out is not fm.BF16:
         raise arg_error(func, "logits_dtype", "bfloat16 with bfloat16 weights", "float32")
 
 
@@ -822,52 +782,52 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     profile = get_profile()
     arch = profile.arch_major
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
-    q_data, q_sf = _pair(func, "q", q)
-    kv_data, kv_sf = _pair(func, "kv", kv)
-    clean = _bool_arg(func, "clean_logits", clean_logits)
-    max_k = _int_arg(func, "max_seqlen_k", max_seqlen_k, minimum=0)
+    q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    clean = bool_arg(func, "clean_logits", clean_logits)
+    max_k = int_arg(func, "max_seqlen_k", max_seqlen_k, minimum=0)
     out = _logits_format(func, logits_dtype)
-    w = _arr(func, "weights", weights)
+    w = as_array(weights, func, "weights")
     fp4 = q_sf is not None
-    _check(q_data.ndim == 3, func, "q[0]", "a 3-D array (seq_len, num_heads, head_dim)", q_data)
+    check(q_data.ndim == 3, func, "q[0]", "a 3-D array (seq_len, num_heads, head_dim)", q_data)
     seq, heads = int(q_data.shape[0]), int(q_data.shape[1])
     if fp4:
         d = 2 * int(q_data.shape[2])
-        _check(arch == 10, func, "q[1]", "None on sm90 (FP4 MQA logits need sm100)", q_sf)
-        _check(q_data.dtype == _I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
+        check(arch == 10, func, "q[1]", "None on sm90 (FP4 MQA logits need sm100)", q_sf)
+        check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
         _cuda_heads(func, "q[0]", arch, heads, True, q_data)
-        _check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
-        _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+        check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
+        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
-        _check(q_sf.ndim == 2 and q_sf.shape == (seq, heads), func, "q[1]", f"shape ({seq}, {heads})", q_sf)
-        _check(_contiguous(q_sf) and q_sf.dtype == _I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
-        _check(kv_data.ndim == 2 and kv_data.shape[1] * 2 == d, func, "kv[0]", f"shape (seq_len_kv, {d // 2})",
+        check(q_sf.ndim == 2 and q_sf.shape == (seq, heads), func, "q[1]", f"shape ({seq}, {heads})", q_sf)
+        check(is_contiguous(q_sf) and q_sf.dtype == I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
+        check(kv_data.ndim == 2 and kv_data.shape[1] * 2 == d, func, "kv[0]", f"shape (seq_len_kv, {d // 2})",
                kv_data)
-        _check(kv_data.dtype == _I8 and _contiguous(kv_data), func, "kv[0]", "a contiguous int8 (packed FP4) array",
+        check(kv_data.dtype == I8 and is_contiguous(kv_data), func, "kv[0]", "a contiguous int8 (packed FP4) array",
                kv_data)
         seq_kv = int(kv_data.shape[0])
-        _check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
+        check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
                f"shape ({seq_kv},)", kv_sf)
         assert kv_sf is not None
-        _check(_contiguous(kv_sf) and kv_sf.dtype == _I32, func, "kv[1]", "a contiguous int32 array (packed UE8M0)",
+        check(is_contiguous(kv_sf) and kv_sf.dtype == I32, func, "kv[1]", "a contiguous int32 array (packed UE8M0)",
                kv_sf)
     else:
         d = int(q_data.shape[2])
-        _check(q_data.dtype == _E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
+        check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
         _cuda_heads(func, "q[0]", arch, heads, False, q_data)
-        _check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
-        _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
-        _check(kv_data.ndim == 2 and kv_data.shape[1] == d, func, "kv[0]", f"shape (seq_len_kv, {d})", kv_data)
-        _check(kv_data.dtype == _E4M3 and _contiguous(kv_data), func, "kv[0]", "a contiguous float8_e4m3fn array",
+        check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
+        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+        check(kv_data.ndim == 2 and kv_data.shape[1] == d, func, "kv[0]", f"shape (seq_len_kv, {d})", kv_data)
+        check(kv_data.dtype == E4M3 and is_contiguous(kv_data), func, "kv[0]", "a contiguous float8_e4m3fn array",
                kv_data)
         seq_kv = int(kv_data.shape[0])
-        _check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
+        check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
                f"shape ({seq_kv},)", kv_sf)
         assert kv_sf is not None
-        _check(_contiguous(kv_sf) and kv_sf.dtype == _F32, func, "kv[1]", "a contiguous float32 array", kv_sf)
+        check(is_contiguous(kv_sf) and kv_sf.dtype == F32, func, "kv[1]", "a contiguous float32 array", kv_sf)
     _cuda_weights_and_dtype(func, w, seq, heads, arch, out, contiguous=False)
-    ks = _check_seq_lens(func, "cu_seq_len_k_start", _arr(func, "cu_seq_len_k_start", cu_seq_len_k_start), seq)
-    ke = _check_seq_lens(func, "cu_seq_len_k_end", _arr(func, "cu_seq_len_k_end", cu_seq_len_k_end), seq)
+    ks = _check_seq_lens(func, "cu_seq_len_k_start", as_array(cu_seq_len_k_start, func, "cu_seq_len_k_start"), seq)
+    ke = _check_seq_lens(func, "cu_seq_len_k_end", as_array(cu_seq_len_k_end, func, "cu_seq_len_k_end"), seq)
     if max_k > 0 and clean:
         raise arg_error(func, "clean_logits", "False with compressed logits (max_seqlen_k > 0)", "True")
     _check_ranges(func, ks, ke, seq_kv, max_k)
@@ -943,25 +903,25 @@ def _fp8_mqa_logits_cuda(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
 
 
 def _ascend_heads(func: str, heads: int, x: Any) -> None:
-    _check(4 <= heads <= 64 and heads % 4 == 0, func, "q[0]", "num_heads a multiple of 4 in [4, 64]", x)
+    check(4 <= heads <= 64 and heads % 4 == 0, func, "q[0]", "num_heads a multiple of 4 in [4, 64]", x)
 
 
 def _ascend_q_scales(func: str, q_sf: np.ndarray | None, rows: int, heads: int, pairs: int,
                      four_d: bool) -> np.ndarray:
     """int16 UE8M0 pairs (rows * H, D / 64) (or (rows, H, D / 64) / (rows, 1, H, D / 64)), any
     strides -> float64 scales (rows, H, D / 32)."""
-    _check(q_sf is not None, func, "q[1]", "int16 Q scale factors (MQA logits requires Q scale factors)", "None")
+    check(q_sf is not None, func, "q[1]", "int16 Q scale factors (MQA logits requires Q scale factors)", "None")
     assert q_sf is not None
-    _check(q_sf.dtype == _I16, func, "q[1]", "dtype int16 (packed UE8M0 pairs)", q_sf)
+    check(q_sf.dtype == I16, func, "q[1]", "dtype int16 (packed UE8M0 pairs)", q_sf)
     sf = q_sf
     if four_d and sf.ndim == 4:
-        _check(sf.shape[0] == rows and sf.shape[1] == 1 and sf.shape[2] == heads, func, "q[1]",
+        check(sf.shape[0] == rows and sf.shape[1] == 1 and sf.shape[2] == heads, func, "q[1]",
                f"shape ({rows}, 1, {heads}, {pairs})", sf)
         sf = sf.reshape(rows * heads, sf.shape[3])
     elif not four_d and sf.ndim == 3:
-        _check(sf.shape[0] == rows and sf.shape[1] == heads, func, "q[1]", f"shape ({rows}, {heads}, {pairs})", sf)
+        check(sf.shape[0] == rows and sf.shape[1] == heads, func, "q[1]", f"shape ({rows}, {heads}, {pairs})", sf)
         sf = sf.reshape(rows * heads, sf.shape[2])
-    _check(sf.ndim == 2 and sf.shape == (rows * heads, pairs), func, "q[1]",
+    check(sf.ndim == 2 and sf.shape == (rows * heads, pairs), func, "q[1]",
            f"shape ({rows * heads}, {pairs}) = (tokens * num_heads, head_dim / 64)", q_sf)
     by = fm.unpack_ue8m0_int16(sf)
     return _ue8m0_scales(by).reshape(rows, heads, 2 * pairs)
@@ -984,35 +944,35 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     """
     func = "fp8_fp4_mqa_logits"
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
-    q_data, q_sf = _pair(func, "q", q)
-    kv_data, kv_sf = _pair(func, "kv", kv)
-    w = _arr(func, "weights", weights)
-    _check(q_data.ndim == 3, func, "q[0]", "a 3-D array (num_q_tokens, num_heads, head_dim)", q_data)
-    _check(kv_data.ndim == 2, func, "kv[0]", "a 2-D array (num_kv_tokens, head_dim)", kv_data)
-    _check(w.ndim == 2, func, "weights", "a 2-D array", w)
-    _check(w.dtype == _BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
-    max_k = _int_arg(func, "max_seqlen_k", max_seqlen_k)
+    q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    w = as_array(weights, func, "weights")
+    check(q_data.ndim == 3, func, "q[0]", "a 3-D array (num_q_tokens, num_heads, head_dim)", q_data)
+    check(kv_data.ndim == 2, func, "kv[0]", "a 2-D array (num_kv_tokens, head_dim)", kv_data)
+    check(w.ndim == 2, func, "weights", "a 2-D array", w)
+    check(w.dtype == BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
+    max_k = int_arg(func, "max_seqlen_k", max_seqlen_k)
     t_q, heads = int(q_data.shape[0]), int(q_data.shape[1])
-    fp4 = q_data.dtype == _I8
+    fp4 = q_data.dtype == I8
     d = int(q_data.shape[2]) * (2 if fp4 else 1)
     seq_kv = int(kv_data.shape[0])
     _ascend_heads(func, heads, q_data)
-    _check(d in (64, 128), func, "q[0]", "head_dim 64 or 128", q_data)
-    _check(max_k > 0, func, "max_seqlen_k", "a positive int", repr(max_k))
-    _check_weights(func, w, t_q, heads, (_BF16,))
-    ks = _check_seq_lens(func, "cu_seq_len_k_start", _arr(func, "cu_seq_len_k_start", cu_seq_len_k_start), t_q)
-    ke = _check_seq_lens(func, "cu_seq_len_k_end", _arr(func, "cu_seq_len_k_end", cu_seq_len_k_end), t_q)
-    _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
-    _check(_contiguous(kv_data), func, "kv[0]", "a contiguous array", kv_data)
-    _check(kv_data.shape[1] == (d // 2 if fp4 else d), func, "kv[0]", f"shape ({seq_kv}, {d // 2 if fp4 else d})",
+    check(d in (64, 128), func, "q[0]", "head_dim 64 or 128", q_data)
+    check(max_k > 0, func, "max_seqlen_k", "a positive int", repr(max_k))
+    _check_weights(func, w, t_q, heads, (BF16,))
+    ks = _check_seq_lens(func, "cu_seq_len_k_start", as_array(cu_seq_len_k_start, func, "cu_seq_len_k_start"), t_q)
+    ke = _check_seq_lens(func, "cu_seq_len_k_end", as_array(cu_seq_len_k_end, func, "cu_seq_len_k_end"), t_q)
+    check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+    check(is_contiguous(kv_data), func, "kv[0]", "a contiguous array", kv_data)
+    check(kv_data.shape[1] == (d // 2 if fp4 else d), func, "kv[0]", f"shape ({seq_kv}, {d // 2 if fp4 else d})",
            kv_data)
-    _check((q_data.dtype, kv_data.dtype) in ((_E4M3, _E4M3), (_I8, _I8)), func, "kv[0]",
+    check((q_data.dtype, kv_data.dtype) in ((E4M3, E4M3), (I8, I8)), func, "kv[0]",
            "q and kv both float8_e4m3fn or both int8 (packed FP4)", f"q {q_data.dtype}, kv {kv_data.dtype}")
     pairs = d // 64
     q_scales = _ascend_q_scales(func, q_sf, t_q, heads, pairs, four_d=False)
-    _check(kv_sf is not None and kv_sf.dtype == _I16, func, "kv[1]", "dtype int16 (packed UE8M0 pairs)", kv_sf)
+    check(kv_sf is not None and kv_sf.dtype == I16, func, "kv[1]", "dtype int16 (packed UE8M0 pairs)", kv_sf)
     assert kv_sf is not None
-    _check(kv_sf.ndim == 2 and kv_sf.shape == (seq_kv, pairs), func, "kv[1]", f"shape ({seq_kv}, {pairs})", kv_sf)
+    check(kv_sf.ndim == 2 and kv_sf.shape == (seq_kv, pairs), func, "kv[1]", f"shape ({seq_kv}, {pairs})", kv_sf)
     _check_ranges(func, ks, ke, seq_kv, max_k)
 
     alloc, view = _allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
@@ -1125,10 +1085,10 @@ def _ascend_schedule(ctx: np.ndarray, indices: np.ndarray, heads: int, cores: in
 
 
 def _check_context_lens_2d(func: str, x: np.ndarray) -> None:
-    _check(x.ndim == 2, func, "context_lens", "a 2-D array (batch_size, next_n) (only 2D context lens is supported)",
+    check(x.ndim == 2, func, "context_lens", "a 2-D array (batch_size, next_n) (only 2D context lens is supported)",
            x)
-    _check(x.dtype == _I32, func, "context_lens", "dtype int32", x)
-    _check(_contiguous(x), func, "context_lens", "a contiguous array", x)
+    check(x.dtype == I32, func, "context_lens", "dtype int32", x)
+    check(is_contiguous(x), func, "context_lens", "a contiguous array", x)
 
 
 def _check_nonnegative(func: str, arg: str, x: np.ndarray) -> None:
@@ -1139,36 +1099,36 @@ def _check_nonnegative(func: str, arg: str, x: np.ndarray) -> None:
 
 
 def _check_indices(func: str, idx: np.ndarray, rows: int) -> None:
-    _check(idx.ndim == 1 and idx.shape[0] == rows, func, "indices", f"a 1-D array of {rows} entries", idx)
-    _check(_contiguous(idx), func, "indices", "a contiguous array", idx)
-    _check(idx.dtype == _I32, func, "indices", "dtype int32", idx)
+    check(idx.ndim == 1 and idx.shape[0] == rows, func, "indices", f"a 1-D array of {rows} entries", idx)
+    check(is_contiguous(idx), func, "indices", "a contiguous array", idx)
+    check(idx.dtype == I32, func, "indices", "dtype int32", idx)
 
 
 def _cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, indices: Any) -> np.ndarray:
     arch = get_profile().arch_major
-    ctx_a = _arr(func, "context_lens", context_lens)
+    ctx_a = as_array(context_lens, func, "context_lens")
     _check_context_lens_2d(func, ctx_a)
-    bkv = _int_arg(func, "block_kv", block_kv)
+    bkv = int_arg(func, "block_kv", block_kv)
     # Note: num_sms must be at least 1 (DeepGEMM divides the work by it on the device).
-    sms = _int_arg(func, "num_sms", num_sms, minimum=1)
+    sms = int_arg(func, "num_sms", num_sms, minimum=1)
     batch, next_n = int(ctx_a.shape[0]), int(ctx_a.shape[1])
     idx = as_array(indices, func, "indices", allow_none=True)
     if idx is not None:
-        _check(arch == 10, func, "indices", "None on sm90 (varlen paged MQA logits need sm100)", idx)
-        _check(next_n == 1, func, "context_lens", "next_n == 1 with indices (varlen)", ctx_a)
-        _check(bkv in (32, 64), func, "block_kv", "32 or 64", repr(bkv))
+        check(arch == 10, func, "indices", "None on sm90 (varlen paged MQA logits need sm100)", idx)
+        check(next_n == 1, func, "context_lens", "next_n == 1 with indices (varlen)", ctx_a)
+        check(bkv in (32, 64), func, "block_kv", "32 or 64", repr(bkv))
         _check_indices(func, idx, batch)
     elif arch == 10:
-        _check(bkv in (32, 64), func, "block_kv", "32 or 64 on sm100", repr(bkv))
+        check(bkv in (32, 64), func, "block_kv", "32 or 64 on sm100", repr(bkv))
     else:
-        _check(bkv == 64, func, "block_kv", "64 on sm90", repr(bkv))
+        check(bkv == 64, func, "block_kv", "64 on sm90", repr(bkv))
     _check_nonnegative(func, "context_lens", ctx_a)
     ctx = ctx_a.astype(np.int64).reshape(-1)
     if arch == 10:
-        _check(2 * batch * 4 <= _SMEM_CAPACITY, func, "context_lens",
+        check(2 * batch * 4 <= _SMEM_CAPACITY, func, "context_lens",
                f"at most {_SMEM_CAPACITY // 8} requests (the schedule kernel's shared memory)", ctx_a)
         return _sm100_schedule(ctx, next_n, sms, None if idx is None else idx.astype(np.int64))
-    _check(align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
+    check(align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
            f"batch_size <= {_SMEM_CAPACITY // 4} (the schedule kernel's shared memory)", ctx_a)
     # Note: an all-zero schedule (no work) with batch_size a multiple of 32 gives the sentinel row
     # everywhere; DeepGEMM's sm90 kernel reads one shared-memory word past its prefix sums there.
@@ -1194,18 +1154,18 @@ def _get_paged_mqa_logits_metadata_cuda(context_lens: Any, block_kv: int, num_sm
 
 
 def _ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indices: Any) -> np.ndarray:
-    ctx_a = _arr(func, "context_lens", context_lens)
-    _check(ctx_a.ndim == 2 and ctx_a.shape[1] == 1 and _contiguous(ctx_a) and ctx_a.dtype == _I32, func,
+    ctx_a = as_array(context_lens, func, "context_lens")
+    check(ctx_a.ndim == 2 and ctx_a.shape[1] == 1 and is_contiguous(ctx_a) and ctx_a.dtype == I32, func,
            "context_lens", "a contiguous int32 array (num_q_tokens, 1)", ctx_a)
     rows = int(ctx_a.shape[0])
-    idx = _arr(func, "indices", indices)
+    idx = as_array(indices, func, "indices")
     _check_indices(func, idx, rows)
-    heads = _int_arg(func, "num_heads", num_heads)
-    _check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
+    heads = int_arg(func, "num_heads", num_heads)
+    check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
     cores = int(runtime.get_num_sms())
-    _check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))
+    check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))
     ub = align(align(8 * rows + 32, 32) + 8 * (cores + 1), 32)
-    _check(ub <= _ASC_UB_BYTES, func, "context_lens", "num_q_tokens small enough for the schedule kernel's "
+    check(ub <= _ASC_UB_BYTES, func, "context_lens", "num_q_tokens small enough for the schedule kernel's "
            f"unified buffer ({_ASC_UB_BYTES} bytes)", f"{rows} rows need {ub} bytes")
     _check_nonnegative(func, "context_lens", ctx_a)
     return _ascend_schedule(ctx_a.astype(np.int64).reshape(-1), idx.astype(np.int64), heads, cores)
@@ -1283,9 +1243,9 @@ def _paged_rows(func: str, ctx: np.ndarray, starts: np.ndarray, counts: np.ndarr
 
 
 def _check_schedule(func: str, meta: np.ndarray, expected: np.ndarray, how: str) -> None:
-    _check(meta.ndim == 2 and meta.shape == expected.shape, func, "schedule_meta",
+    check(meta.ndim == 2 and meta.shape == expected.shape, func, "schedule_meta",
            f"shape {expected.shape} (get_num_sms() + 1, 2)", meta)
-    _check(meta.dtype == _I32 and _contiguous(meta), func, "schedule_meta", "a contiguous int32 array", meta)
+    check(meta.dtype == I32 and is_contiguous(meta), func, "schedule_meta", "a contiguous int32 array", meta)
     # Note: the schedule must equal what get_paged_mqa_logits_metadata returns for these inputs
     # (DeepGEMM checks only shape, dtype and contiguity; a stale one makes the device skip or
     # repeat work).  The logits never depend on it.
@@ -1301,66 +1261,66 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     profile = get_profile()
     arch = profile.arch_major
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
-    q_data, q_sf = _pair(func, "q", q)
-    cache = _arr(func, "kv_cache", kv_cache)
-    w = _arr(func, "weights", weights)
-    ctx_a = _arr(func, "context_lens", context_lens)
-    bt = _arr(func, "block_table", block_table)
-    meta = _arr(func, "schedule_meta", schedule_meta)
+    q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    cache = as_array(kv_cache, func, "kv_cache")
+    w = as_array(weights, func, "weights")
+    ctx_a = as_array(context_lens, func, "context_lens")
+    bt = as_array(block_table, func, "block_table")
+    meta = as_array(schedule_meta, func, "schedule_meta")
     idx = as_array(indices, func, "indices", allow_none=True)
     num_sms = int(runtime.get_num_sms())
-    max_len = _int_arg(func, "max_context_len", max_context_len, minimum=0)
-    clean = _bool_arg(func, "clean_logits", clean_logits)
+    max_len = int_arg(func, "max_context_len", max_context_len, minimum=0)
+    clean = bool_arg(func, "clean_logits", clean_logits)
     out = _logits_format(func, logits_dtype)
     fp4 = q_sf is not None
-    _check(q_data.ndim == 4, func, "q[0]", "a 4-D array (batch_size, next_n, num_heads, head_dim)", q_data)
+    check(q_data.ndim == 4, func, "q[0]", "a 4-D array (batch_size, next_n, num_heads, head_dim)", q_data)
     batch, next_n, heads = (int(v) for v in q_data.shape[:3])
     d = int(q_data.shape[3]) * (2 if fp4 else 1)
-    _check(next_n >= 1, func, "q[0]", "next_n >= 1", q_data)
+    check(next_n >= 1, func, "q[0]", "next_n >= 1", q_data)
     if fp4:
-        _check(arch == 10, func, "q[1]", "None on sm90 (FP4 paged MQA logits need sm100)", q_sf)
-        _check(q_data.dtype == _I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
+        check(arch == 10, func, "q[1]", "None on sm90 (FP4 paged MQA logits need sm100)", q_sf)
+        check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
         _cuda_heads(func, "q[0]", arch, heads, True, q_data)
-        _check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
-        _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+        check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
+        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
-        _check(q_sf.ndim == 3 and q_sf.shape == (batch, next_n, heads), func, "q[1]",
+        check(q_sf.ndim == 3 and q_sf.shape == (batch, next_n, heads), func, "q[1]",
                f"shape ({batch}, {next_n}, {heads})", q_sf)
-        _check(_contiguous(q_sf) and q_sf.dtype == _I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
+        check(is_contiguous(q_sf) and q_sf.dtype == I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
         value_bytes = d // 2
     else:
-        _check(q_data.dtype == _E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
+        check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
         _cuda_heads(func, "q[0]", arch, heads, False, q_data)
-        _check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
-        _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+        check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
+        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         value_bytes = d
-    _check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_blocks, block_kv, 1, bytes per token)", cache)
+    check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_blocks, block_kv, 1, bytes per token)", cache)
     num_pages, page = int(cache.shape[0]), int(cache.shape[1])
-    _check(page in ((32, 64) if arch == 10 else (64,)), func, "kv_cache",
+    check(page in ((32, 64) if arch == 10 else (64,)), func, "kv_cache",
            "block_kv 32 or 64 (sm100)" if arch == 10 else "block_kv 64 (sm90)", cache)
     width = value_bytes + 4
-    _check(cache.shape[2] == 1 and cache.shape[3] == width, func, "kv_cache",
+    check(cache.shape[2] == 1 and cache.shape[3] == width, func, "kv_cache",
            f"shape (num_blocks, {page}, 1, {width}) = head_dim{' / 2' if fp4 else ''} + 4 bytes per token", cache)
-    _check(cache.dtype == _U8, func, "kv_cache", "dtype uint8", cache)
-    _check(cache.size == 0 or (_strides(cache)[1] == width and _strides(cache)[3] == 1), func, "kv_cache",
+    check(cache.dtype == U8, func, "kv_cache", "dtype uint8", cache)
+    check(cache.size == 0 or (strides(cache)[1] == width and strides(cache)[3] == 1), func, "kv_cache",
            f"stride(1) == {width} and stride(3) == 1", cache)
-    _check(cache.size == 0 or cache.strides[0] % 4 == 0, func, "kv_cache",
+    check(cache.size == 0 or cache.strides[0] % 4 == 0, func, "kv_cache",
            "stride(0) (bytes per block) a multiple of 4", cache)
-    _check_weights(func, w, batch * next_n, heads, (_F32, _BF16) if arch == 10 else (_F32,), contiguous=not fp4)
-    if w.dtype == _BF16 and out is not fm.BF16:
+    _check_weights(func, w, batch * next_n, heads, (F32, BF16) if arch == 10 else (F32,), contiguous=not fp4)
+    if w.dtype == BF16 and out is not fm.BF16:
         raise arg_error(func, "logits_dtype", "bfloat16 with bfloat16 weights", "float32")
-    _check(bt.ndim == 2 and bt.shape[0] == batch, func, "block_table", f"a 2-D array ({batch}, max_blocks)", bt)
-    _check(_unit_stride(bt, 1), func, "block_table", "stride(1) == 1", bt)
-    _check(bt.dtype == _I32, func, "block_table", "dtype int32", bt)
+    check(bt.ndim == 2 and bt.shape[0] == batch, func, "block_table", f"a 2-D array ({batch}, max_blocks)", bt)
+    check(unit_stride(bt, 1), func, "block_table", "stride(1) == 1", bt)
+    check(bt.dtype == I32, func, "block_table", "dtype int32", bt)
     if idx is not None:
-        _check(arch == 10 and next_n == 1, func, "indices", "None unless sm100 with next_n == 1 (varlen)", idx)
+        check(arch == 10 and next_n == 1, func, "indices", "None unless sm100 with next_n == 1 (varlen)", idx)
         _check_indices(func, idx, batch)
     _check_context_lens_2d(func, ctx_a)
-    _check(ctx_a.shape == (batch, next_n), func, "context_lens", f"shape ({batch}, {next_n})", ctx_a)
+    check(ctx_a.shape == (batch, next_n), func, "context_lens", f"shape ({batch}, {next_n})", ctx_a)
     if clean:
         raise arg_error(func, "clean_logits", "False (cleaning needs 1-D context lens; only 2-D context lens are "
                         "supported)", "True")
-    _check(meta.ndim == 2 and meta.shape == (num_sms + 1, 2), func, "schedule_meta",
+    check(meta.ndim == 2 and meta.shape == (num_sms + 1, 2), func, "schedule_meta",
            f"shape ({num_sms + 1}, 2) (get_num_sms() + 1, 2)", meta)
     expected = _cuda_schedule("get_paged_mqa_logits_metadata", ctx_a, page, num_sms, idx)
     _check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {page}, {num_sms}, indices)")
@@ -1444,55 +1404,55 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     """
     func = "fp8_fp4_paged_mqa_logits"
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
-    q_data, q_sf = _pair(func, "q", q)
-    cache = _arr(func, "kv_cache", kv_cache)
-    w = _arr(func, "weights", weights)
-    ctx_a = _arr(func, "context_lens", context_lens)
-    bt = _arr(func, "block_table", block_table)
-    meta = _arr(func, "schedule_meta", schedule_meta)
-    _check(q_data.ndim == 4, func, "q[0]", "a 4-D array (num_q_tokens, 1, num_heads, head_dim)", q_data)
-    _check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_pages, page_size, 1, bytes per token)", cache)
-    _check(w.ndim == 2, func, "weights", "a 2-D array", w)
-    _check(ctx_a.ndim == 2 and _contiguous(ctx_a), func, "context_lens", "a contiguous 2-D array (num_q_tokens, 1)",
+    q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    cache = as_array(kv_cache, func, "kv_cache")
+    w = as_array(weights, func, "weights")
+    ctx_a = as_array(context_lens, func, "context_lens")
+    bt = as_array(block_table, func, "block_table")
+    meta = as_array(schedule_meta, func, "schedule_meta")
+    check(q_data.ndim == 4, func, "q[0]", "a 4-D array (num_q_tokens, 1, num_heads, head_dim)", q_data)
+    check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_pages, page_size, 1, bytes per token)", cache)
+    check(w.ndim == 2, func, "weights", "a 2-D array", w)
+    check(ctx_a.ndim == 2 and is_contiguous(ctx_a), func, "context_lens", "a contiguous 2-D array (num_q_tokens, 1)",
            ctx_a)
-    _check(bt.ndim == 2 and _unit_stride(bt, 1), func, "block_table",
+    check(bt.ndim == 2 and unit_stride(bt, 1), func, "block_table",
            "a 2-D array with stride(1) == 1", bt)
-    _check(ctx_a.dtype == _I32, func, "context_lens", "dtype int32", ctx_a)
-    _check(bt.dtype == _I32, func, "block_table", "dtype int32", bt)
-    _check(meta.ndim == 2 and _contiguous(meta) and meta.dtype == _I32, func, "schedule_meta",
+    check(ctx_a.dtype == I32, func, "context_lens", "dtype int32", ctx_a)
+    check(bt.dtype == I32, func, "block_table", "dtype int32", bt)
+    check(meta.ndim == 2 and is_contiguous(meta) and meta.dtype == I32, func, "schedule_meta",
            "a contiguous 2-D int32 array", meta)
-    _check(w.dtype == _BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
-    max_len = _int_arg(func, "max_context_len", max_context_len, minimum=0)
-    use_nz = _bool_arg(func, "use_ascend_kv_layout", use_ascend_kv_layout)
+    check(w.dtype == BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
+    max_len = int_arg(func, "max_context_len", max_context_len, minimum=0)
+    use_nz = bool_arg(func, "use_ascend_kv_layout", use_ascend_kv_layout)
     rows, heads = int(q_data.shape[0]), int(q_data.shape[2])
-    fp4 = q_data.dtype == _I8
+    fp4 = q_data.dtype == I8
     d_store = int(q_data.shape[3])
     d = 2 * d_store if fp4 else d_store
     page = int(cache.shape[1])
-    _check(d in (64, 128), func, "q[0]", "head_dim 64 or 128", q_data)
-    _check(page in (64, 128), func, "kv_cache", "page_size 64 or 128", cache)
+    check(d in (64, 128), func, "q[0]", "head_dim 64 or 128", q_data)
+    check(page in (64, 128), func, "kv_cache", "page_size 64 or 128", cache)
     pairs = d // 64
     sf_bytes = 2 * pairs
-    _check(cache.shape[2] == 1 and cache.shape[3] == d_store + sf_bytes and cache.dtype == _U8, func, "kv_cache",
+    check(cache.shape[2] == 1 and cache.shape[3] == d_store + sf_bytes and cache.dtype == U8, func, "kv_cache",
            f"a uint8 array (num_pages, {page}, 1, {d_store + sf_bytes}) = head_dim bytes + 2 * (head_dim / 64)", cache)
     row_bytes = d_store + sf_bytes
-    _check(cache.size == 0 or (_strides(cache)[1] == row_bytes and _strides(cache)[3] == 1
+    check(cache.size == 0 or (strides(cache)[1] == row_bytes and strides(cache)[3] == 1
                                and cache.strides[0] % sf_bytes == 0),
            func, "kv_cache", f"stride(1) == {row_bytes}, stride(3) == 1 and stride(0) % {sf_bytes} == 0", cache)
     _ascend_heads(func, heads, q_data)
-    _check(q_data.shape[1] == 1, func, "q[0]", "next_n == 1 (q.size(1))", q_data)
-    _check(q_data.dtype in (_E4M3, _I8), func, "q[0]", "float8_e4m3fn or int8 (packed FP4)", q_data)
-    _check(_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
-    _check(q_sf is not None and q_sf.dtype == _I16, func, "q[1]", "int16 Q scale factors", q_sf)
-    _check(indices is not None, func, "indices", "an int32 array (num_q_tokens,) (required)", "None")
-    idx = _arr(func, "indices", indices)
+    check(q_data.shape[1] == 1, func, "q[0]", "next_n == 1 (q.size(1))", q_data)
+    check(q_data.dtype in (E4M3, I8), func, "q[0]", "float8_e4m3fn or int8 (packed FP4)", q_data)
+    check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+    check(q_sf is not None and q_sf.dtype == I16, func, "q[1]", "int16 Q scale factors", q_sf)
+    check(indices is not None, func, "indices", "an int32 array (num_q_tokens,) (required)", "None")
+    idx = as_array(indices, func, "indices")
     _check_indices(func, idx, rows)
-    _check_weights(func, w, rows, heads, (_BF16,))
-    _check(ctx_a.shape == (rows, 1), func, "context_lens", f"shape ({rows}, 1)", ctx_a)
-    _check(bt.shape[0] == rows, func, "block_table", f"{rows} rows", bt)
+    _check_weights(func, w, rows, heads, (BF16,))
+    check(ctx_a.shape == (rows, 1), func, "context_lens", f"shape ({rows}, 1)", ctx_a)
+    check(bt.shape[0] == rows, func, "block_table", f"{rows} rows", bt)
     q_scales = _ascend_q_scales(func, q_sf, rows, heads, pairs, four_d=True)
     cores = int(runtime.get_num_sms())
-    _check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
+    check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
     expected = _ascend_schedule_checked("get_paged_mqa_logits_metadata", ctx_a, heads, idx)
     _check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)")
 

@@ -6,18 +6,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
 from .. import formats as fm
 from .. import trace
-from .._args import as_array, as_pair, elem_stride
-from .._args import is_contiguous as _contiguous
 from ..api import profiled
 from ..config import get_numerics
 from ..errors import arg_error
 from ..profiles import get_profile
 from ..runtime import get_num_sms
+from ..toolkit.args import BF16, E4M3, I8, I16, I32, as_array, as_pair, bool_arg, elem_stride, is_contiguous
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
 from ._group import EmulatedGroup
 from ._layout import BLOCK_N
@@ -26,9 +24,6 @@ from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
 
 __all__ = ["fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-I8, I16, I32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 _ASCEND_NUM_CORES = 32
 Kind = Literal["fp8", "bf16"]
 
@@ -79,12 +74,6 @@ def _clamp(func: str, activation_clamp: Any) -> float | None:
     return c
 
 
-def _bool(func: str, arg: str, v: Any) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise arg_error(func, arg, "a bool", repr(v))
-    return bool(v)
-
-
 def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> SymmBuffer:
     if not isinstance(sym_buffer, cls):
         what = "a DeepGEMM-Ascend SymmBuffer" if cls is _AscendSymmBuffer else "a DeepGEMM SymmBuffer"
@@ -100,13 +89,12 @@ def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> Sym
 
 def _y(func: str, y: Any, buf: SymmBuffer) -> np.ndarray:
     ya = as_array(y, func, "y")
-    assert ya is not None
     t, h = buf.num_max_tokens_per_rank, buf.hidden
     if ya.ndim != 2 or ya.shape[0] > t or ya.shape[1] != h:
         raise arg_error(func, "y", f"a 2-D (N, hidden = {h}) array with N <= num_max_tokens_per_rank = {t}", ya)
     # Note: DeepGEMM does not check y's dtype, width or contiguity (the kernel writes bf16 rows at
     # stride hidden); the emulator requires what the kernel assumes.  DeepGEMM-Ascend checks it.
-    if ya.dtype != BF16 or not _contiguous(ya) or not ya.flags.writeable:
+    if ya.dtype != BF16 or not is_contiguous(ya) or not ya.flags.writeable:
         raise arg_error(func, "y", "a contiguous, writeable bfloat16 array", ya)
     return ya
 
@@ -115,7 +103,7 @@ def _stats(func: str, stats: Any, num_local_experts: int) -> np.ndarray | None:
     s = as_array(stats, func, "cumulative_local_expert_recv_stats", allow_none=True)
     if s is None:
         return None
-    if s.dtype != I32 or s.size != num_local_experts or not _contiguous(s) or not s.flags.writeable:
+    if s.dtype != I32 or s.size != num_local_experts or not is_contiguous(s) or not s.flags.writeable:
         raise arg_error(func, "cumulative_local_expert_recv_stats",
                         f"a contiguous, writeable int32 array of {num_local_experts} elements", s)
     return s.reshape(-1)
@@ -147,7 +135,7 @@ def _cuda_common(func: str, kind: Kind, sym_buffer: Any, activation: Any, activa
                  fast_math: Any) -> tuple[SymmBuffer, float | None, bool]:
     _activation(func, activation)
     clamp = _clamp(func, activation_clamp)
-    fm_ = _bool(func, "fast_math", fast_math)
+    fm_ = bool_arg(func, "fast_math", fast_math)
     buf = _buffer(func, sym_buffer, _CudaSymmBuffer, "fp8xfp4" if kind == "fp8" else "bf16xbf16")
     return buf, clamp, fm_
 
@@ -174,7 +162,6 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1, s1 = as_pair(l1_weights, func, "l1_weights")
     w2, s2 = as_pair(l2_weights, func, "l2_weights")
-    assert s1 is not None and s2 is not None
     for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
         if w.dtype == E4M3:
             # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
@@ -192,9 +179,9 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
         raise arg_error(func, "l2_weights[0]", f"hidden = {h} rows (from l1_weights)", w2)
     if n1 != 2 * i:
         raise arg_error(func, "l1_weights[0]", f"2 * intermediate_hidden = {2 * i} rows (from l2_weights)", w1)
-    if not _contiguous(w1) or not _contiguous(w2):
-        raise arg_error(func, "l1_weights[0]" if not _contiguous(w1) else "l2_weights[0]", "contiguous weights",
-                        w1 if not _contiguous(w1) else w2)
+    if not is_contiguous(w1) or not is_contiguous(w2):
+        raise arg_error(func, "l1_weights[0]" if not is_contiguous(w1) else "l2_weights[0]", "contiguous weights",
+                        w1 if not is_contiguous(w1) else w2)
     _layout2(func, "l1_weights[1]", s1, e_l, 2 * i, h)
     _layout2(func, "l2_weights[1]", s2, e_l, h, i)
     st = _stats(func, stats, e_l)
@@ -214,7 +201,6 @@ def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuf
                        stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1 = as_array(l1_weights, func, "l1_weights")
     w2 = as_array(l2_weights, func, "l2_weights")
-    assert w1 is not None and w2 is not None
     _grouped_weight(func, "l1_weights", w1, BF16, "bfloat16 weights")
     _grouped_weight(func, "l2_weights", w2, BF16, "bfloat16 weights")
     e_l, n1, h = (int(v) for v in w1.shape)
@@ -224,9 +210,9 @@ def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuf
                         f"{num_tokens} rows")
     if e_l2 != e_l or h2 != h or n1 != 2 * i:
         raise arg_error(func, "l2_weights", f"({e_l}, {h}, {n1 // 2}) to match l1_weights {tuple(w1.shape)}", w2)
-    if not _contiguous(w1) or not _contiguous(w2):
-        raise arg_error(func, "l1_weights" if not _contiguous(w1) else "l2_weights", "contiguous weights",
-                        w1 if not _contiguous(w1) else w2)
+    if not is_contiguous(w1) or not is_contiguous(w2):
+        raise arg_error(func, "l1_weights" if not is_contiguous(w1) else "l2_weights", "contiguous weights",
+                        w1 if not is_contiguous(w1) else w2)
     st = _stats(func, stats, e_l)
     _check_experts(func, buf, e_l, h, i)
     return CudaBf16Weights(w1, w2), st
@@ -236,16 +222,15 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
                     num_local_experts: int | None) -> tuple[np.ndarray, np.ndarray]:
     """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
     w, s = as_pair(pair, func, arg)
-    assert s is not None
     shared = num_local_experts is None
     lead = () if shared else (num_local_experts,)
     want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
     want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)
     dt = E4M3 if shared else I8
-    if w.dtype != dt or tuple(w.shape) != want_w or not _contiguous(w):
+    if w.dtype != dt or tuple(w.shape) != want_w or not is_contiguous(w):
         raise arg_error(func, f"{arg}[0]", f"contiguous {'float8_e4m3fn' if shared else 'int8 (packed FP4)'} "
                         f"weights of shape {want_w} (transform_weights_for_mega_moe's layout)", w)
-    if s.dtype != I16 or tuple(s.shape) != want_s or not _contiguous(s):
+    if s.dtype != I16 or tuple(s.shape) != want_s or not is_contiguous(s):
         raise arg_error(func, f"{arg}[1]", f"contiguous int16 SFs of shape {want_s}", s)
     return w, s
 
@@ -486,7 +471,7 @@ def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any,
         raise arg_error(func, "num_tokens", f"0 <= num_tokens <= {buf.num_max_tokens_per_rank}", repr(num_tokens))
     n = int(num_tokens)
     clamp = _clamp(func, activation_clamp)
-    fast = _bool(func, "fast_math", fast_math)
+    fast = bool_arg(func, "fast_math", fast_math)
     if isinstance(buf, _AscendSymmBuffer):
         routed, shared, _ = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
                                             n, None)

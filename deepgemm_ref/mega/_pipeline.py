@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import ml_dtypes
 import numpy as np
 
 from .. import core
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import fraction_sum, two_sum
+from ..toolkit.args import BF16, E4M3
 from . import _swiglu as sw
 
 __all__ = [
@@ -48,8 +48,6 @@ __all__ = [
     "route",
 ]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
 Target = Literal["deepgemm", "deepgemm-ascend"]
 
 

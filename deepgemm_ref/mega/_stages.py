@@ -18,18 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
 from .. import core, trace
 from .. import formats as fm
-from .._args import as_array, as_pair
 from ..api import profiled
 from ..config import get_numerics
 from ..errors import arg_error
 from ..interop import caller_kind, from_numpy
 from ..layout import sf_values
 from ..profiles import get_profile
+from ..toolkit.args import BF16, E4M3, I8, as_array, as_pair, int_arg
 from . import _swiglu as sw
 from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
 from ._weights import PlainWeights
@@ -42,9 +41,6 @@ __all__ = [
     "mega_moe_combine",
 ]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-I8 = np.dtype(np.int8)
 
 
 @dataclass
@@ -68,12 +64,6 @@ class MegaMoEDispatch:
     src: np.ndarray
     num_tokens_per_rank: tuple[int, ...]
     num_topk: int
-
-
-def _int(func: str, arg: str, v: Any, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(v))
-    return int(v)
 
 
 def _seq(func: str, arg: str, v: Any, n: int | None = None) -> list[Any]:
@@ -117,14 +107,12 @@ def _tokens(func: str, x: Any, idx: Any, weights: Any, num_experts: int, target:
                 raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
             scales = sf_values(sf, xv.shape[0], xv.shape[1], 1, 32, func=func, arg=f"x[{s}][1]")
         else:
-            xv = as_array(xs[s], func, f"x[{s}]")  # type: ignore[assignment]
-            assert xv is not None
+            xv = as_array(xs[s], func, f"x[{s}]")
             if xv.dtype != BF16 or xv.ndim != 2:
                 raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
             scales = None
         ia = as_array(idxs[s], func, f"topk_idx[{s}]")
         wa = as_array(ws[s], func, f"topk_weights[{s}]")
-        assert ia is not None and wa is not None
         n = xv.shape[0]
         if ia.ndim != 2 or ia.shape[0] != n or ia.dtype.kind not in "iu":
             raise arg_error(func, f"topk_idx[{s}]", f"an integer ({n}, K) array", ia)
@@ -167,8 +155,8 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
     """
     func = "mega_moe_dispatch"
     target = get_profile().target
-    e = _int(func, "num_experts", num_experts, 1)
-    align = _int(func, "expert_alignment", expert_alignment, 1)
+    e = int_arg(func, "num_experts", num_experts, 1)
+    align = int_arg(func, "expert_alignment", expert_alignment, 1)
     tokens = _tokens(func, x, topk_idx, topk_weights, e, target)
     R = len(tokens)
     if e % R:
@@ -179,7 +167,6 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         stats = []
         for r, st in enumerate(_seq(func, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats, R)):
             sa = as_array(st, func, f"cumulative_local_expert_recv_stats[{r}]")
-            assert sa is not None
             if sa.dtype != np.int32 or sa.size != e_l or not sa.flags.writeable:
                 raise arg_error(func, f"cumulative_local_expert_recv_stats[{r}]", f"a writeable int32 ({e_l},) array",
                                 sa)
@@ -261,7 +248,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
     Returns bfloat16 (M, N).  One core.scaled_matmul call per non-empty group.
     """
     func = "mega_moe_grouped_gemm"
-    align = _int(func, "expert_alignment", expert_alignment, 1)
+    align = int_arg(func, "expert_alignment", expert_alignment, 1)
     if isinstance(a, (tuple, list)):
         av, asf = as_pair(a, func, "a")
         if av.dtype != E4M3 or av.ndim != 2 or asf is None:
@@ -269,8 +256,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         m, k = av.shape
         a_sc: np.ndarray | None = sf_values(asf, m, k, 1, 32, func=func, arg="a[1]")
     else:
-        av = as_array(a, func, "a")  # type: ignore[assignment]
-        assert av is not None
+        av = as_array(a, func, "a")
         if av.dtype != BF16 or av.ndim != 2:
             raise arg_error(func, "a", "(float8_e4m3fn (M, K), SF) or bfloat16 (M, K)", av)
         m, k = av.shape
@@ -282,8 +268,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         kb = bw.shape[2] * (2 if bw.dtype == I8 else 1)
         weights = PlainWeights(bw, bsf, kb)
     else:
-        bw = as_array(b, func, "b")  # type: ignore[assignment]
-        assert bw is not None
+        bw = as_array(b, func, "b")
         if bw.ndim != 3 or bw.dtype != BF16 or a_sc is not None:
             raise arg_error(func, "b", "bfloat16 (G, N, K) with bfloat16 a", bw)
         kb = bw.shape[2]
@@ -320,7 +305,6 @@ def _avail(func: str, avail_tokens: Any, m: int) -> int:
         return m
     v = as_array(avail_tokens, func, "avail_tokens") if not isinstance(avail_tokens, (int, np.integer)) else \
         np.array([avail_tokens])
-    assert v is not None
     if v.size != 1 or v.dtype.kind not in "iu" or not 0 <= int(v.reshape(-1)[0]) <= m:
         raise arg_error(func, "avail_tokens", f"None or one int in [0, {m}]", v)
     return int(v.reshape(-1)[0])
@@ -356,12 +340,11 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     func = "swiglu_apply_weight_to_fp8"
     kind = caller_kind(x)
     xa = as_array(x, func, "x")
-    assert xa is not None
     if fmt != "e4m3":
         raise arg_error(func, "fmt", "'e4m3'", repr(fmt), utility=True)
     if semantics not in ("fused", "baseline"):
         raise arg_error(func, "semantics", "'fused' or 'baseline'", repr(semantics))
-    gran = _int(func, "num_per_channels", num_per_channels, 1)
+    gran = int_arg(func, "num_per_channels", num_per_channels, 1)
     if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[1] % (2 * gran):
         raise arg_error(func, "x", f"a bfloat16 (M, 2I) array with I a multiple of num_per_channels = {gran}", xa)
     if ue8m0_scale and not (round_scale and use_col_major_scales):
@@ -371,7 +354,6 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     w = None
     if topk_weights is not None:
         w = as_array(topk_weights, func, "topk_weights")
-        assert w is not None
         if w.dtype != np.float32 or w.size != m:
             raise arg_error(func, "topk_weights", f"float32 ({m},)", w)
         w = w.reshape(-1)
@@ -448,7 +430,6 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
     xa_list = []
     for r, (xr, h) in enumerate(zip(xs, hs, strict=True)):
         xa = as_array(xr, func, f"x[{r}]")
-        assert xa is not None
         if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[0] != h.src.shape[0] or (hdim is not None and
                                                                                   xa.shape[1] != hdim):
             raise arg_error(func, f"x[{r}]", f"bfloat16 ({h.src.shape[0]}, H) rows in rank {r}'s dispatch order", xa)
@@ -467,7 +448,6 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
     if shared is not None:
         for src, sh in enumerate(shared):
             sa = as_array(sh, func, f"shared_output[{src}]")
-            assert sa is not None
             if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
                 raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
             comb[src][:, k] = sa
