@@ -70,11 +70,11 @@ from . import formats as fm
 from ._parallel import parallel_chunks
 from .api import profiled
 from .certified import FormatRounding, Points, round_certified
-from .config import get_numerics
 from .errors import arg_error
 from .exact import U64, align, ceil_div, dd_to_f64_round_odd, gamma, two_sum
+from .executor import active_accumulation
 from .interop import caller_kind, from_numpy, torch_dtype_name
-from .profiles import Profile, get_profile
+from .profiles import get_profile
 from .toolkit.args import (
     BF16,
     E4M3,
@@ -453,8 +453,7 @@ class _Plan:
     ks: np.ndarray  # int64 (rows,)
     ke: np.ndarray
     shift: np.ndarray
-    model: Any = "exact"
-    fp32_block: int = 32
+    accumulation: core.Accumulation = field(default_factory=core.Accumulation)
     stats: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -533,20 +532,16 @@ def _task(plan: _Plan, sinks: _Sinks, want_S: bool, r0: int, r1: int, k0: int, k
     stats: dict[str, int] = {}
     keys_at = np.arange(k0, k1)[None, :]
     needed = (keys_at >= plan.ks[r0:r1, None]) & (keys_at < plan.ke[r0:r1, None])
-    head_S: np.ndarray | None
-    if plan.model == "exact":
-        acc = core.exact_accumulator(qop, keys.operand, want_S=want_S)
-        codes, value = _exact_logits(plan, qop, keys, w, acc.acc.reshape(rows, heads, n),
-                                     None if acc.all_exact else acc.err.reshape(rows, heads, n), needed, stats)
-        head_S = acc.S
+    prod = core.dot_products(qop, keys.operand, plan.accumulation, want_S=want_S)
+    head_S = prod.S
+    if prod.exact:
+        codes, value = _exact_logits(plan, qop, keys, w, prod.values.reshape(rows, heads, n),
+                                     None if prod.err is None else prod.err.reshape(rows, heads, n), needed, stats)
     else:
-        res = core.scaled_matmul(qop, keys.operand, core.Epilogue(fm.F32), model=plan.model,
-                                 fp32_block=plan.fp32_block, want_S=want_S)
-        head_S = res.S
-        x = res.out.reshape(rows, heads, n)
+        x = prod.values.reshape(rows, heads, n)
         value = _model_logits(plan, x, w, keys.token_scale)
         codes = fm.round_f64(value, plan.out_fmt).view(plan.out_fmt.code_dtype)
-        stats[str(plan.model)] = int(np.count_nonzero(needed))
+        stats[str(plan.accumulation.model)] = int(np.count_nonzero(needed))
     S = None
     if want_S and head_S is not None:
         S = _logit_error_scale(head_S.reshape(rows, heads, n), w, keys.token_scale)
@@ -769,8 +764,6 @@ def _cuda_weights_and_dtype(func: str, w: np.ndarray, rows: int, heads: int, arc
         raise arg_error(func, "logits_dtype", "bfloat16 with bfloat16 weights", "float32")
 
 
-def _plan_model(profile: Profile) -> tuple[Any, int]:
-    return get_numerics().accumulation, profile.fp32_block
 
 
 # ----------------------------------------------------------------------------------------------
@@ -851,9 +844,8 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
         assert kv_sf is not None
         keys = _PlainKeys(kv_data, False, None, kv_sf.astype(np.float64))
         queries = _Queries(q_data, False, None)
-    model, block = _plan_model(profile)
     shift = ks if max_k > 0 else np.zeros(seq, np.int64)
-    plan = _Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, ks, ke, shift, model, block)
+    plan = _Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, ks, ke, shift, active_accumulation())
 
     def defined() -> np.ndarray:
         if max_k == 0 and clean:
@@ -977,8 +969,7 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
 
     alloc, view = _allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
     keys = _PlainKeys(kv_data, fp4, _ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
-    model, block = _plan_model(get_profile())
-    plan = _Plan(func, "ascend", _Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, model, block)
+    plan = _Plan(func, "ascend", _Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, active_accumulation())
     _execute(plan, view, lambda: _range_mask(view.shape, np.zeros_like(ks), ke - ks))
     _ = alloc
     return from_numpy(view, kind)
@@ -1341,8 +1332,8 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
         queries = _Queries(q_data.reshape(rows, heads, -1), True, _ue8m0_scales(by))
     else:
         queries = _Queries(q_data.reshape(rows, heads, d), False, None)
-    model, block = _plan_model(profile)
-    plan = _Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, pr.ks, pr.ke, pr.ks, model, block)
+    plan = _Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, pr.ks, pr.ke, pr.ks,
+                 active_accumulation())
     _execute(plan, view, lambda: _range_mask(view.shape, np.zeros(rows, np.int64), ctx))
     _ = alloc
     return from_numpy(view, kind)
@@ -1463,8 +1454,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     layout = _PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = _PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = _Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)
-    model, block = _plan_model(get_profile())
-    plan = _Plan(func, "ascend", queries, keys, w, fm.BF16, pr.ks, pr.ke, pr.ks, model, block)
+    plan = _Plan(func, "ascend", queries, keys, w, fm.BF16, pr.ks, pr.ke, pr.ks, active_accumulation())
     _execute(plan, view, lambda: _range_mask(view.shape, np.zeros(rows, np.int64), ctx))
     _ = alloc
     return from_numpy(view, kind)

@@ -1,8 +1,9 @@
 """The one numeric core: a scaled block matmul with exact, fp32 and limited accumulation models.
 
 Every kernel turns its inputs into two canonical :class:`Operand` s (element values, one scale per
-row and K block) and an :class:`Epilogue`, then calls :func:`scaled_matmul`.  No kernel owns a
-matmul loop.
+row and K block) and an :class:`OutputStage`, and the executor (:mod:`deepgemm_ref.executor`) calls
+:func:`scaled_matmul` (or :func:`dot_products`) with the active :class:`Accumulation`.  No kernel
+owns a matmul loop, and the core reads no global state.
 
 Math.  With ``a`` of logical shape (M, K), ``b`` of shape (N, K), block sizes ``ba``, ``bb``::
 
@@ -53,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -64,7 +66,7 @@ import numpy as np
 from . import formats as fm
 from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
 from .certified import Points, round_certified
-from .config import Limited, get_numerics
+from .config import AccumulationModel, Limited
 from .exact import (
     dd_interval,
     dd_sum,
@@ -77,7 +79,17 @@ from .exact import (
     two_sum,
 )
 
-__all__ = ["Operand", "Epilogue", "MatmulResult", "Accumulator", "scaled_matmul", "exact_accumulator"]
+__all__ = [
+    "Operand",
+    "OutputStage",
+    "Accumulation",
+    "MatmulResult",
+    "Accumulator",
+    "Products",
+    "scaled_matmul",
+    "exact_accumulator",
+    "dot_products",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,12 +218,15 @@ def _lsb_exponent(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# Epilogue
+# OutputStage
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class Epilogue:
-    """What happens to the accumulator on its way into ``d``.
+class OutputStage:
+    """What happens to the accumulator on its way into ``d`` (the kernel's epilogue arithmetic).
+
+    Not to be confused with :mod:`deepgemm_ref.epilogue`, DeepGEMM-Ascend's epilogue *objects*
+    (``Identity``, ``Alpha``, ``FP8Quantization``) that the kernels accept and translate into this.
 
     out:    the output format (``formats.BF16`` or ``formats.F32``).
     alpha:  optional float32 multiplier: ``z = f32(alpha * acc)`` (DeepGEMM-Ascend's Alpha).
@@ -397,7 +412,7 @@ def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> 
 
 
 def _exact_tiers(
-    a: Operand, b: Operand, ep: Epilogue, rows: np.ndarray, cols: np.ndarray, r0: int,
+    a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray, r0: int,
     acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int],
 ) -> np.ndarray:
     """Tiers 2 and 3: output codes (F,) of the elements (rows[i], cols[i]) no GEMM bound decided.
@@ -454,7 +469,7 @@ def _exact_tiers(
 class _RowsRounding:
     """The output step of rows [r0, r0 + rows) as a :class:`certified.Rounding`."""
 
-    def __init__(self, ep: Epilogue, r0: int, r1: int) -> None:
+    def __init__(self, ep: OutputStage, r0: int, r1: int) -> None:
         self.ep, self.r0, self.r1 = ep, r0, r1
 
     def block(self, x: np.ndarray) -> np.ndarray:
@@ -656,7 +671,7 @@ _KBLOCK_F32 = 512
 
 
 def _exact_model(
-    a: Operand, b: Operand, ep: Epilogue, want_acc: bool, want_S: bool
+    a: Operand, b: Operand, ep: OutputStage, want_acc: bool, want_S: bool
 ) -> MatmulResult:
     m, k = a.shape
     n = b.shape[0]
@@ -772,15 +787,6 @@ def _f32_accumulate(acc32: np.ndarray, s32: np.ndarray | None, p32: np.ndarray) 
     return acc32
 
 
-def _mma_block_scaling() -> bool:
-    """Whether the active profile applies UE8M0 block scales inside the MMA (sm100, ascend950):
-    the block partial is then RN_f32(exact block sum * 2^(ea + eb)), one rounding, and a scale
-    product beyond float32's range never exists as a float32 number."""
-    from .profiles import get_profile
-
-    return get_profile().mma_block_scaling
-
-
 def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     """Whether the fp32 model may scale the operands before the block GEMMs.
 
@@ -808,7 +814,7 @@ def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     return in_f32 and lo_a + lo_b + qa + qb >= -126 and hi_a + hi_b <= 127
 
 
-def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> MatmulResult:
+def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> MatmulResult:
     """The fp32 model on pre-scaled operands: per K block one float64 GEMM of the scaled values
     (exact: FP8 / FP4 elements times powers of two stay far inside float64's range), one rounding
     to float32, one float32 add.  This is the model itself under MMA block scaling, and equals
@@ -866,7 +872,8 @@ def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.nd
     return out
 
 
-def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool = True) -> MatmulResult:
+def _fp32_model(a: Operand, b: Operand, ep: OutputStage, block: int, mma_block_scaling: bool,
+                prescale: bool = True) -> MatmulResult:
     """Per K block: partial = RN_f32(exact block sum); acc = f32(acc + f32(f32(sa * sb) * partial))."""
     m, k = a.shape
     n = b.shape[0]
@@ -877,7 +884,7 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool
         blk = math.gcd(blk, b.block)
     exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (_mma_block_scaling() or _prescaled_fp32_ok(a, b)):
+    if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (mma_block_scaling or _prescaled_fp32_ok(a, b)):
         return _fp32_model_prescaled(a, b, ep, blk)
     b_el = b.element_rows(0, n)
     sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None
@@ -913,7 +920,7 @@ def _truncate_to(x: np.ndarray, exp_top: np.ndarray, bits: int) -> np.ndarray:
     return np.trunc(x / q) * q
 
 
-def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> MatmulResult:
+def _limited_model(a: Operand, b: Operand, ep: OutputStage, model: Limited) -> MatmulResult:
     """A tensor-core accumulator: see :class:`deepgemm_ref.config.Limited`.
 
     Per output element, in K order, in groups of 32 products: the group's terms (its products
@@ -975,50 +982,105 @@ def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> Matm
 # Entry point
 # ----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Accumulation:
+    """How the core accumulates, as values (the core reads no global state).
+
+    model:             ``"exact"``, ``"fp32"`` or a :class:`Limited`.
+    fp32_block:        K block of the ``fp32`` model's partial sums (the target's MMA block).
+    mma_block_scaling: whether UE8M0 block scales are applied inside the MMA (sm100, ascend950):
+                       the block partial is then RN_f32(exact block sum * 2^(ea + eb)), one
+                       rounding, and a scale product beyond float32's range never exists as a
+                       float32 number.
+    """
+
+    model: AccumulationModel = "exact"
+    fp32_block: int = 32
+    mma_block_scaling: bool = False
+
+
 def scaled_matmul(
     a: Operand,
     b: Operand,
-    epilogue: Epilogue,
+    output: OutputStage,
     *,
-    model: Any = None,
+    model: AccumulationModel = "exact",
     fp32_block: int = 32,
+    mma_block_scaling: bool = False,
     want_acc: bool = False,
     want_S: bool = False,
 ) -> MatmulResult:
-    """``epilogue(sum_k a[m, k] sa[m, k // ba] b[n, k] sb[n, k // bb])`` for every (m, n).
+    """``output(sum_k a[m, k] sa[m, k // ba] b[n, k] sb[n, k // bb])`` for every (m, n).
 
-    a: Operand (M, K); b: Operand (N, K); epilogue: output format, optional alpha and c (M, N).
-    model: ``"exact"``, ``"fp32"`` or a :class:`Limited`; default: the active numerics option.
-    fp32_block: K block of the ``fp32`` model's partial sums (the profile's MMA block).
+    a: Operand (M, K); b: Operand (N, K); output: the output stage (format, optional alpha and
+    c (M, N)).  model, fp32_block, mma_block_scaling: see :class:`Accumulation`.
     Returns a :class:`MatmulResult` whose ``out`` is a fresh (M, N) array of the output dtype.
     """
-    if model is None:
-        model = get_numerics().accumulation
     m, k = a.shape
     n, kb = b.shape
     assert k == kb, (a.shape, b.shape)
     if m == 0 or n == 0:
-        return MatmulResult(np.empty((m, n), epilogue.out.storage))
+        return MatmulResult(np.empty((m, n), output.out.storage))
     if k == 0:
         zeros = np.zeros((m, n))
-        return MatmulResult(epilogue.apply(zeros, 0, m).view(epilogue.out.storage),
+        return MatmulResult(output.apply(zeros, 0, m).view(output.out.storage),
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
         # (see _parallel.single_threaded_blas); chunks then run on the package's pool.
         with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
-            return _exact_model(a, b, epilogue, want_acc, want_S)
+            return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
-        res = _fp32_model(a, b, epilogue, fp32_block)
+        res = _fp32_model(a, b, output, fp32_block, mma_block_scaling)
     elif isinstance(model, Limited):
-        res = _limited_model(a, b, epilogue, model)
+        res = _limited_model(a, b, output, model)
     else:  # pragma: no cover - validated by config
         raise ValueError(f"unknown accumulation model {model!r}")
     if want_S:
         with single_threaded_blas():
-            res.S = _exact_model(a, b, Epilogue(fm.F32), False, True).S
+            res.S = _exact_model(a, b, OutputStage(fm.F32), False, True).S
     if not want_acc:
         res.acc = None
     return res
 
 
+@dataclass
+class Products:
+    """The dot products ``sum_k a[m, k] sa b[n, k] sb`` themselves, without an output rounding.
+
+    values: exact model: the float64 accumulator (exact where ``err`` is 0); other models: the
+            model's float32 results (M, N).
+    err:    exact model: float64 (M, N) with |values - exact| <= err, or None when every element
+            is certified exact; other models: None.
+    S:      the exact error scale sum |a b| (rounded up), when asked for.
+    exact:  whether ``values`` are the exact model's (certified) accumulators.
+    """
+
+    values: np.ndarray
+    err: np.ndarray | None
+    S: np.ndarray | None
+    exact: bool
+
+
+def dot_products(a: Operand, b: Operand, accumulation: Accumulation, *, want_S: bool = False) -> Products:
+    """The dot products of ``a`` (M, K) and ``b`` (N, K) as ``accumulation`` computes them.
+
+    For kernels whose arithmetic after the dot products (relu, weights, head sums) is their own:
+    the exact model gives :func:`exact_accumulator`'s certified float64 values and bounds, the
+    other models their float32 results (:func:`scaled_matmul` into float32).
+    """
+    if accumulation.model == "exact":
+        acc = exact_accumulator(a, b, want_S=want_S)
+        return Products(acc.acc, None if acc.all_exact else acc.err, acc.S, True)
+    res = scaled_matmul(a, b, OutputStage(fm.F32), model=accumulation.model, fp32_block=accumulation.fp32_block,
+                        mma_block_scaling=accumulation.mma_block_scaling, want_S=want_S)
+    return Products(res.out, None, res.S, False)
+
+
+def __getattr__(name: str) -> Any:
+    # A compatibility alias for callers written before the rename (remove once none is left).
+    if name == "Epilogue":
+        warnings.warn("deepgemm_ref.core.Epilogue is now deepgemm_ref.core.OutputStage (deepgemm_ref.epilogue.Epilogue "
+                      "is DeepGEMM-Ascend's epilogue object)", DeprecationWarning, stacklevel=2)
+        return OutputStage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from . import core, trace
+from . import core
 from . import formats as fm
 from .api import profiled
 from .epilogue import FP8Quantization
 from .errors import arg_error
-from .grouped import Task, execute
+from .executor import Collected, Task, execute
 from .profiles import get_profile
 from .toolkit.args import BF16, E4M3, F32, I16, as_array, as_pair, elem_stride
 from .toolkit.operands import OUT_DTYPES, OUT_FORMAT, alpha_of, ascend_recipes, cuda_recipes, resolve_scales
@@ -195,7 +195,7 @@ def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) 
         return
     a2 = np.ascontiguousarray(A.transpose(1, 0, 2)).reshape(m, s * k)
     b2 = np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(n, s * k)
-    ep = core.Epilogue(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.Epilogue(fm.BF16)
+    ep = core.OutputStage(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.OutputStage(fm.BF16)
     execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
 
 
@@ -239,7 +239,7 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     assert perm_d is not None
     a3, b3, d3 = A.transpose(perm_a), B.transpose(perm_b), D.transpose(perm_d)
     batch, _m, _n, _k = _bmm_shapes(func, a3, b3, d3)
-    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.Epilogue(fm.BF16), _batch_index(perm_d, g))
+    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.OutputStage(fm.BF16), _batch_index(perm_d, g))
              for g in range(batch)]
     execute(func, D, tasks)
 
@@ -313,7 +313,7 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
     tasks = []
     for g in range(batch):
         idx = _batch_index(perm_d, g)
-        ep = core.Epilogue(out, alpha, None if c_val is None else c_val[idx])
+        ep = core.OutputStage(out, alpha, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g]), core.Operand(b3[g]), ep, idx))
     execute(func, D, tasks)
 
@@ -400,7 +400,7 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     tasks = []
     for g in range(batch):
         idx = _batch_index(perm_d, g)
-        ep = core.Epilogue(out, None, None if c_val is None else c_val[idx])
+        ep = core.OutputStage(out, None, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g], scales_a[g], gka), core.Operand(b3[g], scales_b[g], gkb), ep, idx))
     execute(func, D, tasks)
 
@@ -507,16 +507,18 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         a_op = core.Operand(a3[g], scales_a[g], gka)
         b_op = core.Operand(b3[g], scales_b[g], gkb)
         if sfd is None:
-            ep = core.Epilogue(OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
+            ep = core.OutputStage(OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
             tasks.append(Task(a_op, b_op, ep, idx))
         else:
-            tasks.append(Task(a_op, b_op, core.Epilogue(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
+            tasks.append(Task(a_op, b_op, core.OutputStage(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
     execute(func, D, tasks)
 
 
-def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int) -> Callable[[np.ndarray], None]:
-    def write(v: np.ndarray) -> None:
-        q, e = _fp8_quantize_rows(v)
+def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int
+              ) -> Callable[[core.MatmulResult, Collected], None]:
+    """FP8Quantization's writer of batch g: E4M3 codes into D[idx], the packed scales into sfd."""
+    def write(res: core.MatmulResult, col: Collected) -> None:
+        q, e = _fp8_quantize_rows(res.out)
         D[idx] = q.view(E4M3)
         pairs = fm.pack_ue8m0_int16(e)  # (M, N / 64): low byte = first 32 columns
         sfd[:, g * (n // 64):(g + 1) * (n // 64)] = pairs
@@ -598,26 +600,18 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     ranges = _split_ranges(k, 64, splits)
     # Note: a split with no K block (num_splits > K / 64) stores the empty sum 0 here; the device
     # kernel stores an accumulator it never cleared.
-    want_acc, want_S = trace.wants()
-    sq_res = [core.scaled_matmul(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]),
-                                 core.Epilogue(fm.F32), fp32_block=profile.fp32_block, want_acc=want_acc,
-                                 want_S=want_S) for k0, k1 in ranges]
-    sq = [r.out[:, 0] for r in sq_res]
-    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.Epilogue(fm.F32),
+    # sqr_sum: one float32 GEMM per split against a row of ones, into a (splits, M, 1) buffer
+    sq_out = np.empty((splits, m, 1), np.float32)
+    sq_tasks = [Task(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.OutputStage(fm.F32), (s,))
+                for s, (k0, k1) in enumerate(ranges)]
+    sq_col = execute(func, sq_out, sq_tasks, record_trace=False)
+    # the second output's accumulator and error scale, for the golden workflow
+    extra = {f"sqr_sum.{key}": (arr[0, :, 0] if num_splits is None else arr[:, :, 0])
+             for key, arr in (("acc", sq_col.acc), ("S", sq_col.S)) if arr is not None}
+    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.OutputStage(fm.F32),
                   (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
-    execute(func, D, tasks)
-    cap = trace.active()
-    if cap is not None and cap.records:
-        # the second output's accumulator and error scale, for the golden workflow
-        for key, part in (("acc", [r.acc for r in sq_res]), ("S", [r.S for r in sq_res])):
-            if all(p is not None for p in part):
-                arr = np.stack([p[:, 0] for p in part])  # type: ignore[index]
-                cap.records[-1].extra[f"sqr_sum.{key}"] = arr[0] if num_splits is None else arr
-    if num_splits is None:
-        S[...] = sq[0]
-    else:
-        for s, v in enumerate(sq):
-            S[s] = v
+    execute(func, D, tasks, extra=extra)
+    S[...] = sq_out[0, :, 0] if num_splits is None else sq_out[:, :, 0]
 
 
 def _hc_prenorm_cuda(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:

@@ -31,6 +31,7 @@ from . import core, trace
 from . import formats as fm
 from .api import profiled
 from .errors import arg_error
+from .executor import Task, execute
 from .profiles import get_profile
 from .toolkit.args import (
     BF16,
@@ -64,7 +65,6 @@ __all__ = [
     "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
     "aclnn_bf16_gemm_nt", "aclnn_bf16_gemm_nn", "aclnn_bf16_gemm_tn", "aclnn_bf16_gemm_tt",
     "aclnn_fp8_fp4_gemm_nt", "aclnn_fp8_fp4_gemm_nn", "aclnn_fp8_fp4_gemm_tn", "aclnn_fp8_fp4_gemm_tt",
-    "GemmRequest", "run_gemm",
 ]
 
 
@@ -73,28 +73,20 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class GemmRequest:
-    """A validated GEMM ready for the core: operands, epilogue, and where the result goes."""
+class _Gemm:
+    """A validated dense GEMM: the one task and the array its result goes into."""
 
-    func: str
-    a: core.Operand
-    b: core.Operand
     d: np.ndarray  # the caller's output (a view), written at the end
-    epilogue: core.Epilogue
-    c_target: np.ndarray | None = None  # ACLNN addmm writes into c instead of d
+    task: Task
 
 
-def run_gemm(req: GemmRequest, *, record: bool = True) -> core.MatmulResult:
-    """Call the core, write the result into the caller's buffer (only after success), and report
-    the accumulator and error scale to an active ``trace.capture``."""
-    want_acc, want_S = trace.wants()
-    res = core.scaled_matmul(req.a, req.b, req.epilogue, fp32_block=get_profile().fp32_block,
-                             want_acc=want_acc, want_S=want_S)
-    target = req.d if req.c_target is None else req.c_target
-    target[...] = res.out
-    if record:
-        trace.record(req.func, acc=res.acc, acc_lo=res.acc_lo, S=res.S, stats=res.stats)
-    return res
+def _gemm(d: np.ndarray, a: core.Operand, b: core.Operand, out: core.OutputStage) -> _Gemm:
+    return _Gemm(d, Task(a, b, out, (slice(None),)))
+
+
+def _run(func: str, g: _Gemm) -> None:
+    """Execute the task into ``g.d`` (written only after success); the record has no defined mask."""
+    execute(func, g.d, [g.task], defined=None)
 
 
 def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
@@ -120,7 +112,7 @@ def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> t
 def _fp8_fp4_request(
     func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
     compiled_dims: Any, disable_ue8m0_cast: Any, alpha: Any, epilogue: Any,
-) -> GemmRequest | None:
+) -> _Gemm | None:
     """Validate an NT FP8/FP4 GEMM for the active profile; None when there is nothing to compute."""
     profile = get_profile()
     check_compiled_dims(func, compiled_dims)
@@ -174,8 +166,8 @@ def _fp8_fp4_request(
     if done:
         return None
     assert scales_a is not None and scales_b is not None
-    ep = core.Epilogue(OUT_FORMAT[dd.dtype], alpha_f, c_val)
-    return GemmRequest(func, sa.operand(scales_a, gka), sb.operand(scales_b, gkb), dd, ep)
+    return _gemm(dd, sa.operand(scales_a, gka), sb.operand(scales_b, gkb),
+                 core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val))
 
 
 def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -194,7 +186,7 @@ def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
         req = _fp8_fp4_request(name, a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
                                disable_ue8m0_cast, alpha, epilogue)
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -271,21 +263,21 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     cols = np.arange(n)
     out_cols = cols + (cols + right) // (left + right) * mid
     full = np.empty((m, n), dd.dtype)
-    req = GemmRequest(func, sa.operand(scales_a, gka), sb.operand(scales_b, gkb), full,
-                      core.Epilogue(OUT_FORMAT[dd.dtype]))
-    res = run_gemm(req, record=False)
+    task = Task(sa.operand(scales_a, gka), sb.operand(scales_b, gkb), core.OutputStage(OUT_FORMAT[dd.dtype]),
+                (slice(None),))
+    col = execute(func, full, [task], record_trace=False)
     dd[:, out_cols] = full
     if trace.active() is not None:
         defined = np.zeros(dd.shape, bool)
         defined[:, out_cols] = True
         acc = S = None
-        if res.acc is not None:
+        if col.acc is not None:
             acc = np.zeros(dd.shape)
-            acc[:, out_cols] = res.acc
-        if res.S is not None:
+            acc[:, out_cols] = col.acc
+        if col.S is not None:
             S = np.zeros(dd.shape)
-            S[:, out_cols] = res.S
-        trace.record(func, acc=acc, S=S, defined=defined, stats=res.stats)
+            S[:, out_cols] = col.S
+        trace.record(func, acc=acc, S=S, defined=defined, stats=col.stats)
 
 
 fp8_gemm_nt_skip_head_mid = profiled(
@@ -299,7 +291,7 @@ fp8_gemm_nt_skip_head_mid = profiled(
 # ----------------------------------------------------------------------------------------------
 
 def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any, epilogue: Any,
-                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel") -> GemmRequest | None:
+                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel") -> _Gemm | None:
     check_compiled_dims(func, compiled_dims)
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
@@ -316,8 +308,7 @@ def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any,
     done, c_val = _early_return(func, m, n, k, dd, c)
     if done:
         return None
-    ep = core.Epilogue(OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode)
-    return GemmRequest(func, core.Operand(A), core.Operand(B), dd, ep)
+    return _gemm(dd, core.Operand(A), core.Operand(B), core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode))
 
 
 def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -331,7 +322,7 @@ def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
         b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
         req = _bf16_request(name, a2, b2, d, c, compiled_dims, alpha, epilogue)
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -371,7 +362,7 @@ def _make_cublaslt(layout: str) -> Callable[..., None]:
         # Note: float32 inputs are rejected: cuBLASLt computes them in TF32, not emulated here.
         req = _bf16_request(name, a2, b2, d, c, "", None, None, dtypes=(BF16, E4M3), c_mode="fused")
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -390,14 +381,15 @@ def _make_aclnn_bf16(layout: str) -> Callable[..., None]:
         req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused")
         if req is None:
             return
-        if c is not None and req.epilogue.c is not None:
+        c_val = req.task.output.c if req.task.output is not None else None
+        if c is not None and c_val is not None:
             ca = as_array(c, name, "c")
             if not np.shares_memory(ca, req.d):
                 # DeepGEMM-Ascend copies c into d, then runs aclnnInplaceAddmm on c: d keeps the
                 # old c and the result lands in c (its tests always pass c = d).
-                req.d[...] = req.epilogue.c
-                req.c_target = ca
-        run_gemm(req)
+                req.d[...] = c_val
+                req.d = ca
+        _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -464,9 +456,9 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         done, c_val = _early_return(name, m, n, k, dd, c_arr)
         if done:
             return
-        ep = core.Epilogue(OUT_FORMAT[dd.dtype], None, c_val, "rounded")
-        run_gemm(GemmRequest(name, sa.operand(fm.ue8m0_decode(bytes_a), 32),
-                             sb.operand(fm.ue8m0_decode(bytes_b), 32), dd, ep))
+        out = core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val, "rounded")
+        _run(name, _gemm(dd, sa.operand(fm.ue8m0_decode(bytes_a), 32),
+                          sb.operand(fm.ue8m0_decode(bytes_b), 32), out))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (

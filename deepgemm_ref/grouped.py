@@ -70,15 +70,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import core, trace
+from . import core
 from . import formats as fm
 from .api import profiled
 from .errors import DGArgumentError, arg_error
+from .executor import Task, execute
 from .layout import ascend_gap_mask, pack_k_grouped_ue8m0, sf_values
 from .profiles import Profile, get_profile
 from .runtime import ASCEND_MK_ALIGNMENT, current_mk_alignment
@@ -127,106 +128,6 @@ __all__ = [
 ]
 
 _ASCEND_MIXES = "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) operands (Unsupported operand dtypes)"
-
-
-# ----------------------------------------------------------------------------------------------
-# execution: one scaled_matmul per task, results written into d, one trace record per call
-# ----------------------------------------------------------------------------------------------
-
-@dataclass
-class Task:
-    """One dense GEMM of a grouped or batched call.
-
-    a, b:     core operands (rows, K) and (N, K).
-    epilogue: the output step (format, alpha, c).
-    index:    where the (rows, N) result goes in ``d`` (and in the output-shaped trace arrays).
-    sink:     optional writer replacing ``d[index] = out`` (DeepGEMM-Ascend's FP8 output).
-    """
-
-    a: core.Operand
-    b: core.Operand
-    epilogue: core.Epilogue
-    index: tuple[Any, ...]
-    sink: Callable[[np.ndarray], None] | None = None
-
-
-@dataclass
-class _Collector:
-    """Output-shaped trace arrays, filled task by task (only while a trace capture is active)."""
-
-    shape: tuple[int, ...]
-    active: bool
-    want_acc: bool
-    want_S: bool
-    acc: np.ndarray | None = None
-    acc_lo: np.ndarray | None = None
-    S: np.ndarray | None = None
-    stats: dict[str, int] = field(default_factory=dict)
-
-    def add(self, index: tuple[Any, ...], res: core.MatmulResult) -> None:
-        if not self.active:
-            return
-        if res.acc is not None:
-            if self.acc is None:
-                self.acc = np.zeros(self.shape)
-            self.acc[index] = res.acc
-        if res.acc_lo is not None:
-            if self.acc_lo is None:
-                self.acc_lo = np.zeros(self.shape)
-            self.acc_lo[index] = res.acc_lo
-        if res.S is not None:
-            if self.S is None:
-                self.S = np.zeros(self.shape)
-            self.S[index] = res.S
-        for key, v in res.stats.items():
-            self.stats[key] = self.stats.get(key, 0) + v
-
-
-def _expand(mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    if mask is None:
-        return np.ones(shape, bool)
-    m = mask.reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
-    return np.array(np.broadcast_to(m, shape))
-
-
-def execute(
-    func: str,
-    d: np.ndarray,
-    tasks: list[Task],
-    *,
-    defined: np.ndarray | None = None,
-    zero: np.ndarray | None = None,
-    fill: list[tuple[tuple[Any, ...], np.ndarray]] | None = None,
-) -> None:
-    """Run validated tasks and write ``d``; report one trace record for the public call.
-
-    defined: bool mask over ``d``'s leading axes (rows), True where the contract defines the
-             values; None: all of ``d``.
-    zero:    bool mask over the same axes: rows that receive +0.0 (the padding policy).
-    fill:    (index, values) pairs copied into ``d`` as they are (k-grouped empty groups: c[g]).
-    """
-    want_acc, want_S = trace.wants()
-    col = _Collector(tuple(d.shape), trace.active() is not None, want_acc, want_S)
-    if zero is not None and zero.any():
-        d[zero] = np.zeros((), d.dtype)
-    for index, values in fill or []:
-        d[index] = values
-    block = get_profile().fp32_block
-    for t in tasks:
-        res = core.scaled_matmul(t.a, t.b, t.epilogue, fp32_block=block, want_acc=want_acc, want_S=want_S)
-        if t.sink is None:
-            d[t.index] = res.out
-        else:
-            t.sink(res.out)
-        col.add(t.index, res)
-    if col.active:
-        shape = tuple(d.shape)
-        if want_acc and col.acc is None:
-            col.acc = np.zeros(shape)
-        if want_S and col.S is None:
-            col.S = np.zeros(shape)
-        trace.record(func, acc=col.acc, acc_lo=col.acc_lo, S=col.S, defined=_expand(defined, shape),
-                     stats=col.stats)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,7 +368,7 @@ def _m_grouped_fp8(
     for g, r0, r1 in layout.runs:
         if g not in b_ops:
             b_ops[g] = sb.operand(scales_b, gkb, group=g)
-        tasks.append(Task(sa.operand(scales_a, gka, rows=(r0, r1)), b_ops[g], core.Epilogue(out, alpha),
+        tasks.append(Task(sa.operand(scales_a, gka, rows=(r0, r1)), b_ops[g], core.OutputStage(out, alpha),
                           (slice(r0, r1),)))
     execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
 
@@ -497,7 +398,7 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
     out = OUT_FORMAT[dd.dtype]
-    tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.Epilogue(out, alpha), (slice(r0, r1),))
+    tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
              for g, r0, r1 in layout.runs]
     execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
 
@@ -636,7 +537,7 @@ def _masked_tasks(func: str, dd: np.ndarray, mm: np.ndarray,
         rows = int(mm[g])
         if rows:
             a_op, b_op = make(g, rows)
-            tasks.append(Task(a_op, b_op, core.Epilogue(out), (g, slice(0, rows))))
+            tasks.append(Task(a_op, b_op, core.OutputStage(out), (g, slice(0, rows))))
     # Note: the kernels also store A_row @ B_g^T (sm90 FP8: zeros per 64-row chunk) into the
     # padding rows of each group's last visited block; here every row past masked_m[g] keeps
     # the caller's value (spec 7.2: "the emulator should leave them untouched").
@@ -967,7 +868,7 @@ def _k_grouped_fp8_cuda(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_
             b_g = flat_b[n * k0:n * k1].reshape(n, k1 - k0)
             tasks.append(Task(core.Operand(a_g, sva[:, k0 // 128:k1 // 128], 128),
                               core.Operand(b_g, svb[:, k0 // 128:k1 // 128], 128),
-                              core.Epilogue(out, None, c_val[g]), (g,)))
+                              core.OutputStage(out, None, c_val[g]), (g,)))
     else:
         scales_a = _cuda_k_grouped_scales(func, "a[1]", sfa, m, gl.astype(np.int32), ks, gran_k, k_alignment, psum, kg)
         scales_b = _cuda_k_grouped_scales(func, "b[1]", sfb, n, gl.astype(np.int32), ks, gran_k, k_alignment, psum, kg)
@@ -980,7 +881,7 @@ def _k_grouped_fp8_cuda(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_
             # contract requires to be zero; only the group's rows [start_g, end_g) are used here.
             tasks.append(Task(core.Operand(A[k0:k1].T, scales_a[g], gran_k),
                               core.Operand(B[k0:k1].T, scales_b[g], gran_k),
-                              core.Epilogue(out, None, c_val[g]), (g,)))
+                              core.OutputStage(out, None, c_val[g]), (g,)))
     execute(func, dd, tasks, fill=fill)
 
 
@@ -1044,7 +945,7 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
             fill.append(((g,), c_val[g]))
             continue
         # Note: as for the FP8 version, psum gap rows the MMA consumes are not used here.
-        tasks.append(Task(core.Operand(A[k0:k1].T), core.Operand(B[k0:k1].T), core.Epilogue(out, None, c_val[g]),
+        tasks.append(Task(core.Operand(A[k0:k1].T), core.Operand(B[k0:k1].T), core.OutputStage(out, None, c_val[g]),
                           (g,)))
     execute(func, dd, tasks, fill=fill)
 
@@ -1113,7 +1014,7 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
         if k1 <= k0:
             fill.append(((g,), c_val[g]))
             continue
-        ep = core.Epilogue(out, alpha, c_val[g])
+        ep = core.OutputStage(out, alpha, c_val[g])
         if fp8:
             assert scales_a is not None and scales_b is not None
             # group starts are 256-aligned: whole scale blocks

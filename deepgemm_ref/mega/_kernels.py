@@ -11,8 +11,8 @@ import numpy as np
 from .. import formats as fm
 from .. import trace
 from ..api import profiled
-from ..config import get_numerics
 from ..errors import arg_error
+from ..executor import active_accumulation
 from ..profiles import get_profile
 from ..runtime import get_num_sms
 from ..toolkit.args import BF16, E4M3, I8, I16, I32, as_array, as_pair, bool_arg, elem_stride, is_contiguous
@@ -308,10 +308,9 @@ def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> N
             raise arg_error(func, "sym_buffer", f"every rank's call on the same configuration as rank {ranks[0]} "
                             f"{_config(first)}", f"rank {r}: {_config(calls[r])}")
     tokens = [read_tokens(func, calls[r]) for r in ranks]
-    profile = get_profile()
     want_acc, want_S = trace.wants()
-    cfg = PipelineConfig(first.target, first.kind, model=get_numerics().accumulation,  # type: ignore[arg-type]
-                         fp32_block=profile.fp32_block, want_stages=trace.active() is not None,
+    cfg = PipelineConfig(first.target, first.kind, accumulation=active_accumulation(),  # type: ignore[arg-type]
+                         want_stages=trace.active() is not None,
                          want_acc=want_acc, want_S=want_S)
     shared = [calls[r].shared for r in ranks] if first.target == "deepgemm-ascend" else None
     # Note: the ring scratch views (l1_acts, l2_acts and their SFs) are not written: their contents

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from .. import core
+from .. import core, executor
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import fraction_sum, two_sum
@@ -94,8 +94,7 @@ class RankOptions:
 class PipelineConfig:
     target: Target
     mode: Literal["fp8", "bf16"]
-    model: Any = "exact"
-    fp32_block: int = 32
+    accumulation: core.Accumulation = field(default_factory=core.Accumulation)
     semantics: Literal["fused", "baseline"] = "fused"
     want_stages: bool = False
     want_acc: bool = False
@@ -103,7 +102,7 @@ class PipelineConfig:
 
     @property
     def exact(self) -> bool:
-        return self.model == "exact"
+        return self.accumulation.model == "exact"
 
 
 @dataclass
@@ -255,12 +254,12 @@ def _gemm(tokens: core.Operand, weights: core.Operand, cfg: PipelineConfig, stat
     chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all routed rows.  The
     epilogue (one rounding per element) and the certificates do not depend on the orientation.
     """
-    res = core.scaled_matmul(weights, tokens, core.Epilogue(fm.BF16), model=cfg.model, fp32_block=cfg.fp32_block,
-                             want_acc=cfg.want_acc, want_S=cfg.want_S)
+    res = executor.run(executor.Task(tokens, weights, core.OutputStage(fm.BF16), transposed=True), cfg.accumulation,
+                       want_acc=cfg.want_acc, want_S=cfg.want_S)
+    assert isinstance(res, core.MatmulResult)
     for key, val in res.stats.items():
         stats[key] = stats.get(key, 0) + val
-    return core.MatmulResult(res.out.T, None if res.acc is None else res.acc.T, None,
-                             None if res.S is None else res.S.T, res.stats)
+    return res
 
 
 def _token_operand(x_all: np.ndarray, sc_all: np.ndarray | None, rows: np.ndarray) -> core.Operand:
@@ -377,7 +376,7 @@ def run(
                 if sf is not None:
                     keep(s, "shared.l2.acts_sf", sf)
                 keep(s, "shared.output", res2.out)
-        y, acc, S = combine_rows(comb[s], cfg.model, want_S=cfg.want_stages)
+        y, acc, S = combine_rows(comb[s], cfg.accumulation.model, want_S=cfg.want_stages)
         result.y[s], result.acc[s] = y, acc
         if S is not None:
             result.S[s] = S

@@ -23,8 +23,8 @@ import numpy as np
 from .. import core, trace
 from .. import formats as fm
 from ..api import profiled
-from ..config import get_numerics
 from ..errors import arg_error
+from ..executor import Task, active_accumulation, execute
 from ..interop import caller_kind, from_numpy
 from ..layout import sf_values
 from ..profiles import get_profile
@@ -277,26 +277,17 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         raise arg_error(func, "b", f"K = {k} (from a)", bw)
     groups, n = int(bw.shape[0]), int(bw.shape[1])
     segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, align)
-    want_acc, want_S = trace.wants()
     d = np.zeros((m, n), BF16)
-    acc = np.zeros((m, n)) if want_acc else None
-    S = np.zeros((m, n)) if want_S else None
-    defined = np.zeros((m, n), bool)
-    model = get_numerics().accumulation
+    defined = np.zeros(m, bool)
+    tasks = []
     for g, (r0, r1) in enumerate(segs):
         if r1 <= r0:
             continue
         op_a = core.Operand(av[r0:r1]) if a_sc is None else core.Operand(av[r0:r1], a_sc[r0:r1], 32)
-        # weights as the core's row-chunked operand (see _pipeline._gemm), result transposed
-        res = core.scaled_matmul(weights.operand(g), op_a, core.Epilogue(fm.BF16), model=model,
-                                 fp32_block=get_profile().fp32_block, want_acc=want_acc, want_S=want_S)
-        d[r0:r1] = res.out.T
+        # the weights as the core's row-chunked operand (see executor.Task.transposed)
+        tasks.append(Task(op_a, weights.operand(g), core.OutputStage(fm.BF16), (slice(r0, r1),), transposed=True))
         defined[r0:r1] = True
-        if acc is not None and res.acc is not None:
-            acc[r0:r1] = res.acc.T
-        if S is not None and res.S is not None:
-            S[r0:r1] = res.S.T
-    trace.record(func, acc=acc, S=S, defined=defined)
+    execute(func, d, tasks, defined=defined)
     return from_numpy(d, caller_kind(a))
 
 
@@ -362,8 +353,7 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     rows = _avail(func, avail_tokens, m)
     c = None if clamp_value is None else float(clamp_value)
     profile = get_profile()
-    model = get_numerics().accumulation
-    cfg = PipelineConfig(profile.target, "fp8", model=model, semantics=semantics)
+    cfg = PipelineConfig(profile.target, "fp8", accumulation=active_accumulation(), semantics=semantics)
     opts = RankOptions(c, bool(fast_math))
     v, q8, sf, st = swiglu_stage(xa[:rows], None if w is None else w[:rows], opts, cfg, quantize=False)
     y = np.zeros((m, i), E4M3)
@@ -451,7 +441,7 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
             if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
                 raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
             comb[src][:, k] = sa
-    model = get_numerics().accumulation
+    model = active_accumulation().model
     out = []
     for src in range(R):
         y, acc, S = combine_rows(comb[src], model)
