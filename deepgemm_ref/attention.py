@@ -1002,7 +1002,7 @@ def _sm100_schedule(ctx: np.ndarray, next_n: int, num_sms: int, indices: np.ndar
     total_rows = ctx.size
     starts, counts = _requests(total_rows, next_n, indices)
     req_ctx = ctx[starts + counts - 1] if starts.size else np.zeros(0, np.int64)
-    work = (-(-req_ctx // _SPLIT_KV)) * counts
+    work = ceil_div(req_ctx, _SPLIT_KV) * counts
     prefix = np.cumsum(work)
     total = int(prefix[-1]) if prefix.size else 0
     q, rem = divmod(total, num_sms)
@@ -1023,7 +1023,7 @@ def _sm90_schedule(ctx: np.ndarray, batch: int, next_n: int, num_sms: int) -> np
     """DeepGEMM sm90 (non-varlen): per batch ceil(ctx / 256) segments x ceil(next_n / atom) atoms
     (atom 2 when next_n >= 2), split with the remainder given to the last SMs."""
     req_ctx = ctx.reshape(batch, next_n)[:, -1] if batch else np.zeros(0, np.int64)
-    segs = -(-req_ctx // _SPLIT_KV)
+    segs = ceil_div(req_ctx, _SPLIT_KV)
     prefix = np.cumsum(segs)
     total_segs = int(prefix[-1]) if prefix.size else 0
     atom = 2 if next_n >= 2 else 1
@@ -1054,11 +1054,11 @@ def _ascend_schedule(ctx: np.ndarray, indices: np.ndarray, heads: int, cores: in
     req_ctx = ctx[starts + counts - 1] if starts.size else np.zeros(0, np.int64)
 
     def split_cost(nq: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        tiles = -(-nq // tile)
+        tiles = ceil_div(nq, tile)
         c0 = 2 + 2 * tiles if tile > 1 else tiles
-        return (-(-tokens // (_ASC_SPLIT_KV // 4))) * c0 + 2
+        return ceil_div(tokens, _ASC_SPLIT_KV // 4) * c0 + 2
 
-    splits = -(-req_ctx // _ASC_SPLIT_KV)
+    splits = ceil_div(req_ctx, _ASC_SPLIT_KV)
     full = split_cost(counts, np.full(counts.size, _ASC_SPLIT_KV))
     last = split_cost(counts, req_ctx - (splits - 1) * _ASC_SPLIT_KV)
     cost = np.where(splits == 0, 0, (splits - 1) * full + last)
@@ -1214,7 +1214,7 @@ def _paged_rows(func: str, ctx: np.ndarray, starts: np.ndarray, counts: np.ndarr
         raise arg_error(func, "context_lens", "every row's context length at most its request's last row's "
                         "(the kernel computes a request up to that length)",
                         f"{int(ctx[i])} at row {i} > {int(req_ctx[req[i]])}")
-    pages = -(-req_ctx // page)
+    pages = ceil_div(req_ctx, page)
     need = int(pages.max(initial=0))
     if need > block_table.shape[1]:
         r = int(np.argmax(pages))

@@ -68,6 +68,7 @@ from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
 from .certified import Points, round_certified
 from .config import AccumulationModel, Limited
 from .exact import (
+    ceil_div,
     dd_interval,
     dd_sum,
     dd_to_f64_directed,
@@ -183,7 +184,7 @@ class Operand:
     def block_scales(self, r0: int, r1: int, block: int) -> np.ndarray:
         """Scales per row and per K block of size ``block`` (which must divide self.block)."""
         k = self.values.shape[1]
-        nb = -(-k // block) if k else 0
+        nb = ceil_div(k, block) if k else 0
         if self.scales is None:
             return np.ones((r1 - r0, nb))
         rep = self.block // block
@@ -567,7 +568,7 @@ class _CertifiedChunks:
                 y = a64[:, :kb] @ self.b64[:, :kb].T
                 for k0 in range(kb, k, kb):
                     y += a64[:, k0:k0 + kb] @ self.b64[:, k0:k0 + kb].T
-                n_round = kb + -(-k // kb) + 1
+                n_round = kb + ceil_div(k, kb) + 1
             else:
                 y = a64 @ self.b64.T
                 n_round = k + 1
@@ -825,7 +826,7 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> 
     b_s = b.rows(0, n)  # NaN / inf elements follow IEEE through the GEMM, as on the device
     step = _chunk_rows(m, n, k)
     acc_all = np.empty((m, n), np.float32)
-    nb = -(-k // blk) if k else 0
+    nb = ceil_div(k, blk) if k else 0
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
@@ -896,7 +897,7 @@ def _fp32_model(a: Operand, b: Operand, ep: OutputStage, block: int, mma_block_s
             a_el = a.element_rows(r0, r1)
             sa = a.block_scales(r0, r1, blk).astype(np.float32) if a.scales is not None else None
             acc = np.zeros((r1 - r0, n), np.float32)
-            nb = -(-k // blk) if k else 0
+            nb = ceil_div(k, blk) if k else 0
             for j in range(nb):
                 ks = slice(j * blk, min(k, (j + 1) * blk))
                 part = _block_partials(a_el[:, ks], b_el[:, ks], exact_ok)

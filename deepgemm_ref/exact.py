@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from fractions import Fraction
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -253,11 +254,15 @@ def fraction_sum(values: Iterable[float]) -> Fraction:
 # integers
 # ----------------------------------------------------------------------------------------------
 
-def ceil_div(x: int, y: int) -> int:
-    """ceil(x / y) for integers (y > 0)."""
+#: An int, or an integer array (elementwise).
+IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
+
+
+def ceil_div(x: IntOrArray, y: int) -> IntOrArray:
+    """ceil(x / y) for integers (y > 0); elementwise for integer arrays."""
     return (x + y - 1) // y
 
 
-def align(x: int, y: int) -> int:
-    """x rounded up to a multiple of y (y > 0)."""
+def align(x: IntOrArray, y: int) -> IntOrArray:
+    """x rounded up to a multiple of y (y > 0); elementwise for integer arrays."""
     return ceil_div(x, y) * y

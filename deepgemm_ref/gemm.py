@@ -52,6 +52,7 @@ from .toolkit.operands import (
     alpha_of,
     ascend_recipes,
     bf16_operands,
+    check_ascend_mix,
     cuda_recipes,
     resolve_scales,
 )
@@ -124,9 +125,7 @@ def _fp8_fp4_request(
         if dd.dtype not in OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype before anything else
             raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
         sa, sb = ab_operand(A, func, "a"), ab_operand(B, func, "b")
-        if sa.is_fp4 and not sb.is_fp4:
-            raise arg_error(func, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) operands "
-                            "(Unsupported operand dtypes)", "FP4 A with FP8 B")
+        check_ascend_mix(func, sa, sb)
     else:
         allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
         sa = ab_operand(A, func, "a", allowed=allowed)

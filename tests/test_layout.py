@@ -779,7 +779,7 @@ def test_pack_le_matches_formats_spec(rows, n, per, seed):
     strided = np.zeros((rows, 2 * n), np.uint8)
     strided[:, ::2] = b
     for x in (b, strided[:, ::2]):  # contiguous and strided inputs
-        got = L._pack_le(x, per)
+        got = L.sf._pack_le(x, per)
         assert got.dtype == spec.dtype and got.shape == spec.shape and np.array_equal(got, spec)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..api import profiled
 from ..errors import arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
-from ..toolkit.args import int_arg
+from ..toolkit.args import align, int_arg
 from ._group import EmulatedGroup, resolve_group
 from ._layout import TOKEN_ALIGNMENT, BufferLayout, alloc_bytes, ascend_layout, cuda_layout, make_views, ring_limit
 
@@ -315,14 +315,14 @@ def _get_symm_buffer_for_mega_moe(group: Any, num_experts: int, num_max_tokens_p
     registry, _ = resolve_group(func, group)
     size = registry.size()
     t = int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
-    t = -(-t // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT
+    t = align(t, TOKEN_ALIGNMENT)
     e = int_arg(func, "num_experts", num_experts, 1)
     k = int_arg(func, "num_topk", num_topk, 1)
     lo, hi = ring_limit(func, t, e // size, k, size)
     if t >= 6144:
-        ring = -(-(768 * 1024) // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT
+        ring = align(768 * 1024, TOKEN_ALIGNMENT)
     else:
-        ring = ring_limit(func, -(-4096 // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT, 432 // 72, 6, 72)[1]
+        ring = ring_limit(func, align(4096, TOKEN_ALIGNMENT), 432 // 72, 6, 72)[1]
     ring = min(max(ring, lo), hi)
     if use_fp8_dispatch is not None:
         if use_fp8_dispatch != (str(mma_type).split("x")[0] == "fp8"):

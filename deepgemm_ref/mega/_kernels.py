@@ -15,7 +15,20 @@ from ..errors import arg_error
 from ..executor import active_accumulation
 from ..profiles import get_profile
 from ..runtime import get_num_sms
-from ..toolkit.args import BF16, E4M3, I8, I16, I32, as_array, as_pair, bool_arg, elem_stride, is_contiguous
+from ..toolkit.args import (
+    BF16,
+    E4M3,
+    I8,
+    I16,
+    I32,
+    align,
+    as_array,
+    as_pair,
+    bool_arg,
+    ceil_div,
+    elem_stride,
+    is_contiguous,
+)
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
 from ._group import EmulatedGroup
 from ._layout import BLOCK_N
@@ -120,10 +133,10 @@ def _grouped_weight(func: str, arg: str, w: np.ndarray, dtype: np.dtype, dtype_n
 
 def _layout2(func: str, arg: str, sf: np.ndarray, groups: int, mn: int, k: int) -> None:
     """DeepGEMM's check_sf_layout(sf, mn, k, 1, 32, groups, tma_stride_check) for packed int32 SFs."""
-    want = (groups, mn, -(-k // 128))
+    want = (groups, mn, ceil_div(k, 128))
     if sf.dtype != I32 or sf.shape != want:
         raise arg_error(func, arg, f"int32 packed UE8M0 SFs of shape {want} (layout 2)", sf)
-    a4 = -(-mn // 4) * 4
+    a4 = align(mn, 4)
     ok = (elem_stride(sf, -2) == 1 or mn == 1) and (want[2] <= 1 or elem_stride(sf, -1) == a4)
     ok = ok and (groups <= 1 or elem_stride(sf, -3) == elem_stride(sf, -1) * want[2])
     if not ok:

@@ -26,9 +26,9 @@ from ..api import profiled
 from ..errors import arg_error
 from ..executor import Task, active_accumulation, execute
 from ..interop import caller_kind, from_numpy
-from ..layout import sf_values
+from ..layout import psum_ranges, sf_values
 from ..profiles import get_profile
-from ..toolkit.args import BF16, E4M3, I8, as_array, as_pair, int_arg
+from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg
 from . import _swiglu as sw
 from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
 from ._weights import PlainWeights
@@ -84,11 +84,11 @@ def _packed_mn_major(b: np.ndarray, ascend: bool) -> np.ndarray:
     """UE8M0 bytes (M, G) -> DeepGEMM layout 2 int32 (M, ceil(G / 4)) or Ascend int16 pairs (M, G / 2), MN-major."""
     m, g = b.shape
     per = 2 if ascend else 4
-    cols = -(-g // per)
+    cols = ceil_div(g, per)
     padded = np.zeros((m, cols * per), np.uint8)
     padded[:, :g] = b
     words = fm.pack_ue8m0_int16(padded) if ascend else fm.pack_ue8m0_int32(padded)
-    rows = m if ascend else -(-m // 4) * 4
+    rows = m if ascend else align(m, 4)
     phys = np.zeros((cols, rows), words.dtype)
     phys[:, :m] = words.T
     return phys.T[:m]
@@ -156,7 +156,7 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
     func = "mega_moe_dispatch"
     target = get_profile().target
     e = int_arg(func, "num_experts", num_experts, 1)
-    align = int_arg(func, "expert_alignment", expert_alignment, 1)
+    alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
     tokens = _tokens(func, x, topk_idx, topk_weights, e, target)
     R = len(tokens)
     if e % R:
@@ -183,7 +183,7 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         ends, starts, total = [], [], 0
         for i in range(e_l):
             seg = routes.rows(r * e_l + i)
-            start = -(-total // align) * align
+            start = align(total, alignment)
             starts.append(start)
             total = start + (seg.stop - seg.start)
             ends.append(total)
@@ -219,21 +219,13 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
     return out
 
 
-def _psum_rows(func: str, psum: Any, m: int, groups: int, align: int) -> list[tuple[int, int]]:
+def _psum_rows(func: str, psum: Any, m: int, groups: int, alignment: int) -> list[tuple[int, int]]:
+    """The rows [start_g, end_g) of every group of the dispatch's psum END offsets."""
     arg = "psum_num_recv_tokens_per_expert"
     ends = np.asarray(psum) if isinstance(psum, (list, tuple)) else as_array(psum, func, arg)
-    assert ends is not None
     if ends.ndim != 1 or ends.size != groups or ends.dtype.kind not in "iu":
-        raise arg_error(func, "psum_num_recv_tokens_per_expert", f"an integer ({groups},) array of END rows", ends)
-    out, prev = [], 0
-    for g, end in enumerate(int(v) for v in ends):
-        start = -(-prev // align) * align if g else 0
-        if not start <= end <= m:
-            raise arg_error(func, "psum_num_recv_tokens_per_expert", f"END rows with align(previous end, {align}) "
-                            f"<= end <= {m}", f"{end} for group {g}")
-        out.append((start, end))
-        prev = end
-    return out
+        raise arg_error(func, arg, f"an integer ({groups},) array of END rows", ends)
+    return psum_ranges(func, arg, ends.astype(np.int64), alignment, m, extent_name=f"M = {m} (the rows of a)")
 
 
 def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
@@ -248,7 +240,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
     Returns bfloat16 (M, N).  One core.scaled_matmul call per non-empty group.
     """
     func = "mega_moe_grouped_gemm"
-    align = int_arg(func, "expert_alignment", expert_alignment, 1)
+    alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
     if isinstance(a, (tuple, list)):
         av, asf = as_pair(a, func, "a")
         if av.dtype != E4M3 or av.ndim != 2 or asf is None:
@@ -276,7 +268,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
     if kb != k:
         raise arg_error(func, "b", f"K = {k} (from a)", bw)
     groups, n = int(bw.shape[0]), int(bw.shape[1])
-    segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, align)
+    segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, alignment)
     d = np.zeros((m, n), BF16)
     defined = np.zeros(m, bool)
     tasks = []
@@ -366,9 +358,9 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     else:
         codes, sff = sw.requantize_float_scale(v, gran)
         y[:rows] = codes.view(E4M3)
-    a4 = -(-m // 4) * 4
+    a4 = align(m, 4)
     if ue8m0_scale:
-        b = np.zeros((m, -(-groups // 4) * 4), np.uint8)
+        b = np.zeros((m, align(groups, 4)), np.uint8)
         b[:rows, :groups] = sfb
         phys = np.zeros((b.shape[1] // 4, a4), np.int32)
         phys[:, :m] = fm.pack_ue8m0_int32(b).T

@@ -30,6 +30,7 @@ from .args import BF16, E4M3, F32, I8, align, ceil_div, dtype_name, elem_stride,
 __all__ = [
     "OperandSpec",
     "ab_operand",
+    "check_ascend_mix",
     "bf16_operands",
     "fp4_codes",
     "resolve_scales",
@@ -119,6 +120,13 @@ def ab_operand(x: np.ndarray, func: str, arg: str, *, grouped: bool = False,
         else:
             mn *= 2
     return OperandSpec(x, major, is_fp4, mn, k, int(x.shape[0]) if grouped else None)
+
+
+def check_ascend_mix(func: str, sa: OperandSpec, sb: OperandSpec) -> None:
+    """DeepGEMM-Ascend's operand pairs: FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B)."""
+    if sa.is_fp4 and not sb.is_fp4:
+        raise arg_error(func, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) operands (Unsupported operand dtypes)",
+                        "FP4 A with FP8 B")
 
 
 def bf16_operands(func: str, ops: tuple[tuple[str, np.ndarray, int], ...],

@@ -52,12 +52,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import formats as fm
-from . import profiles, runtime
-from .api import profiled
-from .errors import arg_error
-from .interop import Kind, caller_kind, from_numpy, is_tensor
-from .toolkit.args import (
+from .. import formats as fm
+from .. import profiles, runtime
+from ..api import profiled
+from ..errors import arg_error
+from ..interop import Kind, caller_kind, from_numpy, is_tensor
+from ..toolkit.args import (
     align,
     as_array,
     bool_arg,
@@ -69,6 +69,7 @@ from .toolkit.args import (
     opt_bool_arg,
     strides,
 )
+from .groups import ascend_gap_mask, psum_row_mask
 
 # Note: padding rows and bytes of every built layout are zero (DeepGEMM leaves them uninitialised),
 # and a float32 SF that the device kernels would trap on raises DGArgumentError instead.
@@ -82,7 +83,6 @@ __all__ = [
     "transform_k_grouped_sf_into_required_layout",
     "sf_values",
     "to_user_form",
-    "ascend_gap_mask",
     "pack_k_grouped_ue8m0",
     "ASCEND_PAIR_K",
 ]
@@ -242,19 +242,6 @@ def _get_mn_major_tma_aligned_tensor(sf: Any, /) -> Any:
     return _mn_major_tma_aligned(func, sf, caller_kind(sf))
 
 
-def _psum_valid_rows(ends: np.ndarray, mn: int, alignment: int) -> np.ndarray:
-    """CUDA m-grouped psum layout: row r is valid when some group g has start_g <= r < end_g,
-    start_0 = 0 and start_g = align(end_{g-1}, alignment)."""
-    valid = np.zeros(mn, bool)
-    start = 0
-    for g, end in enumerate(ends.tolist()):
-        if g:
-            start = align(int(ends[g - 1]), alignment)
-        if start < end:
-            valid[start:min(end, mn)] = True
-    return valid
-
-
 def _pack_int32_mn_major(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """UE8M0 bytes (G, mn, sf_k) -> (storage (G, P, align(mn, 4)), layout-2 view (G, mn, P)) int32."""
     g, mn, sf_k = b.shape
@@ -279,7 +266,7 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
         if alignment <= 0:
             raise arg_error(func, "psum_layout", "a positive contiguous-layout alignment to place groups",
                             f"get_mk_alignment_for_contiguous_layout() = {alignment}")
-        keep = _psum_valid_rows(ends, mn, alignment)[np.newaxis, :, np.newaxis]
+        keep = psum_row_mask(ends, mn, alignment)[np.newaxis, :, np.newaxis]
     if contiguous:
         # The transpose-and-pack kernel checks every loaded value; batched inputs whose batch
         # size is not a whole number of 16-byte vectors take the PyTorch fallback instead.
@@ -516,21 +503,6 @@ def _transform_cuda(
 # ----------------------------------------------------------------------------------------------
 # DeepGEMM-Ascend (ascend950)
 # ----------------------------------------------------------------------------------------------
-
-def ascend_gap_mask(ends: np.ndarray, extent: int, granularity: int, alignment: int) -> np.ndarray:
-    """Source entries (rows or columns) between each group's end and the next aligned start.
-
-    In source units s (one per ``granularity`` rows/K elements), group g's tail
-    t = ceil(end_g / granularity) is followed by the gap [t, align(t, alignment // granularity)).
-    Returns a bool mask over [0, extent), True where the entry is kept.
-    """
-    keep = np.ones(extent, bool)
-    step = alignment // granularity
-    for end in ends.tolist():
-        t = ceil_div(end, granularity)
-        keep[t:min(align(t, step), extent)] = False
-    return keep
-
 
 def _transform_ascend_impl(
     func: str,
