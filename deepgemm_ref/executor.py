@@ -61,11 +61,14 @@ class Collected:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def array(self, name: str) -> np.ndarray:
-        """The output-shaped array ``acc``, ``acc_lo`` or ``S``, allocated on first use."""
+        """The output-shaped array ``acc``, ``acc_lo`` or ``S``, allocated on first use (thread-safe)."""
         arr = getattr(self, name)
         if arr is None:
-            arr = np.full(self.shape, self.fill)
-            setattr(self, name, arr)
+            with self.lock:
+                arr = getattr(self, name)
+                if arr is None:
+                    arr = np.full(self.shape, self.fill)
+                    setattr(self, name, arr)
         return arr
 
     def add_stats(self, stats: dict[str, int] | None) -> None:
@@ -133,7 +136,7 @@ def _expand(mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
 def execute(
     func: str,
     d: np.ndarray,
-    tasks: Sequence[Task],
+    tasks: Sequence[Task | Callable[[], Task]],
     *,
     accumulation: core.Accumulation | None = None,
     want: tuple[bool, bool] | None = None,
@@ -146,6 +149,9 @@ def execute(
     extra: dict[str, np.ndarray] | None = None,
 ) -> Collected:
     """Run validated tasks, write ``d``, and report one trace record for the public call.
+
+    A task may be given as a function building it when it runs (operands gathered from a paged
+    cache, for instance, exist only while their task does: memory stays bounded).
 
     accumulation: the core's accumulation (default: :func:`active_accumulation`).
     want:         (want_acc, want_S) (default: what an active trace capture asks for).
@@ -167,7 +173,8 @@ def execute(
     for index, values in fill:
         d[index] = values
 
-    def one(t: Task) -> None:
+    def one(item: Task | Callable[[], Task]) -> None:
+        t = item if isinstance(item, Task) else item()
         res = run(t, acc, want_acc=want_acc, want_S=want_S)
         if isinstance(res, core.Products):
             assert t.sink is not None, "a products task needs a sink"
