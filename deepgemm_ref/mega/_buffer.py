@@ -13,7 +13,7 @@ from ..api import profiled
 from ..errors import arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
 from ..toolkit.args import align, int_arg
-from ._group import EmulatedGroup, resolve_group
+from ._group import GroupRegistry, resolve_group
 from ._layout import TOKEN_ALIGNMENT, BufferLayout, alloc_bytes, ascend_layout, cuda_layout, make_views, ring_limit
 
 __all__ = [
@@ -109,7 +109,7 @@ class _Handle:
     """The symmetric-memory handle: ``buffer_ptrs`` lists every rank's buffer address (0 for a rank
     that has no buffer yet); DeepGEMM-Ascend's handle also carries ``buffer``."""
 
-    def __init__(self, group: EmulatedGroup, buffer: np.ndarray) -> None:
+    def __init__(self, group: GroupRegistry, buffer: np.ndarray) -> None:
         self._group = group
         self.buffer = buffer
 
@@ -154,7 +154,7 @@ class SymmBuffer(metaclass=_SymmBufferType):
     the shared-expert views, the ring scratch, the ``expert_recv_count`` (R, E_l) int32 property and
     ``num_bytes`` (port 1.10).
 
-    ``group`` is an :class:`EmulatedGroup` rank view (or any one-rank group).  Buffers above 64 MiB
+    ``group`` is an :class:`GroupRegistry` rank view (or any one-rank group).  Buffers above 64 MiB
     are anonymous memory maps: untouched pages cost nothing.
     """
 
@@ -166,13 +166,13 @@ class SymmBuffer(metaclass=_SymmBufferType):
     num_topk: int
     hidden: int
     intermediate_hidden: int
-    _registry: EmulatedGroup
+    _registry: GroupRegistry
     _rank: int
     _layout: BufferLayout
     _mma: str
     _target: str
 
-    def _setup(self, registry: EmulatedGroup, rank: int, layout: BufferLayout, mma: str, target: str,
+    def _setup(self, registry: GroupRegistry, rank: int, layout: BufferLayout, mma: str, target: str,
                buffer: np.ndarray | None = None, handle: Any = None) -> None:
         self._registry, self._rank, self._layout, self._mma, self._target = registry, rank, layout, mma, target
         if buffer is None:
@@ -182,7 +182,7 @@ class SymmBuffer(metaclass=_SymmBufferType):
         # buffers above 64 MiB are anonymous memory maps (zero pages until touched).
         self.buffer = buffer
         self.handle = handle
-        registry._buffers[rank] = self
+        registry.register_buffer(rank, self)
         for name, view in make_views(buffer, layout).items():
             setattr(self, "_expert_recv_count" if name == "expert_recv_count" else name, view)
 
@@ -294,7 +294,7 @@ class _AscendSymmBuffer(SymmBuffer):
 
 
 def _same_group(a: Any, b: Any) -> bool:
-    # Note: DeepGEMM-Ascend requires ``base.group is group``; rank views of one EmulatedGroup are
+    # Note: DeepGEMM-Ascend requires ``base.group is group``; rank views of one GroupRegistry are
     # fresh objects, so equal views (same group, same rank) count as the same group.
     return a is b or (a is not None and a == b)
 

@@ -30,12 +30,12 @@ from ..toolkit.args import (
     is_contiguous,
 )
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
-from ._group import EmulatedGroup
+from ._group import GroupRegistry
 from ._layout import BLOCK_N
 from ._pipeline import ExpertWeights, PipelineConfig, RankOptions, RankTokens, run
 from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
 
-__all__ = ["fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
+__all__ = ["EmulatedGroup", "fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
 
 _ASCEND_NUM_CORES = 32
 Kind = Literal["fp8", "bf16"]
@@ -48,7 +48,7 @@ class _RankCall:
     func: str
     kind: Kind
     target: str
-    registry: EmulatedGroup
+    registry: GroupRegistry
     rank: int
     buffer: SymmBuffer
     num_tokens: int
@@ -367,22 +367,18 @@ def _submit(call: _RankCall) -> None:
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
     reg = call.registry
-    reg._bound[call.rank] = call
+    reg.set_binding(call.rank, call)
     if not reg.collective:
-        missing = [r for r in range(reg.size()) if r not in reg._bound]
+        missing = reg.unbound_ranks()
         if missing:
             raise arg_error(call.func, "sym_buffer", "every other rank's weights and token count (a previous call "
                             "of that rank, or EmulatedGroup.bind) for a collective=False call",
                             f"nothing for ranks {missing}")
-        calls = {r: reg._bound[r] for r in range(reg.size())}
-        _complete(call.func, calls, [call.rank])
+        _complete(call.func, {r: reg.binding(r) for r in range(reg.size())}, [call.rank])
         return
-    reg._pending[call.rank] = call
-    if len(reg._pending) < reg.size():
-        return
-    calls = dict(reg._pending)
-    reg._pending.clear()
-    _complete(call.func, calls, list(range(reg.size())))
+    calls = reg.join(call.rank, call)
+    if calls is not None:
+        _complete(call.func, calls, list(range(reg.size())))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -469,7 +465,7 @@ def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffe
                       RankOptions(clamp, True)))
 
 
-def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
+def bind_rank(group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
               shared_l1_weights: Any, shared_l2_weights: Any, activation_clamp: Any, fast_math: Any) -> None:
     """EmulatedGroup.bind: validate like a kernel call against rank ``rank``'s registered buffer."""
     func = "EmulatedGroup.bind"
@@ -495,7 +491,7 @@ def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any,
         weights, _ = prep(func, l1_weights, l2_weights, buf, n, None)
         call = _RankCall(func, kind, "deepgemm", group, rank, buf, n, None, weights, None, None,
                          RankOptions(clamp, fast))
-    group._bound[rank] = call
+    group.set_binding(rank, call)
 
 
 _BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xfp4 only)"}
@@ -503,3 +499,25 @@ _BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xf
 fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_fp8_fp4_mega_moe_cuda,
                             deepgemm_ascend=_fp8_fp4_mega_moe_ascend)
 bf16_mega_moe = profiled("bf16_mega_moe", _BF16_MISSING, deepgemm=_bf16_mega_moe_cuda)
+
+
+class EmulatedGroup(GroupRegistry):
+    """``size`` EP ranks in one process; ``rank(r)`` gives rank r's process-group view.
+
+    Kernel calls are collective, as on the devices: with ``collective=True`` (default) a call
+    joins the pending collective and the last rank's call computes and writes every rank's
+    outputs; with ``collective=False`` a call computes its own rank's outputs from the other
+    ranks' most recent calls or :meth:`bind` bindings (see :mod:`deepgemm_ref.mega._group`).
+
+    >>> group = EmulatedGroup(8)
+    >>> buffers = [get_symm_buffer_for_mega_moe(group.rank(r), 32, 384, 6, 512, 512) for r in range(8)]
+    """
+
+    def bind(self, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int, *,
+             shared_l1_weights: Any = None, shared_l2_weights: Any = None,
+             activation_clamp: float | None = None, fast_math: bool = True) -> None:
+        """Record rank ``rank``'s expert weights and token count for ``collective=False`` calls of
+        other ranks (validated like a kernel call against the rank's registered buffer, under the
+        active profile; weights in the layout the kernels take)."""
+        bind_rank(self, rank, l1_weights, l2_weights, num_tokens, shared_l1_weights, shared_l2_weights,
+                  activation_clamp, fast_math)

@@ -5,7 +5,7 @@ readers of :mod:`._weights`); the public kernels and stage functions translate l
 
 Per destination rank ``r`` and local expert ``i`` the routed rows are every valid ``(s, t, k)``
 (source rank, token, slot) with ``topk_idx[s][t, k] == r * E_l + i``, in increasing ``(s, t, k)``
-order, and one :func:`core.scaled_matmul` call computes each GEMM on them::
+order, and one executor task (:mod:`deepgemm_ref.executor`) computes each GEMM on them::
 
     h  = bf16( x_s[t] @ W1_i^T )                          (n, 2I): gate = h[:, :I], up = h[:, I:]
     v  = swiglu(gate, up) * w_{s,t,k}                     float32 (n, I)   (see ._swiglu)
@@ -247,19 +247,21 @@ def combine_rows(values: np.ndarray, model: Any,
 # ----------------------------------------------------------------------------------------------
 
 def _gemm(tokens: core.Operand, weights: core.Operand, cfg: PipelineConfig, stats: dict[str, int]) -> core.MatmulResult:
-    """``bf16(tokens @ weights^T)`` (rows, N) as one core call.
+    """``bf16(tokens @ weights^T)`` (rows, N): one executor task (the layer's trace record is the
+    collective's, so nothing is recorded here).
 
-    The core is called as ``weights @ tokens^T`` and the result transposed: the core decodes its
-    ``b`` operand whole and streams ``a`` in row chunks, so the large weight matrix is decoded
-    chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all routed rows.  The
-    epilogue (one rounding per element) and the certificates do not depend on the orientation.
+    The task is transposed (:attr:`deepgemm_ref.executor.Task.transposed`): the large weight
+    matrix is decoded chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all
+    routed rows.  The epilogue (one rounding per element) and the certificates do not depend on
+    the orientation.
     """
-    res = executor.run(executor.Task(tokens, weights, core.OutputStage(fm.BF16), transposed=True), cfg.accumulation,
-                       want_acc=cfg.want_acc, want_S=cfg.want_S)
-    assert isinstance(res, core.MatmulResult)
-    for key, val in res.stats.items():
+    out = np.empty((tokens.shape[0], weights.shape[0]), BF16)
+    task = executor.Task(tokens, weights, core.OutputStage(fm.BF16), (slice(None),), transposed=True)
+    col = executor.execute("mega_moe", out, [task], accumulation=cfg.accumulation, want=(cfg.want_acc, cfg.want_S),
+                           record_trace=False)
+    for key, val in col.stats.items():
         stats[key] = stats.get(key, 0) + val
-    return res
+    return core.MatmulResult(out, col.acc, None, col.S, col.stats)
 
 
 def _token_operand(x_all: np.ndarray, sc_all: np.ndarray | None, rows: np.ndarray) -> core.Operand:

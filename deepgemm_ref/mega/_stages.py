@@ -237,7 +237,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
        (G, N, K / 2) or float8_e4m3fn (G, N, K), per-32 SF (G, N, ...) in any form) or bfloat16 (G, N, K);
        ``inverse_transform_weights_for_mega_moe`` recovers them from the fused kernel's layout
     psum_num_recv_tokens_per_expert: int (G,) END rows; group g starts at align(end_{g-1}, expert_alignment)
-    Returns bfloat16 (M, N).  One core.scaled_matmul call per non-empty group.
+    Returns bfloat16 (M, N).  One executor task per non-empty group.
     """
     func = "mega_moe_grouped_gemm"
     alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
