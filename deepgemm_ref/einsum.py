@@ -363,7 +363,7 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     """
     func = "fp8_einsum"
     profile = get_profile()
-    accepted = _EXPRS_BATCHED if profile.arch_major == 10 else ("bhr,hdr->bhd",)
+    accepted = profile.rules.fp8_einsum_exprs
     perm_a, perm_b, perm_d = _permutation(func, expr, accepted)
     a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
     D = as_array(d, func, "d")
@@ -383,15 +383,15 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     ga, gka, gb, gkb = cuda_recipes(func, sfa3, sfb3, recipe, None, None, profile)
     scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
     scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
-    if profile.arch_major == 9:
+    if profile.rules.fp8_1d2d:
         if D.dtype != BF16:
-            raise arg_error(func, "d", "dtype bfloat16 on sm90 (the 1D2D batched kernel)", D)
+            raise arg_error(func, "d", f"dtype bfloat16 on {profile.name} (the 1D2D batched kernel)", D)
         for name, x in (("a", a3), ("b", b3)):
-            if x.size and elem_stride(x, -1) != 1:
-                raise arg_error(func, f"{name}[0]", "K-major operands on sm90", x)
+            if x.size and elem_stride(x, -1) != 1 and profile.rules.fp8_k_major_only:
+                raise arg_error(func, f"{name}[0]", f"K-major operands on {profile.name}", x)
         if gb == 1:
             # Note: sm90's batched kernel is 1D2D only and would misread per-row SFB (gran_n 1).
-            raise arg_error(func, "recipe", "a per-block SFB (gran_n 128) for sm90's 1D2D batched kernel",
+            raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D batched kernel",
                             repr(recipe))
         # Note: sm90 accepts c but its 1D2D batched kernel has no accumulating epilogue: d ends
         # up bf16(A @ B^T) and c is discarded (spec 8.2); reproduced here rather than rejected.
@@ -498,7 +498,7 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
             sfd[...] = 0
         _k_zero(func, D, c_val)
         return
-    ga, gka, gb, gkb = ascend_recipes(func, recipe, None, None)
+    ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, None, None, profile)
     scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
     scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
     tasks = []
@@ -590,7 +590,7 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
         if n > 64 or n % 8 or k % 256:
             raise arg_error(func, "b", "N <= 64, N % 8 == 0 and K % 256 == 0 (DeepGEMM-Ascend)", f"N = {n}, K = {k}")
     else:
-        n_max = 32 if profile.arch_major == 9 else 128
+        n_max = profile.rules.hc_prenorm_n_max
         if n > n_max or n % 8 or k % 64:
             raise arg_error(func, "b", f"N <= {n_max}, N % 8 == 0 and K % 64 == 0 on {profile.name}",
                             f"N = {n}, K = {k}")

@@ -37,7 +37,6 @@ from .toolkit.args import (
     BF16,
     E4M3,
     F32,
-    I8,
     as_array,
     as_pair,
     ceil_div,
@@ -54,6 +53,7 @@ from .toolkit.operands import (
     bf16_operands,
     check_ascend_mix,
     cuda_recipes,
+    recipes,
     resolve_scales,
 )
 from .toolkit.outputs import check_out, resolve_c
@@ -116,23 +116,21 @@ def _fp8_fp4_request(
 ) -> _Gemm | None:
     """Validate an NT FP8/FP4 GEMM for the active profile; None when there is nothing to compute."""
     profile = get_profile()
+    rules = profile.rules
     check_compiled_dims(func, compiled_dims)
     A, sfa = as_pair(a, func, "a", sf_optional=True)
     B, sfb = as_pair(b, func, "b", sf_optional=True)
     dd = as_array(d, func, "d")
     alpha_f = alpha_of(func, alpha, epilogue)
-    if profile.is_ascend:
-        if dd.dtype not in OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype before anything else
-            raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
-        sa, sb = ab_operand(A, func, "a"), ab_operand(B, func, "b")
+    if rules.out_dtype_first and dd.dtype not in OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype first
+        raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
+    sa = ab_operand(A, func, "a", allowed=rules.fp8_dtypes)
+    sb = ab_operand(B, func, "b", allowed=rules.fp8_dtypes)
+    if rules.operand_mix:
         check_ascend_mix(func, sa, sb)
-    else:
-        allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
-        sa = ab_operand(A, func, "a", allowed=allowed)
-        sb = ab_operand(B, func, "b", allowed=allowed)
-        if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
-            raise arg_error(func, "a" if sa.major != "K" else "b", "K-major operands on sm90",
-                            f"{'a' if sa.major != 'K' else 'b'} is MN-major")
+    if rules.fp8_k_major_only and (sa.major != "K" or sb.major != "K"):
+        raise arg_error(func, "a" if sa.major != "K" else "b", f"K-major operands on {profile.name}",
+                        f"{'a' if sa.major != 'K' else 'b'} is MN-major")
     m, k, n = sa.mn, sa.k, sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", f"K = {sb.k} ({B.shape} {B.dtype})")
@@ -140,10 +138,7 @@ def _fp8_fp4_request(
     if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
         raise arg_error(func, "disable_ue8m0_cast", "a bool", repr(disable_ue8m0_cast))
     # Validate recipes and SFs before the early return touches d.
-    if profile.is_ascend:
-        ga, gka, gb, gkb = ascend_recipes(func, recipe, recipe_a, recipe_b)
-    else:
-        ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+    ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     c_arr = as_array(c, func, "c", allow_none=True)
     if c_arr is not None:
         resolve_c(c_arr, dd, func)  # validation only
@@ -153,13 +148,13 @@ def _fp8_fp4_request(
                                   disable_ue8m0_cast=bool(disable_ue8m0_cast))
         scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
                                   disable_ue8m0_cast=bool(disable_ue8m0_cast))
-        if profile.arch_major == 9 and not profile.is_ascend:
+        if rules.fp8_1d2d:  # gran_n 1 runs the 1D1D kernel, otherwise the 1D2D one
             gran_n = gb
             if gran_n == 1 and (c_arr is None or dd.dtype != F32):
-                raise arg_error(func, "d", "float32 d with c for the sm90 1D1D kernel (recipe gran_n 1)",
+                raise arg_error(func, "d", f"float32 d with c for the {profile.name} 1D1D kernel (recipe gran_n 1)",
                                 f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
             if gran_n != 1 and (c_arr is not None or dd.dtype != BF16):
-                raise arg_error(func, "d", "bfloat16 d without c for the sm90 1D2D kernel",
+                raise arg_error(func, "d", f"bfloat16 d without c for the {profile.name} 1D2D kernel",
                                 f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
     done, c_val = _early_return(func, m, n, k, dd, c_arr)
     if done:
@@ -236,23 +231,23 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     dd = as_array(d, func, "d")
     sa = ab_operand(A, func, "a", allowed=(E4M3,))
     sb = ab_operand(B, func, "b", allowed=(E4M3,))
-    if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
-        raise arg_error(func, "a", "K-major operands on sm90", "an MN-major operand")
+    if profile.rules.fp8_k_major_only and (sa.major != "K" or sb.major != "K"):
+        raise arg_error(func, "a", f"K-major operands on {profile.name}", "an MN-major operand")
     m, k, n = sa.mn, sa.k, sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", B)
     if left + right == 0 or n % (left + right):
         raise arg_error(func, "head_splits", f"left + right dividing N = {n}", repr(head_splits))
     heads = n // (left + right)
-    out_dtypes = (BF16,) if profile.arch_major == 9 else OUT_DTYPES
+    out_dtypes = (BF16,) if profile.rules.fp8_1d2d else OUT_DTYPES  # the 1D2D kernel writes bf16
     check_out(dd, func, (m, n + heads * mid), out_dtypes)
     if n == 0 or k == 0:
         raise arg_error(func, "b", "N > 0 and K > 0", B)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
     if gka != 128 or gkb != 128:
         raise arg_error(func, "recipe", "gran_k 128 for both SFs", f"({gka}, {gkb})")
-    if profile.arch_major == 9 and gb == 1:
-        raise arg_error(func, "recipe", "the 1D2D recipe (gran_n != 1) on sm90", repr(recipe))
+    if profile.rules.fp8_1d2d and gb == 1:
+        raise arg_error(func, "recipe", f"the 1D2D recipe (gran_n != 1) on {profile.name}", repr(recipe))
     scales_a = resolve_scales(func, "a[1]", sfa, m, k, ga, gka, None, profile, is_b=False,
                               disable_ue8m0_cast=bool(disable_ue8m0_cast))
     scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
@@ -446,7 +441,7 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         check_out(dd, name, (m, n), OUT_DTYPES)
         if k % 64:
             raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
-        ga, gka, gb, gkb = ascend_recipes(name, recipe, recipe_a, recipe_b)
+        ga, gka, gb, gkb = ascend_recipes(name, None, None, recipe, recipe_a, recipe_b, get_profile())
         if (ga, gka, gb, gkb) != (1, 32, 1, 32):
             raise arg_error(name, "recipe", "(1, 1, 32): the only group size ACLNN accepts", repr(recipe))
         bytes_a = _aclnn_fp8_bytes(name, "a[1]", sfa, m, k)

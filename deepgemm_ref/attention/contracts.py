@@ -15,7 +15,8 @@ import numpy as np
 from .. import formats as fm
 from ..errors import arg_error
 from ..interop import torch_dtype_name
-from ..toolkit.args import BF16, F32, I16, I32, ceil_div, check, dtype_name, is_contiguous, unit_stride
+from ..profiles import Profile
+from ..toolkit.args import BF16, I16, I32, ceil_div, check, dtype_name, is_contiguous, unit_stride
 from .keys import ue8m0_scales
 
 __all__ = [
@@ -118,14 +119,14 @@ def check_weights(func: str, w: np.ndarray, rows: int, heads: int, dtypes: tuple
     check(w.dtype in dtypes, func, "weights", "dtype " + " or ".join(dtype_name(t) for t in dtypes), w)
 
 
-def cuda_heads(func: str, arg: str, arch: int, heads: int, fp4: bool, x: np.ndarray) -> None:
-    allowed = (8, 16, 32, 64) if arch == 10 else (32, 64)
-    check(heads in allowed, func, arg, f"num_heads in {allowed} on sm{arch}0", x)
+def cuda_heads(func: str, arg: str, profile: Profile, heads: int, x: np.ndarray) -> None:
+    allowed = profile.rules.mqa_heads
+    check(heads in allowed, func, arg, f"num_heads in {allowed} on {profile.name}", x)
 
 
-def cuda_weights_and_dtype(func: str, w: np.ndarray, rows: int, heads: int, arch: int, out: fm.Format,
-                            contiguous: bool) -> None:
-    check_weights(func, w, rows, heads, (F32, BF16) if arch == 10 else (F32,), contiguous)
+def cuda_weights_and_dtype(func: str, w: np.ndarray, rows: int, heads: int, profile: Profile, out: fm.Format,
+                           contiguous: bool) -> None:
+    check_weights(func, w, rows, heads, profile.rules.mqa_weight_dtypes, contiguous)
     if w.dtype == BF16 and out is not fm.BF16:
         raise arg_error(func, "logits_dtype", "bfloat16 with bfloat16 weights", "float32")
 

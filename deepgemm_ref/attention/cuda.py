@@ -57,7 +57,7 @@ from .schedule import cuda_schedule, requests
 def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
                      clean_logits: Any, max_seqlen_k: Any, logits_dtype: Any) -> Any:
     profile = get_profile()
-    arch = profile.arch_major
+    rules = profile.rules
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
     kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
@@ -70,9 +70,9 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     seq, heads = int(q_data.shape[0]), int(q_data.shape[1])
     if fp4:
         d = 2 * int(q_data.shape[2])
-        check(arch == 10, func, "q[1]", "None on sm90 (FP4 MQA logits need sm100)", q_sf)
+        check(rules.mqa_fp4, func, "q[1]", f"None on {profile.name} (FP4 MQA logits need sm100)", q_sf)
         check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
-        cuda_heads(func, "q[0]", arch, heads, True, q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
         check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
         check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
@@ -91,7 +91,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     else:
         d = int(q_data.shape[2])
         check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
-        cuda_heads(func, "q[0]", arch, heads, False, q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
         check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
         check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         check(kv_data.ndim == 2 and kv_data.shape[1] == d, func, "kv[0]", f"shape (seq_len_kv, {d})", kv_data)
@@ -102,7 +102,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
                f"shape ({seq_kv},)", kv_sf)
         assert kv_sf is not None
         check(is_contiguous(kv_sf) and kv_sf.dtype == F32, func, "kv[1]", "a contiguous float32 array", kv_sf)
-    cuda_weights_and_dtype(func, w, seq, heads, arch, out, contiguous=False)
+    cuda_weights_and_dtype(func, w, seq, heads, profile, out, contiguous=False)
     ks = check_seq_lens(func, "cu_seq_len_k_start", as_array(cu_seq_len_k_start, func, "cu_seq_len_k_start"), seq)
     ke = check_seq_lens(func, "cu_seq_len_k_end", as_array(cu_seq_len_k_end, func, "cu_seq_len_k_end"), seq)
     if max_k > 0 and clean:
@@ -129,7 +129,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
         keys = PlainKeys(kv_data, False, None, kv_sf.astype(np.float64))
         queries = Queries(q_data, False, None)
     shift = ks if max_k > 0 else np.zeros(seq, np.int64)
-    plan = Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, ks, ke, shift, active_accumulation())
+    plan = Plan(func, rules.mqa_reduction, queries, keys, w, out, ks, ke, shift, active_accumulation())
 
     def defined() -> np.ndarray:
         if max_k == 0 and clean:
@@ -181,7 +181,7 @@ def _fp8_mqa_logits_cuda(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
 def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any,
                 schedule_meta: Any, max_context_len: Any, clean_logits: Any, logits_dtype: Any, indices: Any) -> Any:
     profile = get_profile()
-    arch = profile.arch_major
+    rules = profile.rules
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
     cache = as_array(kv_cache, func, "kv_cache")
@@ -200,9 +200,9 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     d = int(q_data.shape[3]) * (2 if fp4 else 1)
     check(next_n >= 1, func, "q[0]", "next_n >= 1", q_data)
     if fp4:
-        check(arch == 10, func, "q[1]", "None on sm90 (FP4 paged MQA logits need sm100)", q_sf)
+        check(rules.mqa_fp4, func, "q[1]", f"None on {profile.name} (FP4 paged MQA logits need sm100)", q_sf)
         check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
-        cuda_heads(func, "q[0]", arch, heads, True, q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
         check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
         check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
@@ -212,14 +212,14 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
         value_bytes = d // 2
     else:
         check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
-        cuda_heads(func, "q[0]", arch, heads, False, q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
         check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
         check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         value_bytes = d
     check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_blocks, block_kv, 1, bytes per token)", cache)
     num_pages, page = int(cache.shape[0]), int(cache.shape[1])
-    check(page in ((32, 64) if arch == 10 else (64,)), func, "kv_cache",
-           "block_kv 32 or 64 (sm100)" if arch == 10 else "block_kv 64 (sm90)", cache)
+    check(page in rules.paged_block_kv, func, "kv_cache",
+          f"block_kv {' or '.join(str(v) for v in rules.paged_block_kv)} ({profile.name})", cache)
     width = value_bytes + 4
     check(cache.shape[2] == 1 and cache.shape[3] == width, func, "kv_cache",
            f"shape (num_blocks, {page}, 1, {width}) = head_dim{' / 2' if fp4 else ''} + 4 bytes per token", cache)
@@ -228,14 +228,15 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
            f"stride(1) == {width} and stride(3) == 1", cache)
     check(cache.size == 0 or cache.strides[0] % 4 == 0, func, "kv_cache",
            "stride(0) (bytes per block) a multiple of 4", cache)
-    check_weights(func, w, batch * next_n, heads, (F32, BF16) if arch == 10 else (F32,), contiguous=not fp4)
+    check_weights(func, w, batch * next_n, heads, rules.mqa_weight_dtypes, contiguous=not fp4)
     if w.dtype == BF16 and out is not fm.BF16:
         raise arg_error(func, "logits_dtype", "bfloat16 with bfloat16 weights", "float32")
     check(bt.ndim == 2 and bt.shape[0] == batch, func, "block_table", f"a 2-D array ({batch}, max_blocks)", bt)
     check(unit_stride(bt, 1), func, "block_table", "stride(1) == 1", bt)
     check(bt.dtype == I32, func, "block_table", "dtype int32", bt)
     if idx is not None:
-        check(arch == 10 and next_n == 1, func, "indices", "None unless sm100 with next_n == 1 (varlen)", idx)
+        check(rules.varlen_indices and next_n == 1, func, "indices", "None unless sm100 with next_n == 1 (varlen)",
+              idx)
         check_indices(func, idx, batch)
     check_context_lens_2d(func, ctx_a)
     check(ctx_a.shape == (batch, next_n), func, "context_lens", f"shape ({batch}, {next_n})", ctx_a)
@@ -263,7 +264,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
         queries = Queries(q_data.reshape(rows, heads, -1), True, ue8m0_scales(by))
     else:
         queries = Queries(q_data.reshape(rows, heads, d), False, None)
-    plan = Plan(func, "sm90" if arch == 9 else "sm100", queries, keys, w, out, pr.ks, pr.ke, pr.ks,
+    plan = Plan(func, rules.mqa_reduction, queries, keys, w, out, pr.ks, pr.ke, pr.ks,
                  active_accumulation())
     run(plan, view, lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
     return from_numpy(view, kind)

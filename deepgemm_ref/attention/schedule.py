@@ -126,8 +126,32 @@ def _ascend_schedule(ctx: np.ndarray, indices: np.ndarray, heads: int, cores: in
     return meta
 
 
+def _sm100_checked(func: str, ctx_a: np.ndarray, ctx: np.ndarray, next_n: int, sms: int,
+                   idx: np.ndarray | None) -> np.ndarray:
+    batch = int(ctx_a.shape[0])
+    check(2 * batch * 4 <= _SMEM_CAPACITY, func, "context_lens",
+          f"at most {_SMEM_CAPACITY // 8} requests (the schedule kernel's shared memory)", ctx_a)
+    return _sm100_schedule(ctx, next_n, sms, None if idx is None else idx.astype(np.int64))
+
+
+def _sm90_checked(func: str, ctx_a: np.ndarray, ctx: np.ndarray, next_n: int, sms: int,
+                  idx: np.ndarray | None) -> np.ndarray:
+    batch = int(ctx_a.shape[0])
+    check(align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
+          f"batch_size <= {_SMEM_CAPACITY // 4} (the schedule kernel's shared memory)", ctx_a)
+    # Note: an all-zero schedule (no work) with batch_size a multiple of 32 gives the sentinel row
+    # everywhere; DeepGEMM's sm90 kernel reads one shared-memory word past its prefix sums there.
+    return _sm90_schedule(ctx, batch, next_n, sms)
+
+
+#: DeepGEMM's schedule kernels by ``KernelRules.paged_schedule``.
+_CUDA_SCHEDULES = {"sm100": _sm100_checked, "sm90": _sm90_checked}
+
+
 def cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, indices: Any) -> np.ndarray:
-    arch = get_profile().arch_major
+    """DeepGEMM's validated schedule (the active profile's rules and schedule kernel)."""
+    profile = get_profile()
+    rules = profile.rules
     ctx_a = as_array(context_lens, func, "context_lens")
     check_context_lens_2d(func, ctx_a)
     bkv = int_arg(func, "block_kv", block_kv)
@@ -135,26 +159,18 @@ def cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, ind
     sms = int_arg(func, "num_sms", num_sms, minimum=1)
     batch, next_n = int(ctx_a.shape[0]), int(ctx_a.shape[1])
     idx = as_array(indices, func, "indices", allow_none=True)
+    sizes = " or ".join(str(v) for v in rules.paged_block_kv)
     if idx is not None:
-        check(arch == 10, func, "indices", "None on sm90 (varlen paged MQA logits need sm100)", idx)
+        check(rules.varlen_indices, func, "indices", f"None on {profile.name} (varlen paged MQA logits need sm100)",
+              idx)
         check(next_n == 1, func, "context_lens", "next_n == 1 with indices (varlen)", ctx_a)
-        check(bkv in (32, 64), func, "block_kv", "32 or 64", repr(bkv))
+        check(bkv in rules.paged_block_kv, func, "block_kv", sizes, repr(bkv))
         check_indices(func, idx, batch)
-    elif arch == 10:
-        check(bkv in (32, 64), func, "block_kv", "32 or 64 on sm100", repr(bkv))
     else:
-        check(bkv == 64, func, "block_kv", "64 on sm90", repr(bkv))
+        check(bkv in rules.paged_block_kv, func, "block_kv", f"{sizes} on {profile.name}", repr(bkv))
     check_nonnegative(func, "context_lens", ctx_a)
     ctx = ctx_a.astype(np.int64).reshape(-1)
-    if arch == 10:
-        check(2 * batch * 4 <= _SMEM_CAPACITY, func, "context_lens",
-               f"at most {_SMEM_CAPACITY // 8} requests (the schedule kernel's shared memory)", ctx_a)
-        return _sm100_schedule(ctx, next_n, sms, None if idx is None else idx.astype(np.int64))
-    check(align(batch, 32) * 4 <= _SMEM_CAPACITY, func, "context_lens",
-           f"batch_size <= {_SMEM_CAPACITY // 4} (the schedule kernel's shared memory)", ctx_a)
-    # Note: an all-zero schedule (no work) with batch_size a multiple of 32 gives the sentinel row
-    # everywhere; DeepGEMM's sm90 kernel reads one shared-memory word past its prefix sums there.
-    return _sm90_schedule(ctx, batch, next_n, sms)
+    return _CUDA_SCHEDULES[rules.paged_schedule](func, ctx_a, ctx, next_n, sms, idx)
 
 
 def _get_paged_mqa_logits_metadata_cuda(context_lens: Any, block_kv: int, num_sms: int, indices: Any = None) -> Any:

@@ -24,10 +24,7 @@ from ..layout import RowGroups, m_indices_layout, psum_gap_scale_rows, psum_layo
 from ..profiles import Profile, get_profile
 from ..runtime import current_mk_alignment
 from ..toolkit.args import (
-    BF16,
-    E4M3,
     F32,
-    I8,
     as_array,
     as_pair,
     bool_arg,
@@ -39,14 +36,12 @@ from ..toolkit.args import (
     transposed_pair,
 )
 from ..toolkit.operands import (
-    OUT_DTYPES,
     OUT_FORMAT,
     ab_operand,
     alpha_of,
-    ascend_recipes,
     bf16_operands,
     check_ascend_mix,
-    cuda_recipes,
+    recipes,
     resolve_scales,
 )
 from ..toolkit.outputs import check_out
@@ -73,7 +68,7 @@ def _m_grouped_common(
     psum = bool_arg(func, "use_psum_layout", use_psum_layout)
     zero_pad = bool_arg(func, "ensure_zero_padding", ensure_zero_padding)
     exp_m = opt_int_arg(func, "expected_m_for_psum_layout", expected_m)
-    if profile.is_ascend:
+    if profile.rules.psum_only:
         if not psum:
             raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
     elif exp_m is not None and not psum:
@@ -83,8 +78,8 @@ def _m_grouped_common(
         ends = int32_vector(func, "grouped_layout", grouped_layout, groups, "psum end offsets, one per group")
         # Note: sm100 with ensure_zero_padding=False stores A_gap @ B_g^T into the gap rows up to
         # align(end_g, 16); here the whole gap keeps the caller's values (spec 16).
-        zero_gaps = profile.is_ascend or profile.arch_major == 9 or zero_pad
-        return psum_layout(func, ends, m, alignment, ascend=profile.is_ascend, zero_gaps=zero_gaps)
+        zero_gaps = zero_pad if profile.rules.zero_psum_gaps is None else profile.rules.zero_psum_gaps
+        return psum_layout(func, ends, m, alignment, ascend=profile.rules.psum_whole_blocks, zero_gaps=zero_gaps)
     gl = int32_vector(func, "grouped_layout", grouped_layout, m, "m_indices, one per row of a")
     return m_indices_layout(func, gl, m, groups, alignment)
 
@@ -93,7 +88,7 @@ def _check_mnk(func: str, profile: Profile, n: int, k: int, groups: int, B: np.n
     """DeepGEMM asserts N > 0, K > 0 and G > 0; DeepGEMM-Ascend returns early on N == 0 or K == 0."""
     if groups <= 0:
         raise arg_error(func, "b", "at least one group", B)
-    if not profile.is_ascend and (n <= 0 or k <= 0):
+    if profile.rules.grouped_asserts_nk and (n <= 0 or k <= 0):
         raise arg_error(func, "b", "N > 0 and K > 0", B)
 
 
@@ -120,47 +115,39 @@ def _m_grouped_fp8(
     A, sfa = as_pair(a, func, "a", sf_optional=True)
     B, sfb = as_pair(b, func, "b", sf_optional=True)
     dd = as_array(d, func, "d")
-    alpha = alpha_of(func, None, epilogue) if profile.is_ascend else None
-    if profile.is_ascend:
-        sa = ab_operand(A, func, "a")
-        sb = ab_operand(B, func, "b", grouped=True)
+    rules = profile.rules
+    alpha = alpha_of(func, None, epilogue) if rules.grouped_epilogue else None
+    sa = ab_operand(A, func, "a", allowed=rules.fp8_dtypes)
+    sb = ab_operand(B, func, "b", grouped=True, allowed=rules.fp8_dtypes)
+    if rules.operand_mix:
         check_ascend_mix(func, sa, sb)
-        out_dtypes: tuple[np.dtype, ...] = OUT_DTYPES
-    else:
-        allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
-        sa = ab_operand(A, func, "a", allowed=allowed)
-        sb = ab_operand(B, func, "b", grouped=True, allowed=allowed)
-        if profile.arch_major == 9 and sb.major != "K":
-            raise arg_error(func, "b", "a K-major B on sm90", "an MN-major B")
-        out_dtypes = (BF16,)
+    if rules.fp8_k_major_only and sb.major != "K":
+        raise arg_error(func, "b", f"a K-major B on {profile.name}", "an MN-major B")
     if sa.major != "K":
         raise arg_error(func, "a", "a K-major A", "an MN-major A")
     m, k = sa.mn, sa.k
     groups, n = int(sb.groups or 0), sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", B)
-    check_out(dd, func, (m, n), out_dtypes)
+    check_out(dd, func, (m, n), rules.grouped_out_dtypes)
     _check_mnk(func, profile, n, k, groups, B)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
-    if profile.is_ascend:
-        ga, gka, gb, gkb = ascend_recipes(func, recipe, recipe_a, recipe_b)
-    else:
-        ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
-        if profile.arch_major == 9 and gb == 1:
-            # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
-            # (gran_n 1); rejected here instead of computing garbage.
-            raise arg_error(func, "recipe", "a per-block SFB (gran_n 128) for sm90's 1D2D grouped kernels",
-                            f"gran_n {gb}")
-        if (profile.arch_major == 10 and layout.ends is not None and sfa is not None and sfa.dtype == F32
-                and ga == 1 and not is_contiguous(sfa)):
-            raise arg_error(func, "a[1]", "a contiguous float32 SFA with the psum layout (the SF packer skips "
-                            "gap rows)", sfa)
+    ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+    if rules.fp8_1d2d and gb == 1:
+        # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
+        # (gran_n 1); rejected here instead of computing garbage.
+        raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D grouped kernels",
+                        f"gran_n {gb}")
+    if (rules.psum_sfa_contiguous and layout.ends is not None and sfa is not None and sfa.dtype == F32
+            and ga == 1 and not is_contiguous(sfa)):
+        raise arg_error(func, "a[1]", "a contiguous float32 SFA with the psum layout (the SF packer skips "
+                        "gap rows)", sfa)
     alignment = _alignment(func)
-    sfa_read = psum_gap_scale_rows(sfa, layout, m, ga, alignment, profile.is_ascend)
+    sfa_read = psum_gap_scale_rows(sfa, layout, m, ga, alignment, rules.psum_sf_gaps)
     scales_a = resolve_scales(func, "a[1]", sfa_read, m, k, ga, gka, None, profile, is_b=False,
                               disable_ue8m0_cast=disable)
     scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, groups, profile, is_b=True,
@@ -184,7 +171,7 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
     dd = as_array(d, func, "d")
-    alpha = alpha_of(func, None, epilogue) if profile.is_ascend else None
+    alpha = alpha_of(func, None, epilogue) if profile.rules.grouped_epilogue else None
     major_a, _ = bf16_operands(func, (("a", A, 2), ("b", B, 3)))
     if major_a != "K":
         raise arg_error(func, "a", "a K-major A", "an MN-major A")
@@ -192,10 +179,10 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     groups, n, k2 = B.shape
     if k2 != k:
         raise arg_error(func, "b", f"shape (G, N, {k}) to match a", B)
-    check_out(dd, func, (m, n), OUT_DTYPES if profile.is_ascend else (BF16,))
+    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes)
     _check_mnk(func, profile, n, k, groups, B)
-    if profile.arch_major == 9 and not profile.is_ascend and k % 64:
-        raise arg_error(func, "a", "K divisible by 64 on sm90", f"K = {k}")
+    if k % profile.rules.bf16_k_multiple:
+        raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):

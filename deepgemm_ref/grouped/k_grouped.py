@@ -183,7 +183,7 @@ def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grou
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
     c_val = _outputs(func, dd, c, OUT_DTYPES)
-    if profile.arch_major != 10:
+    if profile.rules.k_grouped_fp8 != "tn":
         raise arg_error(func, "d", "an sm100 device (Unsupported architecture: the FP8 TN k-grouped GEMM is "
                         "sm100-only; use k_grouped_fp8_gemm_nt_contiguous on sm90)", f"profile {profile.name}")
     if m == 0 or n == 0:
@@ -230,7 +230,7 @@ def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, group
         raise arg_error(func, "a", f"flat buffers of SUM_K * M = {kg.sum_k * m} and SUM_K * N = {kg.sum_k * n} "
                         "elements", f"{A.size} and {B.size} elements")
     c_val = _outputs(func, dd, c, (F32,))
-    if profile.arch_major != 9:
+    if profile.rules.k_grouped_fp8 != "nt":
         raise arg_error(func, "d", "an sm90 device (Unsupported architecture: the FP8 NT k-grouped GEMM is sm90-only; "
                         "use k_grouped_fp8_gemm_tn_contiguous on sm100)", f"profile {profile.name}")
     if m == 0 or n == 0:
@@ -294,12 +294,13 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
     c_val = _outputs(func, dd, c, OUT_DTYPES)
-    if profile.arch_major == 9:
-        if psum or not ks:
-            raise arg_error(func, "use_psum_layout", "False with ks_cpu given (sm90 has no psum k-grouped kernel)",
-                            f"use_psum_layout={psum}, ks_cpu={ks_cpu!r}")
-        if any(k % 128 for k in ks):
-            raise arg_error(func, "ks_cpu", "K sizes divisible by 128 on sm90", repr(ks))
+    rules = profile.rules
+    if not rules.k_grouped_bf16_psum and (psum or not ks):
+        raise arg_error(func, "use_psum_layout", f"False with ks_cpu given ({profile.name} has no psum k-grouped "
+                        "kernel)", f"use_psum_layout={psum}, ks_cpu={ks_cpu!r}")
+    if ks and any(k % rules.k_grouped_bf16_k_multiple for k in ks):
+        raise arg_error(func, "ks_cpu", f"K sizes divisible by {rules.k_grouped_bf16_k_multiple} on {profile.name}",
+                        repr(ks))
     if m == 0 or n == 0:
         execute(func, dd, [])
         return
@@ -357,7 +358,7 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
     scales_a = scales_b = None
     gka = 32
     if fp8:
-        ga, gka, gb, gkb = ascend_recipes(func, recipe, None, None)
+        ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, None, None, profile)
         if m and n and k:
             sfa_r = psum_gap_scale_blocks(sfa, gl, k, ASCEND_MK_ALIGNMENT)
             sfb_r = psum_gap_scale_blocks(sfb, gl, k, ASCEND_MK_ALIGNMENT)

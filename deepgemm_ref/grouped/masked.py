@@ -22,7 +22,7 @@ from ..errors import arg_error
 from ..executor import Task, execute
 from ..layout import masked_rows
 from ..profiles import get_profile
-from ..toolkit.args import BF16, E4M3, I8, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector, int_arg
+from ..toolkit.args import BF16, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector, int_arg
 from ..toolkit.operands import ab_operand, bf16_operands, cuda_recipes, resolve_scales
 from ..toolkit.outputs import check_out
 
@@ -72,7 +72,7 @@ def _m_grouped_fp8_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: int
     A, sfa = as_pair(a, func, "a", sf_optional=True)
     B, sfb = as_pair(b, func, "b", sf_optional=True)
     dd = as_array(d, func, "d")
-    allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
+    allowed = profile.rules.fp8_dtypes
     sa = ab_operand(A, func, "a", grouped=True, allowed=allowed)
     sb = ab_operand(B, func, "b", grouped=True, allowed=allowed)
     if sa.major != "K" or sb.major != "K":
@@ -87,9 +87,9 @@ def _m_grouped_fp8_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: int
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
-    if profile.arch_major == 9 and gb == 1:
+    if profile.rules.fp8_1d2d and gb == 1:
         # Note: sm90's masked kernel is 1D2D only (see m_grouped_fp8_fp4_gemm_nt_contiguous).
-        raise arg_error(func, "recipe", "a per-block SFB (gran_n 128) for sm90's 1D2D grouped kernels",
+        raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D grouped kernels",
                         f"gran_n {gb}")
     scales_a = resolve_scales(func, "a[1]", sfa, max_m, k, ga, gka, groups, profile, is_b=False,
                               disable_ue8m0_cast=disable)
@@ -126,8 +126,8 @@ def _m_grouped_bf16_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: in
     check_out(dd, func, (groups, max_m, n), (BF16,))
     if min(groups, max_m, n, k) <= 0:
         raise arg_error(func, "a", "G, MAX_M, N and K all > 0", A)
-    if profile.arch_major == 9 and k % 64:
-        raise arg_error(func, "a", "K divisible by 64 on sm90", f"K = {k}")
+    if k % profile.rules.bf16_k_multiple:
+        raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
 
     def make(g: int, rows: int) -> tuple[core.Operand, core.Operand]:

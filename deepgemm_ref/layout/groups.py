@@ -281,8 +281,11 @@ def k_groups_ascend(func: str, gl: np.ndarray, ks: list[int] | None, sum_k: int,
 # ----------------------------------------------------------------------------------------------
 
 def psum_gap_scale_rows(sf: np.ndarray | None, layout: RowGroups, m: int, gran_m: int, alignment: int,
-                        ascend: bool) -> np.ndarray | None:
+                        gaps: str) -> np.ndarray | None:
     """float32 SFA with the rows the target's SF transform skips (psum gaps) set to 0.0.
+
+    ``gaps``: "blocks" (DeepGEMM-Ascend: the gap after each end, :func:`ascend_gap_mask`) or
+    "rows" (DeepGEMM: every row outside the groups).
 
     Those rows may be uninitialised (DeepGEMM's masked-to-psum test): the transforms write
     byte 0 for them without checking, and the kernels never compute them.
@@ -291,7 +294,7 @@ def psum_gap_scale_rows(sf: np.ndarray | None, layout: RowGroups, m: int, gran_m
             or sf.shape[0] != ceil_div(m, gran_m)):
         return sf
     rows = sf.shape[0]
-    if ascend:
+    if gaps == "blocks":
         keep = ascend_gap_mask(layout.ends, rows, gran_m, alignment)
     else:
         valid = np.zeros(rows * gran_m, bool)

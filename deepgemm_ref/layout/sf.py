@@ -459,12 +459,14 @@ def _transform_cuda(
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     a = as_array(sf, func, "sf")
     _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
-    arch_major = profiles.get_profile().arch_major
+    sf_rules = profiles.get_profile().rules.scales
+    reads_float = sf_rules.float32 == "float"  # sm90's kernels read float32 SFs as they are
+    reads_packed = sf_rules.packed == _I32  # sm100's kernels read layout 2
     is_float = a.dtype == _F32
 
-    if is_float and gran_mn == 1 and gran_k == 128 and (arch_major == 9 or disable):
+    if is_float and gran_mn == 1 and gran_k == 128 and (reads_float or disable):
         return _mn_major_tma_aligned(func, sf, kind)
-    if is_float and gran_mn == 128 and gran_k == 128 and (arch_major == 9 or disable):
+    if is_float and gran_mn == 128 and gran_k == 128 and (reads_float or disable):
         st, sh = strides(a), a.shape
         if a.size == 0:
             return sf
@@ -473,7 +475,7 @@ def _transform_cuda(
         if not ((st[-1] == 1 and st[-2] == sh[-1]) or (st[-1] == sh[-2] and st[-2] == 1)):
             raise arg_error(func, "sf", "a row-major or transposed-contiguous per-block SFB (sm90 1D2D kernel)", a)
         return sf
-    if is_float and gran_k in (32, 128) and arch_major == 10:
+    if is_float and gran_k in (32, 128) and reads_packed:
         if disable:
             raise arg_error(func, "disable_ue8m0_cast",
                             f"False for float32 SFs with recipe {r} on sm100 (the kernels need UE8M0)", "True")
@@ -482,7 +484,7 @@ def _transform_cuda(
             a = np.ascontiguousarray(a[..., np.arange(mn) // gran_mn, :])
             where = f" of the row-broadcast SFs (row r reads sf row r // {gran_mn})"
         return _packed_ue8m0(func, a, psum_layout, kind, where)
-    if not is_float and gran_mn == 1 and gran_k in (32, 128) and arch_major == 10:
+    if not is_float and gran_mn == 1 and gran_k in (32, 128) and reads_packed:
         st = strides(a)
         tma_mn = align(mn, 4)
         ok = (st[-2] == 1 or mn == 1) and st[-1] == tma_mn

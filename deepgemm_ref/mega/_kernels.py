@@ -166,7 +166,7 @@ def _check_experts(func: str, buf: SymmBuffer, e_l: int, hidden: int, intermedia
 
 
 def _arch_sm100(func: str) -> None:
-    if get_profile().arch_major != 10:
+    if not get_profile().rules.mega_moe:
         raise arg_error(func, "arch", "the sm100 profile (the mega-MoE kernels are SM100 only)",
                         f"profile {get_profile().name!r}")
 

@@ -25,7 +25,7 @@ from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
 from ..errors import DGArgumentError, arg_error
 from ..layout import sf_values
 from ..profiles import Profile
-from .args import BF16, E4M3, F32, I8, align, ceil_div, dtype_name, elem_stride, major_of
+from .args import BF16, E4M3, F32, I8, I32, align, ceil_div, dtype_name, elem_stride, major_of
 
 __all__ = [
     "OperandSpec",
@@ -35,6 +35,7 @@ __all__ = [
     "fp4_codes",
     "resolve_scales",
     "ue8m0_bytes_of_f32",
+    "recipes",
     "recipe_arg",
     "cuda_recipes",
     "ascend_recipes",
@@ -190,59 +191,54 @@ def resolve_scales(
     func: str, arg: str, sf: np.ndarray | None, mn: int, k: int, gran_mn: int, gran_k: int,
     groups: int | None, profile: Profile, *, is_b: bool, disable_ue8m0_cast: bool = False,
 ) -> np.ndarray:
-    """Validate one SF tensor as the active target would, and return its canonical scales.
+    """Validate one SF tensor as the active target's kernels read it (``profile.rules.scales``),
+    and return its canonical scales.
 
     Returns float64 (G?, mn, ceil(k / gran_k)): the value the hardware multiplies by.
     """
     if sf is None:
         raise arg_error(func, arg, "a scale-factor array", "None")
-    if profile.is_ascend:
-        if gran_k != 32:
-            raise arg_error(func, "recipe", "gran_k 32 (DeepGEMM-Ascend's MX GEMMs scale every 32 K elements)",
-                            f"gran_k {gran_k}")
-        if gran_mn & (gran_mn - 1) or gran_mn > 128:
-            raise arg_error(func, "recipe", "a power-of-two gran_mn <= 128", f"gran_mn {gran_mn}")
-        if sf.dtype == F32:
-            if disable_ue8m0_cast:
-                raise arg_error(func, "disable_ue8m0_cast", "False: float32 SFs must be converted into UE8M0", "True")
-            sf = ue8m0_bytes_of_f32(func, arg, sf)
-        elif sf.dtype != np.int16:
-            raise arg_error(func, arg, "float32 (powers of two) or int16 packed UE8M0 pairs", sf)
-        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
-    if profile.arch_major == 9:
-        if sf.dtype != F32:
-            raise arg_error(func, arg, "float32 SFs on sm90", sf)
-        if gran_k != 128:
-            raise arg_error(func, "recipe", "gran_k 128 on sm90 (Unknown SF transformation)", f"gran_k {gran_k}")
-        if gran_mn == 128:
-            _check_sm90_sfb(func, arg, sf, groups)
-        elif gran_mn != 1:
-            raise arg_error(func, "recipe", "gran_mn 1 or 128 on sm90", f"gran_mn {gran_mn}")
-        if gran_mn == 128 and not is_b:
-            raise arg_error(func, "recipe", "per-token SFA (gran_m 1) on sm90", f"gran_m {gran_mn}")
-        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
-    # sm100
-    if gran_k not in (32, 128):
-        raise arg_error(func, "recipe", "gran_k 32 or 128 on sm100", f"gran_k {gran_k}")
-    if sf.dtype == F32:
-        if disable_ue8m0_cast:
-            raise DGArgumentError(
-                f"{func}: {arg}: Unsupported architecture or scaling factor types: sm100 kernels need UE8M0 "
-                "scales, and disable_ue8m0_cast=True keeps them float32"
-            )
-        sf = ue8m0_bytes_of_f32(func, arg, sf)
-    elif sf.dtype == np.int32:
-        if gran_mn != 1:
-            raise arg_error(func, "recipe", "gran_mn 1 for packed int32 SFs", f"gran_mn {gran_mn}")
-        _check_cuda_int_sf_layout(func, arg, sf, mn, groups)
+    r = profile.rules.scales
+    if gran_k not in r.gran_k:
+        raise arg_error(func, "recipe", r.gran_k_expected, f"gran_k {gran_k}")
+    if r.gran_mn == "any":
+        bad_mn = False
+    elif r.gran_mn == "pow2<=128":
+        bad_mn = bool(gran_mn & (gran_mn - 1)) or gran_mn > 128
     else:
-        raise arg_error(func, arg, "float32 (powers of two) or int32 packed UE8M0 SFs on sm100", sf)
+        bad_mn = gran_mn not in r.gran_mn
+    if bad_mn:
+        raise arg_error(func, "recipe", r.gran_mn_expected, f"gran_mn {gran_mn}")
+    if r.per_token_sfa and gran_mn != 1 and not is_b:
+        raise arg_error(func, "recipe", f"per-token SFA (gran_m 1) on {profile.name}", f"gran_m {gran_mn}")
+    if sf.dtype == F32:
+        if r.float32 == "ue8m0":
+            if disable_ue8m0_cast and r.disable_cast_error is not None:
+                raise DGArgumentError(r.disable_cast_error.format(func=func, arg=arg))
+            sf = ue8m0_bytes_of_f32(func, arg, sf)
+        elif gran_mn == 128:
+            _check_sm90_sfb(func, arg, sf, groups)
+    elif r.packed is not None and sf.dtype == r.packed:
+        if sf.dtype == I32:  # DeepGEMM layout 2: per row, MN-major, TMA-aligned
+            if gran_mn != 1:
+                raise arg_error(func, "recipe", "gran_mn 1 for packed int32 SFs", f"gran_mn {gran_mn}")
+            _check_cuda_int_sf_layout(func, arg, sf, mn, groups)
+    else:
+        raise arg_error(func, arg, r.dtype_expected, sf)
     return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
 
 
 # ----------------------------------------------------------------------------------------------
 # recipes
 # ----------------------------------------------------------------------------------------------
+
+def recipes(func: str, sfa: np.ndarray | None, sfb: np.ndarray | None, recipe: Any, recipe_a: Any, recipe_b: Any,
+            profile: Profile) -> tuple[int, int, int, int]:
+    """(gran_m, gran_k_a, gran_n, gran_k_b) by the target's recipe rules (DeepGEMM's
+    transform_sf_pair or DeepGEMM-Ascend's)."""
+    rule = ascend_recipes if profile.target == "deepgemm-ascend" else cuda_recipes
+    return rule(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+
 
 def recipe_arg(func: str, arg: str, r: Any, n: int) -> tuple[int, ...] | None:
     """None, or a tuple (or list) of ``n`` positive ints."""
@@ -264,15 +260,18 @@ def cuda_recipes(
     ra = recipe_arg(func, "recipe_a", recipe_a, 2)
     rb = recipe_arg(func, "recipe_b", recipe_b, 2)
     if ra is None and r3 is None:
+        # The default recipe follows the SFB form: float32 per-128 blocks, or (packed) per-row.
         sfa_t = None if sfa is None else sfa.dtype
         sfb_t = None if sfb is None else sfb.dtype
-        if profile.arch_major == 9:
+        packed = profile.rules.scales.packed
+        if packed is None:
             if sfa_t != F32 or sfb_t != F32:
-                raise arg_error(func, "b", "float32 SFA and SFB for the sm90 default recipe", f"{sfa_t} and {sfb_t}")
+                raise arg_error(func, "b", f"float32 SFA and SFB for the {profile.name} default recipe",
+                                f"{sfa_t} and {sfb_t}")
             r3 = (1, 128, 128)
         else:
-            if sfb_t not in (F32, np.dtype(np.int32)):
-                raise arg_error(func, "b", "float32 or int32 SFB for the sm100 default recipe", f"{sfb_t}")
+            if sfb_t not in (F32, packed):
+                raise arg_error(func, "b", f"float32 or {packed} SFB for the {profile.name} default recipe", f"{sfb_t}")
             r3 = (1, 128, 128) if sfb_t == F32 else (1, 1, 128)
     if (ra is None) != (rb is None):
         raise arg_error(func, "recipe_a", "recipe_a and recipe_b given together", f"recipe_a={ra}, recipe_b={rb}")
@@ -284,7 +283,8 @@ def cuda_recipes(
     return ra[0], ra[1], rb[0], rb[1]
 
 
-def ascend_recipes(func: str, recipe: Any, recipe_a: Any, recipe_b: Any) -> tuple[int, int, int, int]:
+def ascend_recipes(func: str, sfa: np.ndarray | None, sfb: np.ndarray | None, recipe: Any, recipe_a: Any,
+                   recipe_b: Any, profile: Profile) -> tuple[int, int, int, int]:
     """DeepGEMM-Ascend: default (1, 1, 32); recipe_a / recipe_b may be given alone; gran_k equal."""
     r3 = recipe_arg(func, "recipe", recipe, 3)
     ra = recipe_arg(func, "recipe_a", recipe_a, 2)
