@@ -15,7 +15,7 @@ from .attention import (  # noqa: I001
     fp8_paged_mqa_logits,
     get_paged_mqa_logits_metadata,
 )
-from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
+from .config import Limited, get_numerics, reset_numerics, set_numerics
 from .einsum import einsum, fp8_einsum, tf32_hc_prenorm_gemm  # noqa: I001
 from .errors import DGArgumentError, DGUtilityError
 from .gemm import (  # noqa: I001
@@ -115,6 +115,7 @@ from .runtime import (
     set_tc_util,
     use_deterministic_algorithms,
 )
+from .settings import numerics
 
 _LOCALITY_MISSING = {"deepgemm": "added by DeepGEMM-Ascend (newer upstream API); not in DeepGEMM 2.6.1"}
 get_num_locality_domains = _profiled(

@@ -15,7 +15,6 @@ from typing import Literal
 
 import numpy as np
 
-from . import config
 from .errors import DGArgumentError
 from .toolkit.args import BF16, E4M3, F32, I8, I16, I32
 
@@ -215,7 +214,6 @@ DEFAULT_ARCH = "sm100"
 
 _lock = threading.RLock()
 _arch = DEFAULT_ARCH
-_listeners: list = []  # callables run after every profile switch (e.g. to reset alignment state)
 
 
 def get_arch() -> str:
@@ -234,11 +232,7 @@ def set_arch(arch: str) -> None:
     if arch not in PROFILES:
         raise DGArgumentError(f"set_arch: arch: expected one of {sorted(PROFILES)}; got {arch!r}")
     with _lock:
-        changed = arch != _arch
         _arch = arch
-        if changed:
-            for f in _listeners:
-                f()
 
 
 def get_arch_major() -> int:
@@ -251,15 +245,3 @@ def get_arch_major() -> int:
         )
     return p.arch_major
 
-
-def _snapshot() -> str:
-    return _arch
-
-
-def _restore(token: str) -> None:
-    global _arch
-    with _lock:
-        _arch = token
-
-
-config.register_state(_snapshot, _restore)

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import config, profiles
+from . import profiles
 from .api import profiled
 from .errors import DGArgumentError
 
@@ -41,6 +41,7 @@ __all__ = [
     "ASCEND_NPU_ARCH",
     "reset_runtime",
     "runtime_state",
+    "restore_runtime",
 ]
 
 #: CANN's Bisheng target for Ascend 950PR/950DT is ``dav-3510``; ``get_npu_arch()`` reports it.
@@ -81,13 +82,11 @@ def reset_runtime() -> None:
         _state = RuntimeState()
 
 
-def _restore(token: RuntimeState) -> None:
+def restore_runtime(state: RuntimeState) -> None:
+    """Put back settings saved with :func:`runtime_state` (``deepgemm_ref.numerics`` scoping)."""
     global _state
     with _lock:
-        _state = token
-
-
-config.register_state(runtime_state, _restore)
+        _state = state
 
 
 def _int_arg(func: str, arg: str, v: Any) -> int:

@@ -34,8 +34,9 @@ import numpy as np
 
 from .. import __version__, trace
 from .._parallel import limit_blas_threads, single_threaded_blas
-from ..config import get_numerics, numerics
+from ..config import get_numerics
 from ..errors import DGArgumentError
+from ..settings import numerics
 from . import safetensors as st
 from .cases import ArgRef, BuiltCase, CaseSpec, build_case
 

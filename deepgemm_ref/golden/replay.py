@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import numerics
 from ..interop import from_numpy, to_numpy
+from ..settings import numerics
 from . import safetensors as st
 from .bundle import BundleError, CaseData, _fresh_outputs, load_bundle, run_case_call
 
