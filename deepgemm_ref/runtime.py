@@ -18,6 +18,7 @@ from . import profiles
 from .api import profiled
 from .errors import DGArgumentError
 
+# --- generated from deepgemm_ref._exports.TABLE: do not edit by hand ---
 __all__ = [
     "set_num_sms",
     "get_num_sms",
@@ -43,6 +44,7 @@ __all__ = [
     "runtime_state",
     "restore_runtime",
 ]
+# --- end of generated block ---
 
 #: CANN's Bisheng target for Ascend 950PR/950DT is ``dav-3510``; ``get_npu_arch()`` reports it.
 ASCEND_NPU_ARCH = 3510
