@@ -54,6 +54,22 @@ from .logits import Plan, allocate, clean_columns, range_mask, run
 from .schedule import cuda_schedule, requests
 
 
+def _check_q(func: str, profile: Any, q_data: np.ndarray, q_sf: np.ndarray | None, heads: int, d: int,
+             what: str) -> None:
+    """DeepGEMM's query contract: int8 packed FP4 (sm100, head_dim 64 / 128) when q[1] is given,
+    else float8_e4m3fn (head_dim 32 / 64 / 128); the target's head counts; contiguous."""
+    if q_sf is not None:
+        check(profile.rules.mqa_fp4, func, "q[1]", f"None on {profile.name} (FP4 {what} need sm100)", q_sf)
+        check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
+        check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
+    else:
+        check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
+        cuda_heads(func, "q[0]", profile, heads, q_data)
+        check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
+    check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
+
+
 def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
                      clean_logits: Any, max_seqlen_k: Any, logits_dtype: Any) -> Any:
     profile = get_profile()
@@ -68,13 +84,9 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     fp4 = q_sf is not None
     check(q_data.ndim == 3, func, "q[0]", "a 3-D array (seq_len, num_heads, head_dim)", q_data)
     seq, heads = int(q_data.shape[0]), int(q_data.shape[1])
+    d = int(q_data.shape[2]) * (2 if fp4 else 1)
+    _check_q(func, profile, q_data, q_sf, heads, d, "MQA logits")
     if fp4:
-        d = 2 * int(q_data.shape[2])
-        check(rules.mqa_fp4, func, "q[1]", f"None on {profile.name} (FP4 MQA logits need sm100)", q_sf)
-        check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
-        cuda_heads(func, "q[0]", profile, heads, q_data)
-        check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
-        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
         check(q_sf.ndim == 2 and q_sf.shape == (seq, heads), func, "q[1]", f"shape ({seq}, {heads})", q_sf)
         check(is_contiguous(q_sf) and q_sf.dtype == I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
@@ -89,11 +101,6 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
         check(is_contiguous(kv_sf) and kv_sf.dtype == I32, func, "kv[1]", "a contiguous int32 array (packed UE8M0)",
                kv_sf)
     else:
-        d = int(q_data.shape[2])
-        check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
-        cuda_heads(func, "q[0]", profile, heads, q_data)
-        check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
-        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         check(kv_data.ndim == 2 and kv_data.shape[1] == d, func, "kv[0]", f"shape (seq_len_kv, {d})", kv_data)
         check(kv_data.dtype == E4M3 and is_contiguous(kv_data), func, "kv[0]", "a contiguous float8_e4m3fn array",
                kv_data)
@@ -199,22 +206,14 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     batch, next_n, heads = (int(v) for v in q_data.shape[:3])
     d = int(q_data.shape[3]) * (2 if fp4 else 1)
     check(next_n >= 1, func, "q[0]", "next_n >= 1", q_data)
+    _check_q(func, profile, q_data, q_sf, heads, d, "paged MQA logits")
     if fp4:
-        check(rules.mqa_fp4, func, "q[1]", f"None on {profile.name} (FP4 paged MQA logits need sm100)", q_sf)
-        check(q_data.dtype == I8, func, "q[0]", "int8 packed FP4 (q[1] is given)", q_data)
-        cuda_heads(func, "q[0]", profile, heads, q_data)
-        check(d in (64, 128), func, "q[0]", "head_dim 64 or 128 for FP4", q_data)
-        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         assert q_sf is not None
         check(q_sf.ndim == 3 and q_sf.shape == (batch, next_n, heads), func, "q[1]",
                f"shape ({batch}, {next_n}, {heads})", q_sf)
         check(is_contiguous(q_sf) and q_sf.dtype == I32, func, "q[1]", "a contiguous int32 array (packed UE8M0)", q_sf)
         value_bytes = d // 2
     else:
-        check(q_data.dtype == E4M3, func, "q[0]", "float8_e4m3fn (q[1] is None)", q_data)
-        cuda_heads(func, "q[0]", profile, heads, q_data)
-        check(d in (32, 64, 128), func, "q[0]", "head_dim 32, 64 or 128", q_data)
-        check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
         value_bytes = d
     check(cache.ndim == 4, func, "kv_cache", "a 4-D uint8 array (num_blocks, block_kv, 1, bytes per token)", cache)
     num_pages, page = int(cache.shape[0]), int(cache.shape[1])

@@ -144,6 +144,16 @@ def _outputs(func: str, dd: np.ndarray, c: Any, dtypes: tuple[np.dtype, ...]) ->
     return c_val
 
 
+def _fp8_head(func: str, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> tuple[tuple[int, ...], bool]:
+    """compiled_dims, recipe (the 1D1D kernel: (1, 1, gran_k)) and use_psum_layout of the FP8 kernels."""
+    check_compiled_dims(func, compiled_dims)
+    r3 = recipe_arg(func, "recipe", recipe, 3)
+    psum = bool_arg(func, "use_psum_layout", use_psum_layout)
+    if r3 is None or r3[0] != 1 or r3[1] != 1:
+        raise arg_error(func, "recipe", "(1, 1, gran_k) (the 1D1D kernel)", repr(recipe))
+    return r3, psum
+
+
 def _tasks(kg: KGroups, c_val: np.ndarray, make: Callable[[int, int, int], Task]
            ) -> tuple[list[Task], list[tuple[tuple[Any, ...], np.ndarray]]]:
     """One task per non-empty K group (``make(g, k0, k1)``); an empty group keeps c[g] bit for bit."""
@@ -157,15 +167,25 @@ def _tasks(kg: KGroups, c_val: np.ndarray, make: Callable[[int, int, int], Task]
     return tasks, fill
 
 
+def _execute(func: str, dd: np.ndarray, kg: KGroups, c_val: np.ndarray,
+             prepare: Callable[[], Callable[[int, int, int], Task]]) -> None:
+    """Execute an FP8 k-grouped GEMM: nothing for an empty d, c copied when SUM_K is 0, else one
+    task per group from ``prepare()`` (which checks and decodes the scales, so only when needed)."""
+    if dd.shape[1] == 0 or dd.shape[2] == 0:
+        execute(func, dd, [])
+        return
+    if kg.sum_k == 0:
+        execute(func, dd, [], fill=[((slice(None),), c_val)])
+        return
+    tasks, fill = _tasks(kg, c_val, prepare())
+    execute(func, dd, tasks, fill=fill)
+
+
 def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
                             recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> None:
     """DeepGEMM's FP8 TN k-grouped GEMM (sm100, spec 7.3)."""
     profile = get_profile()
-    check_compiled_dims(func, compiled_dims)
-    r3 = recipe_arg(func, "recipe", recipe, 3)
-    psum = bool_arg(func, "use_psum_layout", use_psum_layout)
-    if r3 is None or r3[0] != 1 or r3[1] != 1:
-        raise arg_error(func, "recipe", "(1, 1, gran_k) (the 1D1D kernel)", repr(recipe))
+    r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     gran_k = r3[2]
     if gran_k not in (32, 128):
         raise arg_error(func, "recipe", "gran_k 32 or 128", repr(recipe))
@@ -186,36 +206,29 @@ def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grou
     if profile.rules.k_grouped_fp8 != "tn":
         raise arg_error(func, "d", "an sm100 device (Unsupported architecture: the FP8 TN k-grouped GEMM is "
                         "sm100-only; use k_grouped_fp8_gemm_nt_contiguous on sm90)", f"profile {profile.name}")
-    if m == 0 or n == 0:
-        execute(func, dd, [])
-        return
-    if kg.sum_k == 0:
-        execute(func, dd, [], fill=[((slice(None),), c_val)])
-        return
-    out = OUT_FORMAT[dd.dtype]
-    scales_a = _cuda_k_grouped_scales(func, "a[1]", sfa, m, gl.astype(np.int32), ks, gran_k, k_alignment, psum, kg)
-    scales_b = _cuda_k_grouped_scales(func, "b[1]", sfb, n, gl.astype(np.int32), ks, gran_k, k_alignment, psum, kg)
+    def prepare() -> Callable[[int, int, int], Task]:
+        out = OUT_FORMAT[dd.dtype]
+        scales_a = _cuda_k_grouped_scales(func, "a[1]", sfa, m, gl.astype(np.int32), ks, gran_k, k_alignment, psum,
+                                          kg)
+        scales_b = _cuda_k_grouped_scales(func, "b[1]", sfb, n, gl.astype(np.int32), ks, gran_k, k_alignment, psum,
+                                          kg)
 
-    def task(g: int, k0: int, k1: int) -> Task:
-        # Note: with the psum layout the kernel's MMA also consumes the gap rows
-        # [end_g, align(end_g, 32)) (128 when the alignment is a multiple of 128), which the
-        # contract requires to be zero; only the group's rows [start_g, end_g) are used here.
-        return Task(core.Operand(A[k0:k1].T, scales_a[g], gran_k), core.Operand(B[k0:k1].T, scales_b[g], gran_k),
-                    core.OutputStage(out, None, c_val[g]), (g,))
+        def task(g: int, k0: int, k1: int) -> Task:
+            # Note: with the psum layout the kernel's MMA also consumes the gap rows
+            # [end_g, align(end_g, 32)) (128 when the alignment is a multiple of 128), which the
+            # contract requires to be zero; only the group's rows [start_g, end_g) are used here.
+            return Task(core.Operand(A[k0:k1].T, scales_a[g], gran_k), core.Operand(B[k0:k1].T, scales_b[g], gran_k),
+                        core.OutputStage(out, None, c_val[g]), (g,))
+        return task
 
-    tasks, fill = _tasks(kg, c_val, task)
-    execute(func, dd, tasks, fill=fill)
+    _execute(func, dd, kg, c_val, prepare)
 
 
 def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
                            recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> None:
     """DeepGEMM's flat FP8 NT k-grouped GEMM (sm90, spec 7.4)."""
     profile = get_profile()
-    check_compiled_dims(func, compiled_dims)
-    r3 = recipe_arg(func, "recipe", recipe, 3)
-    psum = bool_arg(func, "use_psum_layout", use_psum_layout)
-    if r3 is None or r3[0] != 1 or r3[1] != 1:
-        raise arg_error(func, "recipe", "(1, 1, gran_k) (the 1D1D kernel)", repr(recipe))
+    r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     if r3 != (1, 1, 128):
         raise arg_error(func, "recipe", "(1, 1, 128)", repr(recipe))
     if psum:
@@ -233,28 +246,23 @@ def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, group
     if profile.rules.k_grouped_fp8 != "nt":
         raise arg_error(func, "d", "an sm90 device (Unsupported architecture: the FP8 NT k-grouped GEMM is sm90-only; "
                         "use k_grouped_fp8_gemm_tn_contiguous on sm100)", f"profile {profile.name}")
-    if m == 0 or n == 0:
-        execute(func, dd, [])
-        return
-    if kg.sum_k == 0:
-        execute(func, dd, [], fill=[((slice(None),), c_val)])
-        return
-    for name, sf, mn in (("a[1]", sfa, m), ("b[1]", sfb, n)):
-        if sf is None or sf.dtype != F32 or sf.ndim != 2 or sf.shape != (mn, kg.sum_k // 128):
-            raise arg_error(func, name, f"float32 SFs of shape ({mn}, SUM_K / 128 = {kg.sum_k // 128})", sf)
-    sva = sf_values(sfa, m, kg.sum_k, 1, 128, func=func, arg="a[1]")
-    svb = sf_values(sfb, n, kg.sum_k, 1, 128, func=func, arg="b[1]")
-    flat_a, flat_b = A.reshape(-1), B.reshape(-1)
+    def prepare() -> Callable[[int, int, int], Task]:
+        for name, sf, mn in (("a[1]", sfa, m), ("b[1]", sfb, n)):
+            if sf is None or sf.dtype != F32 or sf.ndim != 2 or sf.shape != (mn, kg.sum_k // 128):
+                raise arg_error(func, name, f"float32 SFs of shape ({mn}, SUM_K / 128 = {kg.sum_k // 128})", sf)
+        sva = sf_values(sfa, m, kg.sum_k, 1, 128, func=func, arg="a[1]")
+        svb = sf_values(sfb, n, kg.sum_k, 1, 128, func=func, arg="b[1]")
+        flat_a, flat_b = A.reshape(-1), B.reshape(-1)
 
-    def task(g: int, k0: int, k1: int) -> Task:
-        a_g = flat_a[m * k0:m * k1].reshape(m, k1 - k0)  # group g's A: (M, k_g) row-major at M * prefix_k(g)
-        b_g = flat_b[n * k0:n * k1].reshape(n, k1 - k0)
-        blocks = slice(k0 // 128, k1 // 128)
-        return Task(core.Operand(a_g, sva[:, blocks], 128), core.Operand(b_g, svb[:, blocks], 128),
-                    core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val[g]), (g,))
+        def task(g: int, k0: int, k1: int) -> Task:
+            a_g = flat_a[m * k0:m * k1].reshape(m, k1 - k0)  # group g's A: (M, k_g) row-major at M * prefix_k(g)
+            b_g = flat_b[n * k0:n * k1].reshape(n, k1 - k0)
+            blocks = slice(k0 // 128, k1 // 128)
+            return Task(core.Operand(a_g, sva[:, blocks], 128), core.Operand(b_g, svb[:, blocks], 128),
+                        core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val[g]), (g,))
+        return task
 
-    tasks, fill = _tasks(kg, c_val, task)
-    execute(func, dd, tasks, fill=fill)
+    _execute(func, dd, kg, c_val, prepare)
 
 
 def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,

@@ -58,6 +58,9 @@ from ..api import profiled
 from ..errors import arg_error
 from ..interop import Kind, caller_kind, from_numpy, is_tensor
 from ..toolkit.args import (
+    F32,
+    I16,
+    I32,
     align,
     as_array,
     bool_arg,
@@ -87,9 +90,6 @@ __all__ = [
     "ASCEND_PAIR_K",
 ]
 
-_F32 = np.dtype(np.float32)
-_I32 = np.dtype(np.int32)
-_I16 = np.dtype(np.int16)
 _SIGN_AND_MANTISSA = np.uint32(0x807FFFFF)
 _POW2_EXPECTED = "non-negative powers of two (float32 sign and mantissa bits zero; the device kernel traps otherwise)"
 
@@ -171,7 +171,7 @@ def _batched(a: np.ndarray) -> np.ndarray:
 def _psum_ends(func: str, psum_layout: Any, *, require_1d: bool) -> np.ndarray:
     """The int32 psum end offsets as int64, after the host checks both targets make."""
     p = as_array(psum_layout, func, "psum_layout")
-    if p.dtype != _I32:
+    if p.dtype != I32:
         raise arg_error(func, "psum_layout", "an int32 array", p)
     if require_1d and p.ndim != 1:
         raise arg_error(func, "psum_layout", "a 1-D array", p)
@@ -205,7 +205,7 @@ def _get_tma_aligned_size(x: int, element_size: int, /) -> int:
 
 def _float_sf(func: str, sf: Any) -> np.ndarray:
     a = as_array(sf, func, "sf")
-    if a.dtype != _F32:
+    if a.dtype != F32:
         raise arg_error(func, "sf", "a float32 array", a)
     if a.ndim not in (2, 3):
         raise arg_error(func, "sf", "a 2-D (mn, sf_k) or 3-D (num_groups, mn, sf_k) array", a)
@@ -223,7 +223,7 @@ def _mn_major_tma_aligned(func: str, sf_obj: Any, kind: Kind) -> Any:
         if sf.ndim == 3:
             return sf_obj
         return sf_obj.unsqueeze(0).squeeze(0) if is_tensor(sf_obj) else sf[np.newaxis][0]
-    storage = np.zeros((g, sf_k, tma_mn), _F32)
+    storage = np.zeros((g, sf_k, tma_mn), F32)
     storage[:, :, :mn] = b.transpose(0, 2, 1)
     view = storage.transpose(0, 2, 1)[:, :mn, :]
     return _to_caller(view[0] if sf.ndim == 2 else view, storage, kind)
@@ -247,7 +247,7 @@ def _pack_int32_mn_major(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     g, mn, sf_k = b.shape
     p = ceil_div(sf_k, 4)
     tma_mn = align(mn, 4)
-    storage = np.zeros((g, p, tma_mn), _I32)
+    storage = np.zeros((g, p, tma_mn), I32)
     storage[:, :, :mn] = _pack_le(b, 4).transpose(0, 2, 1)
     return storage, storage.transpose(0, 2, 1)[:, :mn, :]
 
@@ -335,7 +335,7 @@ def pack_k_grouped_ue8m0(
         raise arg_error(func, "k_alignment", "a positive multiple of 32", repr(k_alignment))
     use_psum_layout = bool_arg(func, "use_psum_layout", use_psum_layout)
     a = as_array(sf, func, "sf")
-    if a.dtype != _F32 or a.ndim != 2:
+    if a.dtype != F32 or a.ndim != 2:
         raise arg_error(func, "sf", "a 2-D float32 array (sf_rows, mn)", a)
     if not is_contiguous(a):
         raise arg_error(func, "sf", "a contiguous array", a)
@@ -346,7 +346,7 @@ def pack_k_grouped_ue8m0(
         raise arg_error(func, "grouped_layout", "at most 128 groups", gl)
     if mn % 4:
         raise arg_error(func, "sf", "mn (the last dimension) divisible by 4", a)
-    if gl.dtype != _I32 or not is_contiguous(gl):
+    if gl.dtype != I32 or not is_contiguous(gl):
         raise arg_error(func, "grouped_layout", "a contiguous int32 array", gl)
     ks = ks_list(func, ks_cpu)
     synced = bool(ks)
@@ -402,15 +402,15 @@ def _check_sf_layout_cuda(
     func: str, sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None
 ) -> None:
     """DeepGEMM's ``check_sf_layout`` shape checks (spec 3.2)."""
-    if sf.dtype not in (_F32, _I32):
+    if sf.dtype not in (F32, I32):
         raise arg_error(func, "sf", "a float32 or int32 (packed UE8M0) array", sf)
     ndim = 2 + (num_groups is not None)
     if sf.ndim != ndim:
         raise arg_error(func, "sf", f"a {ndim}-D array (num_groups={num_groups})", sf)
-    sf_cols = ceil_div(k, gran_k * (1 if sf.dtype == _F32 else 4))
+    sf_cols = ceil_div(k, gran_k * (1 if sf.dtype == F32 else 4))
     want = ((num_groups,) if num_groups is not None else ()) + (ceil_div(mn, gran_mn), sf_cols)
     if sf.shape != want:
-        what = "ceil(k / gran_k)" if sf.dtype == _F32 else "ceil(k / (4 * gran_k))"
+        what = "ceil(k / gran_k)" if sf.dtype == F32 else "ceil(k / (4 * gran_k))"
         raise arg_error(func, "sf", f"shape {want} = ((num_groups,) ceil(mn / gran_mn), {what})", sf)
 
 
@@ -461,8 +461,8 @@ def _transform_cuda(
     _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
     sf_rules = profiles.get_profile().rules.scales
     reads_float = sf_rules.float32 == "float"  # sm90's kernels read float32 SFs as they are
-    reads_packed = sf_rules.packed == _I32  # sm100's kernels read layout 2
-    is_float = a.dtype == _F32
+    reads_packed = sf_rules.packed == I32  # sm100's kernels read layout 2
+    is_float = a.dtype == F32
 
     if is_float and gran_mn == 1 and gran_k == 128 and (reads_float or disable):
         return _mn_major_tma_aligned(func, sf, kind)
@@ -531,7 +531,7 @@ def _transform_ascend_impl(
     gran_mn, gran_k = (r[0] if sfa else r[1]), r[2]
 
     a = as_array(sf_obj, func, "sf")
-    if a.dtype not in (_F32, _I16):
+    if a.dtype not in (F32, I16):
         raise arg_error(func, "sf", "a float32 or int16 (packed UE8M0 pairs) array", a)
     ndim = 2 + (groups is not None)
     if a.ndim != ndim:
@@ -541,7 +541,7 @@ def _transform_ascend_impl(
     # empty array all-zero strides, torch contiguous ones); the same holds for the CUDA checks.
     if a.size and st[-1] != 1 and st[-2] != 1:
         raise arg_error(func, "sf", "stride(-1) == 1 or stride(-2) == 1", a)
-    is_float = a.dtype == _F32
+    is_float = a.dtype == F32
     sf_cols = ceil_div(k, gran_k if is_float else 2 * gran_k)
     want = ((groups,) if groups is not None else ()) + (ceil_div(mn, gran_mn), sf_cols)
     if a.shape != want:
@@ -583,7 +583,7 @@ def _transform_ascend_impl(
         elif zero_gaps:
             keep_cols = ascend_gap_mask(ends, src_cols, 32 if is_float else ASCEND_PAIR_K, alignment)
 
-    storage = np.zeros((g, dst_k, mn), _I16)
+    storage = np.zeros((g, dst_k, mn), I16)
     if storage.size == 0:  # nothing to launch, so nothing is checked either
         view = storage.transpose(0, 2, 1)
         return _to_caller(view[0] if a.ndim == 2 else view, storage, kind)
@@ -716,14 +716,14 @@ def _sf_bytes(
     rows_user = ceil_div(mn, gran_mn)
     rows, cols = a.shape[-2:]
     b = _batched(a)
-    if a.dtype == _F32:
+    if a.dtype == F32:
         if (rows, cols) != (rows_user, sf_k):
             raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
                             "(ceil(mn / gran_mn), ceil(k / gran_k))", a)
         return b, kind
-    if a.dtype == _I32:
+    if a.dtype == I32:
         want_cols, unpack = ceil_div(sf_k, 4), fm.unpack_ue8m0_int32
-    elif a.dtype == _I16:
+    elif a.dtype == I16:
         if gran_k != 32:
             raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
         want_cols, unpack = ceil_div(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
@@ -766,7 +766,7 @@ def sf_values(
     the calling function and argument in errors (DGArgumentError on any shape mismatch).
     """
     data, _ = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
-    vals = data.astype(np.float64) if data.dtype == _F32 else fm.ue8m0_decode(data)
+    vals = data.astype(np.float64) if data.dtype == F32 else fm.ue8m0_decode(data)
     out = np.ascontiguousarray(_broadcast_rows(vals, int(mn), int(gran_mn)))
     return out[0] if num_groups is None else out
 
@@ -795,8 +795,8 @@ def to_user_form(
     data, kind = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
     if data.shape[1] != ceil_div(int(mn), int(gran_mn)):
         data = data[:, :: int(gran_mn), :]
-    if data.dtype == _F32:
-        out = np.array(data, dtype=_F32, order="C", copy=True)  # never alias the caller's array
+    if data.dtype == F32:
+        out = np.array(data, dtype=F32, order="C", copy=True)  # never alias the caller's array
     else:
         out = (data.astype(np.uint32) << np.uint32(23)).view(np.float32)
     return from_numpy(out[0] if num_groups is None else out, kind)
