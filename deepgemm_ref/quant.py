@@ -32,6 +32,7 @@ from . import formats as fm
 from ._parallel import parallel_chunks
 from .config import NumericsOptions, get_numerics
 from .errors import arg_error
+from .exact import align, ceil_div  # DeepGEMM's deep_gemm.utils.math names, defined once in .exact
 from .interop import caller_kind, from_numpy, to_numpy
 
 __all__ = [
@@ -52,16 +53,6 @@ __all__ = [
 _F32 = np.float32
 _AMAX_FLOOR = np.float32(1e-4)  # DeepGEMM's clamp(1e-4) on a float32 tensor: float32(1e-4)
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def ceil_div(x: int, y: int) -> int:
-    """ceil(x / y) for integers."""
-    return (x + y - 1) // y
-
-
-def align(x: int, y: int) -> int:
-    """x rounded up to a multiple of y."""
-    return ceil_div(x, y) * y
 
 
 # ----------------------------------------------------------------------------------------------

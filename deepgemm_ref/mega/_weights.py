@@ -26,7 +26,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import core
@@ -34,6 +33,7 @@ from .. import formats as fm
 from ..errors import DGArgumentError, arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
 from ..layout import sf_values
+from ..toolkit.args import E4M3, I8, I16
 
 __all__ = [
     "transform_cuda",
@@ -49,10 +49,6 @@ __all__ = [
     "ascend_l1_rows",
 ]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-I8 = np.dtype(np.int8)
-I16 = np.dtype(np.int16)
 I32 = np.dtype(np.int32)
 _ASCEND_BLOCK = 256
 _FP4_SF_BIAS = 6
