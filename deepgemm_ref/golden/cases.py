@@ -33,6 +33,7 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 from .resources import Estimate, ResourceError, default_memory_limit, format_size
 from .schema import MAX_ID_LENGTH, MAX_SEED, Params, Schema, SpecError, as_int, did_you_mean, validate_params
+from .values import VALUE_MODES, apply_value_mode, generator_for
 
 __all__ = ["CaseSpec", "BuiltCase", "ArgRef", "Family", "build_case", "FAMILIES", "register_family", "family_of",
            "family_for", "case_rng", "validate_spec", "case_file_name", "estimate_case", "SpecError"]
@@ -75,6 +76,11 @@ class CaseSpec:
     @property
     def family(self) -> str:
         return family_for(self).name
+
+    @property
+    def value_mode(self) -> str:
+        """How the inputs are drawn: the ``values`` key (``"normal"`` unless given; see :mod:`.values`)."""
+        return str(self.params.get("values", VALUE_MODES[0]))
 
     def shape(self) -> dict[str, Any]:
         """The case's real shape (the resolved shape keys of its family)."""
@@ -296,7 +302,12 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
     seed_i = as_int(seed)
     if seed_i is None or not 0 <= seed_i <= MAX_SEED:
         raise SpecError(f"{where}: key 'seed': expected an integer in [0, 2^63 - 1]; got {seed!r}"[:300])
-    given = {k: v for k, v in d.items() if k not in ("id", "kernel", "profile", "seed", "family")}
+    values = d.get("values", VALUE_MODES[0])
+    if not isinstance(values, str) or values not in VALUE_MODES:
+        near = did_you_mean(values, list(VALUE_MODES)) if isinstance(values, str) else []
+        raise SpecError(f"{where}: key 'values': expected one of {', '.join(map(repr, VALUE_MODES))}; got "
+                        f"{values!r}"[:300] + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
+    given = {k: v for k, v in d.items() if k not in ("id", "kernel", "profile", "seed", "family", "values")}
     if fam.schema is None:
         params = Params(kernel, profile, given)
         canonical = dict(given)
@@ -309,6 +320,8 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
         canonical, params = validate_params(fam.schema, kernel, profile, given, where)
     if fam_name is not None:
         canonical["family"] = fam_name
+    if values != VALUE_MODES[0]:
+        canonical["values"] = values
     return CaseSpec(case_id, kernel, profile, seed_i, canonical, params)
 
 
@@ -325,7 +338,8 @@ def case_rng(spec: CaseSpec) -> np.random.Generator:
 
 
 def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = None) -> BuiltCase:
-    """Generate a case's inputs and call description.
+    """Generate a case's inputs and call description (values drawn as its ``values`` key says,
+    see :mod:`.values`).
 
     The case's estimated peak memory is checked first against ``max_memory`` (default: the
     machine's limit, :func:`.resources.default_memory_limit`); nothing is allocated for a case
@@ -339,7 +353,11 @@ def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = N
     if est is not None and est.peak_bytes > limit:
         raise ResourceError(f"case {spec.id!r}: needs about {format_size(est.peak_bytes)} of memory "
                             f"({_shape_text(spec)}); the limit is {format_size(limit)} (--max-memory)")
-    return fam.build(spec, case_rng(spec))
+    rng = case_rng(spec)
+    built = fam.build(spec, generator_for(rng, spec.value_mode))
+    if spec.value_mode != VALUE_MODES[0]:
+        built.inputs = apply_value_mode(built.inputs, rng, spec.value_mode)
+    return built
 
 
 def _shape_text(spec: CaseSpec) -> str:

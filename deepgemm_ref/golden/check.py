@@ -43,7 +43,7 @@ from .replay import read_replay_record
 from .resources import default_memory_limit, format_size
 
 __all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
-           "check", "strict_json_value", "reports_json"]
+           "check", "strict_json_value", "reports_json", "output_golden", "element_bounds"]
 
 ULP_BINS = (0, 1, 2, 4, 8, 16, 64, 256, 1024)  # histogram bin lower edges (last: >= 1024)
 
@@ -155,12 +155,12 @@ def _interval_codes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Output values of the epilogue at the two ends of [y - E, y + E] (float64, lo <= hi)."""
     yy = y if y_lo is None else y + y_lo
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # ends past the output range round to inf
         lo = np.nextafter(yy - E, -np.inf)
         hi = np.nextafter(yy + E, np.inf)
-    lead = lo.shape[0] if lo.ndim else 1
-    v_lo = fm.decode(ep.apply(lo, 0, lead), ep.out)
-    v_hi = fm.decode(ep.apply(hi, 0, lead), ep.out)
+        lead = lo.shape[0] if lo.ndim else 1
+        v_lo = fm.decode(ep.apply(lo, 0, lead), ep.out)
+        v_hi = fm.decode(ep.apply(hi, 0, lead), ep.out)
     return np.minimum(v_lo, v_hi), np.maximum(v_lo, v_hi)
 
 
@@ -458,14 +458,51 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
         if dev.shape != want.shape or dev.dtype != want.dtype:
             raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
                               f"expected shape {want.shape} and dtype {want.dtype}")
-        if name == main:
-            sel = ("acc", "acc_lo", "S", "S_hard", "defined")
-            g = {"main": want, **{k: v for k, v in golden.items() if k in sel}}
-        else:  # a second output: its own accumulator and error scale when the kernel reports them
-            g = {"main": want, **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
-                                  if f"extra.{name}.{k}" in golden}}
+        g = output_golden(golden, name, main)
         reports.append(check_case(label(name), dev, g, entry.get("check", {}), inputs, options))
     return reports
+
+
+def output_golden(golden: Mapping[str, np.ndarray], name: str, main: str) -> dict[str, np.ndarray]:
+    """The golden tensors :func:`check_case` takes for output ``name`` of a case: the main
+    output with ``acc``, ``acc_lo``, ``S``, ``S_hard`` and ``defined``; a second output with its
+    own accumulator and error scale (``extra.<name>.acc`` / ``.S``) when the kernel reports them."""
+    if name == main:
+        sel = ("acc", "acc_lo", "S", "S_hard", "defined")
+        return {"main": golden[name], **{k: v for k, v in golden.items() if k in sel}}
+    return {"main": golden[name], **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
+                                     if f"extra.{name}.{k}" in golden}}
+
+
+def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
+                   options: CheckOptions, index: tuple[int, ...]) -> dict[str, Any] | None:
+    """The interval :func:`check_case` allows one element of an output (``golden`` as
+    :func:`output_golden` gives it): ``{"pass": (lo, hi), "warn": (lo, hi), "E": ..., "S": ...}``
+    as float64 output values, or None where the output is compared bit for bit."""
+    gd = golden["main"]
+    fmt = _OUT_FMT.get(gd.dtype)
+    if fmt is None or "acc" not in golden or "S" not in golden:
+        return None
+    ep_desc = check.get("epilogue") or {}
+    c_name = ep_desc.get("c")
+    c_val = None if not c_name or c_name not in inputs else np.asarray(inputs[c_name])[index].reshape(1)
+    n = int(options.n if options.n is not None else check.get("n", 1))
+    u_acc = float(options.u_acc if options.u_acc is not None else check.get("u_acc", 2.0**-24))
+    ep = core.OutputStage(fmt, ep_desc.get("alpha"), c_val, ep_desc.get("c_mode", "kernel"))
+    y = np.asarray(golden["acc"], np.float64)[index].reshape(1)
+    y_lo = None if golden.get("acc_lo") is None else np.asarray(golden["acc_lo"], np.float64)[index].reshape(1)
+    S = float(np.asarray(golden["S"], np.float64)[index])
+    S_hard = float(np.asarray(golden["S_hard"], np.float64)[index]) if golden.get("S_hard") is not None else S
+    c_abs = 0.0 if c_val is None else float(np.abs(c_val.astype(np.float64))[0])
+    with np.errstate(invalid="ignore", over="ignore"):
+        epi = u_acc * (c_abs + abs(float(y[0]))) * float(check.get("c_epi", 0))
+        epi = epi if math.isfinite(epi) else 0.0
+        E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
+        E_hard = _gamma(max(n, 1), u_acc) * S_hard + epi
+        lo, hi = _interval_codes(ep, y, y_lo, np.array([E]))
+        hlo, hhi = _interval_codes(ep, y, y_lo, np.array([E_hard]))
+    return {"pass": (float(lo[0]), float(hi[0])), "warn": (float(hlo[0]), float(hhi[0])), "E": E, "E_hard": E_hard,
+            "S": S, "acc": float(y[0]) + (0.0 if y_lo is None else float(y_lo[0]))}
 
 
 def check(bundle_dir: str | os.PathLike[str], outputs_path: str | os.PathLike[str], *,

@@ -97,6 +97,7 @@ _FP8_ONLY = tuple(f"fp8_gemm_{x}" for x in LAYOUTS) + ("fp8_gemm_nt_skip_head_mi
 _FP8_FP4 = tuple(f"{p}_gemm_{x}" for p in ("fp8_fp4", "aclnn_fp8_fp4") for x in LAYOUTS)
 _SKIP = ("fp8_gemm_nt_skip_head_mid",)
 _NO_ALPHA = tuple(f"{p}_gemm_{x}" for p in ("cublaslt", "aclnn_bf16", "aclnn_fp8_fp4") for x in LAYOUTS)
+_ACLNN_ADDMM = tuple(f"{p}_gemm_{x}" for p in ("cublaslt", "aclnn_bf16") for x in LAYOUTS)
 
 
 def _gemm_kernels() -> dict[str, tuple[str, ...]]:
@@ -158,8 +159,10 @@ def _fp4_even_rule(p: Params) -> str | None:
     for side, mn, major_mn in (("a", "m", layout[0] == "t"), ("b", "n", layout[1] == "n")):
         if p[side] == "fp4" and p["k"] % 2:
             return f"an FP4 {side} packs two K elements per byte: k must be even; got {p['k']}"
-        if p[side] == "fp4" and major_mn and p[mn] % 2:
-            return f"an MN-major FP4 {side} packs two {mn.upper()} elements per byte: {mn} must be even; got {p[mn]}"
+        if p[side] == "fp4" and major_mn and (p[mn] % 2 or p[mn] < 4):
+            # (a (K, 1) packed operand, mn = 2, reads as K-major to the kernels' layout checks)
+            return (f"an MN-major FP4 {side} packs two {mn.upper()} elements per byte: {mn} must be even and at "
+                    f"least 4; got {p[mn]}")
     return None
 
 
@@ -227,7 +230,10 @@ GEMM_SCHEMA = Schema(
             only=(Only(("bf16",), "sm90's skip_head_mid kernel writes bf16", profiles=("sm90",), kernels=_SKIP),)),
         Key("c", "str", "the C input: none, a separate tensor, or D itself (accumulate in place)", "none",
             choices=("none", "separate", "is_d"),
-            only=(Only(("none",), "fp8_gemm_nt_skip_head_mid takes no c", kernels=_SKIP),)),
+            only=(Only(("none",), "fp8_gemm_nt_skip_head_mid takes no c", kernels=_SKIP),
+                  Only(("none", "is_d"), "DeepGEMM-Ascend's ACLNN addmm writes the result into c and gives d c's "
+                       "old value (its tests pass c = d)", profiles=("ascend950",), kernels=_ACLNN_ADDMM,
+                       label="aclnn_bf16_gemm_*, cublaslt_gemm_*"))),
         Key("alpha", "float", "the output scale alpha (DeepGEMM-Ascend's epilogue)", None, nullable=True,
             only=(Only((None,), "the kernel takes no alpha", kernels=_SKIP + _NO_ALPHA,
                        label="skip_head_mid, cublaslt_gemm_*, aclnn_*"),)),
@@ -239,7 +245,8 @@ GEMM_SCHEMA = Schema(
           "without c; skip_head_mid takes gran_n 128", _sm90_recipe, ("gran_n", "out", "c")),
      Rule("gran_n 128 needs b 'fp8' and gran_k_b 128", _gran_n_rule, ("gran_n", "b", "gran_k_b")),
      Rule("FP4 operands take gran_k 32", _fp4_gran_rule, ("a", "b", "gran_k_a", "gran_k_b")),
-     Rule("FP4 operands: k even, and m (n) even when A (B) is MN-major", _fp4_even_rule, ("a", "b", "m", "n", "k")),
+     Rule("FP4 operands: k even, and m (n) even and >= 4 when A (B) is MN-major", _fp4_even_rule,
+          ("a", "b", "m", "n", "k")),
      Rule("ACLNN FP8 / FP4 GEMMs: k divisible by 64; FP8 x FP4 only as nt with out 'bf16'", _aclnn_rule,
           ("k", "a", "b", "out")),
      Rule("ascend950: an FP4 a needs an FP4 b", _fp4_pair_rule, ("a", "b")),
@@ -315,6 +322,10 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
             kwargs["recipe_b"] = _v([gran_n, gkb])
             transforms["a_sf"] = _sf_transform(profile, m, k, (), None, (1, gka))
             transforms["b_sf"] = _sf_transform(profile, n, k, (), None, (gran_n, gkb))
+        if profile == "sm100" and gran_n != 1:
+            # sm100's transform gives per-row packed UE8M0 SFB, which the kernel takes only with
+            # gran_n 1; with the recorded per-block recipe the kernel transforms the user form itself.
+            del transforms["b_sf"]
         inputs["a_sf"], inputs["b_sf"] = np.ascontiguousarray(a_sf), np.ascontiguousarray(b_sf)
     # Orientation: "t" as first letter: A is given as (K, M); "n" as second: B is given as (K, N).
     if layout[0] == "t":
@@ -326,7 +337,8 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
         b_t = np.ascontiguousarray(b_t.T) if fb != "fp4" else quant.transpose_packed_fp4(b_t)
         if pair:
             inputs["b_sf"] = np.ascontiguousarray(inputs["b_sf"].T)
-            transforms["b_sf"]["transpose_back"] = True
+            if "b_sf" in transforms:
+                transforms["b_sf"]["transpose_back"] = True
     # transpose_packed_fp4 gives the (K, MN / 2) storage of an MN-major FP4 operand, which is what
     # the T / N positions take (the kernel sees its (MN / 2, K) transposed view).
     inputs["a"], inputs["b"] = np.ascontiguousarray(a_t), np.ascontiguousarray(b_t)
@@ -800,6 +812,12 @@ def _ascend_pairs(sf: np.ndarray) -> np.ndarray:
     return fm.pack_ue8m0_int16(by)
 
 
+def _to_e4m3(x: np.ndarray) -> np.ndarray:
+    """``x.to(torch.float8_e4m3fn)`` as DeepGEMM's test casts unscaled FP8 queries: torch >= 2.12
+    saturates to +-448 (ml_dtypes would give NaN; only adversarial values reach it)."""
+    return np.clip(x.astype(np.float32), -448.0, 448.0).astype(E4M3)
+
+
 def build_mqa(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     """An MQA logits case (keys: :data:`MQA_SCHEMA`)."""
     p = spec.resolved
@@ -835,7 +853,7 @@ def build_mqa(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
                           kv_sf=ksf.reshape(seq_kv), w=w)
             q_arg = _pair("q", "q_sf")
         else:
-            inputs.update(q=q.astype(np.float32).astype(E4M3), w=w)
+            inputs.update(q=_to_e4m3(q), w=w)
             kq, ksf = quant.per_custom_dims_cast_to_fp8(kv, (0,), False)
             inputs.update(kv=kq, kv_sf=ksf.reshape(seq_kv))  # the utility squeezes one token's scale to 0-d
             q_arg = ArgRef("pair", ("q", None))
@@ -885,7 +903,7 @@ def _build_paged(spec: CaseSpec, rng: np.random.Generator, heads: int, dim: int,
         kq, ksf = quant.per_custom_dims_cast_to_fp8(kv, (0,), False)
         vals = kq.view(np.uint8).reshape(num_blocks, block_kv * dim)
         scales = np.ascontiguousarray(ksf.astype(np.float32)).view(np.uint8).reshape(num_blocks, block_kv * 4)
-        q_in, q_sf = q.astype(np.float32).astype(E4M3), None
+        q_in, q_sf = _to_e4m3(q), None
     cache = np.concatenate([vals, scales], axis=1).reshape(num_blocks, block_kv, 1, vbytes + sbytes)
     inputs: dict[str, np.ndarray] = {"q": q_in, "kv_cache": cache, "w": w, "context_lens": ctx.reshape(batch, 1),
                                      "block_table": table}

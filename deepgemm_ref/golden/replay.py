@@ -35,12 +35,12 @@ from ..interop import from_numpy, to_numpy
 from ..settings import numerics
 from . import safetensors as st
 from .bundle import BundleError, CaseData, load_bundle
-from .call import entry_family, fresh_outputs, run_case_call
+from .call import entry_family, fresh_outputs, quiet_float_errors, run_case_call
 from .cases import validate_spec
 from .progress import as_progress
 from .resources import ResourceError, default_memory_limit, format_size
 
-__all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record"]
+__all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record", "call_case"]
 
 #: Metadata key of the outputs file: JSON object case id -> error message.
 ERRORS_KEY = "deepgemm_ref.errors"
@@ -220,23 +220,35 @@ def _replay_case(b: Any, case_id: str, mod: Any, ours: bool, use_torch: bool, de
         if est is not None and est.peak_bytes > limit:
             raise ResourceError(f"case {case_id!r}: needs about {format_size(est.peak_bytes)} of memory; the limit "
                                 f"is {format_size(limit)} (--max-memory)")
+    got = call_case(case, mod, ours=ours, use_torch=use_torch, device=device, transforms=transforms,
+                    accumulation=accumulation)
+    return {f"{case_id}/{name}": v for name, v in got.items()}
+
+
+def call_case(case: CaseData, module: Any, *, ours: bool, use_torch: bool, device: str | None = None,
+              transforms: bool = True, accumulation: str | None = None) -> dict[str, np.ndarray]:
+    """One case's call through ``module``, as a replay makes it: the inputs as NumPy arrays or
+    torch tensors on ``device``, the manifest's layout transforms applied with the
+    module's own functions, the call (or the family's driver); returns the outputs by name as
+    host NumPy arrays.  ``ours``: the module is deepgemm_ref, so the case's profile (and
+    ``accumulation``) is scoped around the call."""
     inputs = {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in case.inputs().items()}
     outs = fresh_outputs(case.entry["outputs"], inputs)
     dev_inputs = {k: _to_device(v, use_torch, device) for k, v in inputs.items()}
     dev_outs = {k: _to_device(v, use_torch, device) for k, v in outs.items()}
     if transforms:
         with _profile(ours, case.entry["profile"]):
-            dev_inputs = _apply_transforms(mod, case, dev_inputs)
+            dev_inputs = _apply_transforms(module, case, dev_inputs)
     with _profile(ours, case.entry["profile"], accumulation):
-        run_case_call(mod, case.entry, case.args, case.kwargs, dev_inputs, dev_outs)
+        run_case_call(module, case.entry, case.args, case.kwargs, dev_inputs, dev_outs)
     got: dict[str, np.ndarray] = {}
     for name in case.entry["outputs"]:
         if name not in dev_outs:
-            raise BundleError(f"case {case_id!r}: the call returned no {name!r}")
+            raise BundleError(f"case {case.id!r}: the call returned no {name!r}")
         v = dev_outs[name]
         if use_torch and hasattr(v, "cpu"):
             v = v.cpu()
-        got[f"{case_id}/{name}"] = np.ascontiguousarray(to_numpy(v, "replay", name))
+        got[name] = np.ascontiguousarray(to_numpy(v, "replay", name))
     return got
 
 
@@ -246,12 +258,15 @@ class _profile:
     def __init__(self, ours: bool, profile: str, accumulation: str | None = None) -> None:
         extra = {} if accumulation is None else {"accumulation": accumulation}
         self.ctx = numerics(arch=profile, **extra) if ours else None
+        self.quiet = quiet_float_errors() if ours else None  # the emulator's inf / NaN are results
 
     def __enter__(self) -> None:
-        if self.ctx is not None:
+        if self.ctx is not None and self.quiet is not None:
             self.ctx.__enter__()
+            self.quiet.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        if self.ctx is not None:
+        if self.ctx is not None and self.quiet is not None:
+            self.quiet.__exit__(*exc)
             self.ctx.__exit__(*exc)
 

@@ -164,7 +164,7 @@ class Params(Mapping[str, Any]):
         return f"Params({self.kernel!r}, {self.profile!r}, {self._values!r})"
 
 
-COMMON_KEYS = ("id", "kernel", "profile", "seed", "family")
+COMMON_KEYS = ("id", "kernel", "profile", "seed", "family", "values")
 
 
 def did_you_mean(word: str, candidates: Sequence[str], aliases: Mapping[str, str] | None = None) -> list[str]:
@@ -397,6 +397,11 @@ def common_key_docs() -> list[dict[str, str]]:
          "doc": "seed of the case's generator: PCG64(SeedSequence(seed, spawn_key=(crc32(id),)))"},
         {"name": "family", "type": "a family name", "default": "the kernel's family",
          "doc": "only where a kernel has a second builder (the probe cases of fp8_gemm_nt)"},
+        {"name": "values", "type": "one of 'normal', 'adversarial', 'special'", "default": "'normal'",
+         "doc": "how the input values are drawn: 'normal' as DeepGEMM's test generators; 'adversarial' (rounding "
+                "ties, cancelling pairs, rows scaled across the exponent range, scale factors across the UE8M0 "
+                "range); 'special' (NaN, infinities and -0 in the operands that can hold them); the shapes and "
+                "layouts are drawn alike (deepgemm_ref/golden/values.py)"},
     ]
 
 

@@ -1,0 +1,172 @@
+"""How a case's input values are drawn: the ``values`` key of a case specification.
+
+``"normal"`` (the default) draws inputs the way DeepGEMM's test generators do: standard-normal
+bf16 data, then DeepGEMM's quantisers (``families``, ``moe``).  The two other modes keep every
+structural draw of the builder (group sizes, layouts, context lengths, block tables, routing
+ranks) and change the values only, so a case stays a valid call of its kernel:
+
+``"adversarial"``
+    The builder's standard-normal draws come from :class:`AdversarialGenerator`: each row (every
+    axis but the last) follows one regime (:data:`ADVERSARIAL_REGIMES`, with its share of the
+    rows): standard normal; small integers in [-8, 8] (exact in bf16 and E4M3: accumulators land
+    on rounding ties of the bf16 output); cancelling pairs (``x[2j + 1] = -x[2j]``, exactly
+    zero sums against duplicated pairs); duplicated pairs; a row scaled by ``2^e``, ``e`` in
+    [-64, 24] (subnormal products and results); signed powers of two ``2^e``, ``e`` in [-24, 24]
+    per element (absorption, float32 ties); a zero row; and a huge row scaled by 2^60 to 2^63
+    (two of them meet next to the float32 / bf16 saturation bound, or past it).  DeepGEMM's
+    quantisers then turn them into codes and scales (each row's amax maps to E4M3's saturation
+    bound 448, or next to it under UE8M0).  After the build, :func:`perturb_scales` moves every
+    scale factor (``*_sf`` tensors: float32, packed UE8M0 int32, int16 UE8M0 pairs) by a power
+    of two: half of them stay, 15 in 32 move by 2^d with d in [-8, 8], and 1 in 32 jumps to
+    anywhere in [2^-126, 2^73] (UE8M0 bytes 1 to 200; byte 0, read as 2^-127 by DeepGEMM and as
+    0 by CANN, is left to the probes; higher jumps would overflow every output that a scale
+    touches, and DeepGEMM-Ascend refuses FP4 weight scales above 2^121).
+``"special"``
+    Normal values, then :func:`inject_specials` puts NaN, +inf, -inf or -0.0 at one or two non-zero
+    positions of every data operand that can hold them (bf16, float32 and E4M3 tensors that are
+    not scale factors; E4M3 holds NaN and -0 only; packed FP4 and integer tensors hold none).
+    Zero elements are left alone: they are the padding rows and gaps the layouts leave, which
+    the kernels' contracts need to be zero.
+
+Everything is drawn from the case's own generator, so a specification (id, seed, keys,
+``values``) regenerates the same bytes: ``golden --spec`` reproduces a property-test case.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["VALUE_MODES", "ADVERSARIAL_REGIMES", "AdversarialGenerator", "generator_for", "perturb_scales",
+           "inject_specials", "apply_value_mode", "is_scale_name"]
+
+#: The value modes a specification's ``values`` key takes (the first is the default).
+VALUE_MODES = ("normal", "adversarial", "special")
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+_F32 = np.dtype(np.float32)
+_SCALE_NAME = re.compile(r"_sf(\.\d+)?$")
+#: The row regimes of :class:`AdversarialGenerator` and their shares of the rows.
+ADVERSARIAL_REGIMES = {"normal": 0.20, "small integers": 0.15, "cancelling pairs": 0.10, "duplicated pairs": 0.10,
+                       "scaled 2^-64..2^24": 0.20, "powers of two": 0.15, "zero": 0.05, "huge 2^60..2^63": 0.05}
+_REGIME_CUTS = np.cumsum(list(ADVERSARIAL_REGIMES.values()))[:-1]
+
+
+def is_scale_name(name: str) -> bool:
+    """Whether an input tensor holds scale factors (``a_sf``, ``x_sf.0``, ``shared_l1_sf``)."""
+    return bool(_SCALE_NAME.search(name))
+
+
+class AdversarialGenerator(np.random.Generator):
+    """A NumPy generator whose ``standard_normal`` draws adversarial rows (module docstring);
+    every other draw (integers, uniform, permutation, random) is the plain generator's."""
+
+    def standard_normal(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
+        if out is not None:  # pragma: no cover - the builders never pass out
+            raise TypeError("AdversarialGenerator.standard_normal: out= is not supported")
+        shape = () if size is None else ((size,) if isinstance(size, (int, np.integer)) else tuple(size))
+        base = super().standard_normal(shape, dtype=np.float32)
+        x = np.asarray(base, np.float32).reshape(-1, shape[-1] if shape else 1).copy()
+        rows, length = x.shape
+        regime = np.searchsorted(_REGIME_CUTS, self.random(rows), side="right")
+        small = self.integers(-8, 9, size=x.shape).astype(np.float32)
+        pow2 = np.ldexp(np.float32(1), self.integers(-24, 25, size=x.shape)).astype(np.float32)
+        sign = np.where(self.random(x.shape) < 0.5, np.float32(-1), np.float32(1))
+        row_exp = np.where(regime == 7, self.integers(60, 64, size=rows), self.integers(-64, 25, size=rows))
+        pairs = slice(0, length - length % 2, 2)
+        x[regime == 1] = small[regime == 1]
+        x[regime == 2, 1::2] = -x[regime == 2, pairs]
+        x[regime == 3, 1::2] = x[regime == 3, pairs]
+        scaled = (regime == 4) | (regime == 7)
+        x[scaled] = np.ldexp(x[scaled], row_exp[scaled, None]).astype(np.float32)
+        x[regime == 5] = (sign * pow2)[regime == 5]
+        x[regime == 6] = 0
+        out_arr = x.reshape(shape)
+        return out_arr.astype(dtype) if np.dtype(dtype) != _F32 else out_arr
+
+
+def generator_for(rng: np.random.Generator, mode: str) -> np.random.Generator:
+    """The generator a builder draws from under ``mode`` (same bit generator, same state)."""
+    if mode == "adversarial":
+        return AdversarialGenerator(rng.bit_generator)
+    return rng
+
+
+#: The largest UE8M0 byte a scale jumps to (2^73; see the module docstring).
+_MAX_JUMP = 200
+#: The largest byte a scale is moved to at all: DeepGEMM-Ascend refuses FP4 weight scales above
+#: 2^121 (exponent byte 248; ``transform_weights_for_mega_moe``).
+_MAX_BYTE = 248
+
+
+def _moved_bytes(rng: np.random.Generator, by: np.ndarray) -> np.ndarray:
+    """UE8M0 exponent bytes (int64) after the move: unchanged (half), a step in [-8, 8] (15 in
+    32), anywhere in [1, 200] (1 in 32); bytes outside [1, 248] (zero scales, NaN) stay."""
+    pick = rng.random(by.shape)
+    near = np.clip(by + rng.integers(-8, 9, size=by.shape), 1, _MAX_BYTE)
+    far = rng.integers(1, _MAX_JUMP + 1, size=by.shape)
+    moved = np.where(pick < 0.5, by, np.where(pick < 31 / 32, near, far))
+    return np.where((by >= 1) & (by <= _MAX_BYTE), moved, by)
+
+
+def perturb_scales(inputs: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Every scale-factor tensor multiplied element-wise by powers of two, staying in the normal
+    UE8M0 range (bytes 1 to 248); zero, NaN and out-of-range scales are left as they are (see
+    the module docstring)."""
+    out = dict(inputs)
+    for name in sorted(inputs):
+        x = inputs[name]
+        if not is_scale_name(name) or x.size == 0:
+            continue
+        if x.dtype == _F32:  # the float32 exponent field is the UE8M0 byte of a power of two
+            bits = np.ascontiguousarray(x).view(np.uint32)
+            exp = ((bits >> 23) & 0xFF).astype(np.int64)
+            new_exp = _moved_bytes(rng, exp).astype(np.uint32)
+            out[name] = ((bits & np.uint32(0x807FFFFF)) | (new_exp << np.uint32(23))).view(np.float32)
+        elif x.dtype in (np.dtype(np.int32), np.dtype(np.int16)):  # packed UE8M0 bytes
+            by = np.ascontiguousarray(x).view(np.uint8)
+            out[name] = _moved_bytes(rng, by.astype(np.int64)).astype(np.uint8).view(x.dtype).reshape(x.shape)
+    return out
+
+
+# Special values each data dtype can hold: (NaN, +inf, -inf, -0.0) or a subset.
+_SPECIALS: dict[np.dtype, tuple[float, ...]] = {
+    _BF16: (np.nan, np.inf, -np.inf, -0.0),
+    _F32: (np.nan, np.inf, -np.inf, -0.0),
+    _E4M3: (np.nan, -0.0),
+}
+
+
+def inject_specials(inputs: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """NaN / infinities / -0.0 at one or two non-zero positions of every data operand whose dtype
+    holds them (bf16, float32, E4M3; not scale factors, not packed or integer tensors)."""
+    out = dict(inputs)
+    for name in sorted(inputs):
+        x = inputs[name]
+        specials = _SPECIALS.get(x.dtype)
+        if specials is None or is_scale_name(name) or x.size == 0:
+            continue
+        flat = np.array(x, copy=True).reshape(-1)
+        nonzero = np.flatnonzero(flat.astype(np.float32) != 0)
+        if nonzero.size == 0:
+            continue
+        count = int(rng.integers(1, 3))
+        where = rng.choice(nonzero, size=min(count, nonzero.size), replace=False)
+        kinds = rng.integers(0, len(specials), size=where.size)
+        flat[np.sort(where)] = np.array([specials[int(k)] for k in kinds], np.float32).astype(x.dtype)
+        out[name] = flat.reshape(x.shape)
+    return out
+
+
+def apply_value_mode(inputs: Mapping[str, np.ndarray], rng: np.random.Generator, mode: str) -> dict[str, np.ndarray]:
+    """The finishing step of ``mode`` on a built case's inputs (drawn from the case's generator)."""
+    if mode == "adversarial":
+        return perturb_scales(inputs, rng)
+    if mode == "special":
+        return inject_specials(inputs, rng)
+    return dict(inputs)
