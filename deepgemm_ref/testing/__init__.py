@@ -1,4 +1,5 @@
-"""DeepGEMM's testing helpers (``deep_gemm.testing``), DeepGEMM-Ascend's, and a ULP-distance helper.
+"""DeepGEMM's testing helpers (``deep_gemm.testing``), DeepGEMM-Ascend's, a ULP-distance helper and
+``assert_matches_golden`` (a device's outputs of a golden case against its goldens).
 
 ``calc_diff``, ``count_bytes`` and ``assert_bitwise_equal`` keep DeepGEMM's names, signatures
 and results; they accept NumPy arrays and torch CPU tensors.  Timing helpers measure wall-clock
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import numeric, utils  # noqa: F401  (sub-modules)
+from .assertions import assert_matches_golden
 from .numeric import assert_bitwise_equal, calc_diff, count_bytes, ulp_distance
 from .utils import get_arch_major, ignore_env, test_filter
 
@@ -28,6 +30,7 @@ __all__ = [
     "count_bytes",
     "assert_bitwise_equal",
     "ulp_distance",
+    "assert_matches_golden",
     "bench",
     "empty_suppress",
     "suppress_stdout_stderr",
