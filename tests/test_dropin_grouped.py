@@ -1,9 +1,11 @@
 """Drop-in scripts for the grouped GEMMs, written the way DeepGEMM's and DeepGEMM-Ascend's tests are.
 
 m-grouped contiguous (m_indices with -1 padding rows, and psum end offsets), m-grouped masked and
-k-grouped GEMMs, BF16, FP8 and FP8 x FP4.  Torch CPU tensors, ``import deepgemm_ref as deep_gemm``,
+k-grouped GEMMs, BF16, FP8 and FP8 x FP4.  Torch tensors,
 inputs made with ``deep_gemm.utils``, the kernel writing into ``d``, ``calc_diff`` against a float32
-reference from the unquantised operands.  Only the import line would differ against the real library.
+reference from the unquantised operands.  The module is the ``deep_gemm`` fixture of deepgemm_ref's
+pytest plugin: this file runs against the emulator, or unchanged against the real library with
+``--dg-backend real`` (each test variant for another arch than the device's is skipped).
 """
 
 from __future__ import annotations
@@ -15,18 +17,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the drop-in scripts use torch tensors, like DeepGEMM's tests")
 pytestmark = pytest.mark.torch
 
-import deepgemm_ref as deep_gemm  # noqa: E402  (the one changed line: `import deep_gemm`)
-from deepgemm_ref.testing import calc_diff, count_bytes, get_arch_major  # noqa: E402
-from deepgemm_ref.utils import (  # noqa: E402
-    align,
-    ceil_div,
-    get_mk_alignment_for_contiguous_layout,
-    per_block_cast_to_fp8,
-    per_channel_cast_to_fp8,
-    per_token_cast_to_fp4,
-    per_token_cast_to_fp8,
-    transpose_packed_fp4,
-)
+
+def ceil_div(x: int, y: int) -> int:
+    return (x + y - 1) // y
+
+
+def align(x: int, y: int) -> int:
+    return ceil_div(x, y) * y
 
 
 def _randn(*shape, dtype=torch.bfloat16):
@@ -41,26 +38,27 @@ def _max_diff(fp4_b: bool) -> float:
 # input builders (scaled-down versions of the generators' recipes)
 # ---------------------------------------------------------------------------------------------
 
-def _cast_b_per_group(b: torch.Tensor, fp4: bool, use_ue8m0: bool, mn_major: bool = False):
+def _cast_b_per_group(dg, b: torch.Tensor, fp4: bool, use_ue8m0: bool, mn_major: bool = False):
     """B (G, N, K) bf16 -> (data, sf) per group: FP8 per 128x128 block, or FP4 per 32 along K."""
+    u = dg.utils
     groups, n, k = b.shape
     if fp4:
         data = torch.empty((groups, k, n // 2) if mn_major else (groups, n, k // 2), dtype=torch.int8)
         sf = torch.empty((groups, n, ceil_div(k, 32)), dtype=torch.float)
         for i in range(groups):
-            q, s = per_token_cast_to_fp4(b[i], use_ue8m0=use_ue8m0, gran_k=32)
-            data[i], sf[i] = (transpose_packed_fp4(q) if mn_major else q), s
+            q, s = u.per_token_cast_to_fp4(b[i], use_ue8m0=use_ue8m0, gran_k=32)
+            data[i], sf[i] = (u.transpose_packed_fp4(q) if mn_major else q), s
         return (data.mT, sf) if mn_major else (data, sf)
     data = torch.empty((groups, n, k), dtype=torch.float8_e4m3fn)
     sf = torch.empty((groups, ceil_div(n, 128), ceil_div(k, 128)), dtype=torch.float)
     for i in range(groups):
-        data[i], sf[i] = per_block_cast_to_fp8(b[i], use_ue8m0=use_ue8m0)
+        data[i], sf[i] = u.per_block_cast_to_fp8(b[i], use_ue8m0=use_ue8m0)
     return (data.mT.contiguous().mT, sf) if mn_major else (data, sf)
 
 
-def _m_grouped_contiguous(rng: random.Random, num_groups: int, expected_m: int, n: int, k: int, psum: bool):
+def _m_grouped_contiguous(dg, rng: random.Random, num_groups: int, expected_m: int, n: int, k: int, psum: bool):
     """A (M, K) with zero padding rows, B (G, N, K), the layout, and the float32 reference."""
-    alignment = get_mk_alignment_for_contiguous_layout()
+    alignment = dg.get_mk_alignment_for_contiguous_layout()
     actual_ms = [int(expected_m * rng.uniform(0.7, 1.3)) for _ in range(num_groups)]
     m = sum(align(x, alignment) for x in actual_ms)
     a = _randn(m, k)
@@ -108,70 +106,72 @@ _CONTIGUOUS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("arch,fp4_b,psum,zero_pad", _CONTIGUOUS_CASES)
-def test_m_grouped_contiguous_like_deepgemm(arch, fp4_b, psum, zero_pad):
+@pytest.mark.parametrize("dg_arch,fp4_b,psum,zero_pad", _CONTIGUOUS_CASES)
+def test_m_grouped_contiguous_like_deepgemm(deep_gemm, dg_arch, fp4_b, psum, zero_pad):
+    t, u = deep_gemm.testing, deep_gemm.utils
     rng = random.Random(0)
     torch.manual_seed(0)
     num_groups, expected_m, n, k = 4, 48, 256, 512
-    with deep_gemm.numerics(arch=arch):
-        use_ue8m0 = get_arch_major() == 10
-        deep_gemm.set_mk_alignment_for_contiguous_layout(deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout())
-        alignment = get_mk_alignment_for_contiguous_layout()
-        m, a, b, layout, ref_d, valid = _m_grouped_contiguous(rng, num_groups, expected_m, n, k, psum)
-        a_fp8 = per_token_cast_to_fp8(a, use_ue8m0=use_ue8m0)
-        b_q = _cast_b_per_group(b, fp4_b, use_ue8m0)
-        kw = {"recipe_a": (1, 128), "recipe_b": (1, 32)} if fp4_b else {}
-        d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
-        deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, b_q, d, layout, disable_ue8m0_cast=not use_ue8m0,
-                                                       use_psum_layout=psum, ensure_zero_padding=zero_pad, **kw)
-        if psum:
-            for j, (start, end) in enumerate(_group_ranges(layout, alignment)):
-                diff = calc_diff(d[start:end], ref_d[start:end])
-                assert diff < _max_diff(fp4_b), f"{arch=}, group {j}, {diff:.5f}"
-            if zero_pad:  # check_fp8_fp4_psum_zero_padding: zero A padding gives zero D padding
-                for end in layout.tolist():
-                    assert torch.equal(d[end:align(end, alignment)], torch.zeros_like(d[end:align(end, alignment)]))
-        else:
-            diff = calc_diff(d, ref_d)
-            assert diff < _max_diff(fp4_b), f"{arch=}, {m=}, {diff:.5f}"
-            assert torch.equal(d[~valid], torch.zeros_like(d[~valid]))  # -1 rows read as zero
-        assert count_bytes(a_fp8, b_q, d) > 0
+    use_ue8m0 = t.get_arch_major() == 10
+    deep_gemm.set_mk_alignment_for_contiguous_layout(deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout())
+    alignment = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    m, a, b, layout, ref_d, valid = _m_grouped_contiguous(deep_gemm, rng, num_groups, expected_m, n, k, psum)
+    a_fp8 = u.per_token_cast_to_fp8(a, use_ue8m0=use_ue8m0)
+    b_q = _cast_b_per_group(deep_gemm, b, fp4_b, use_ue8m0)
+    kw = {"recipe_a": (1, 128), "recipe_b": (1, 32)} if fp4_b else {}
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, b_q, d, layout, disable_ue8m0_cast=not use_ue8m0,
+                                                   use_psum_layout=psum, ensure_zero_padding=zero_pad, **kw)
+    if psum:
+        for j, (start, end) in enumerate(_group_ranges(layout, alignment)):
+            diff = t.calc_diff(d[start:end], ref_d[start:end])
+            assert diff < _max_diff(fp4_b), f"{dg_arch=}, group {j}, {diff:.5f}"
+        if zero_pad:  # check_fp8_fp4_psum_zero_padding: zero A padding gives zero D padding
+            for end in layout.tolist():
+                assert torch.equal(d[end:align(end, alignment)], torch.zeros_like(d[end:align(end, alignment)]))
+    else:
+        diff = t.calc_diff(d, ref_d)
+        assert diff < _max_diff(fp4_b), f"{dg_arch=}, {m=}, {diff:.5f}"
+        assert torch.equal(d[~valid], torch.zeros_like(d[~valid]))  # -1 rows read as zero
+    assert t.count_bytes(a_fp8, b_q, d) > 0
 
-        # Exact: each group's rows equal one dense GEMM on the same quantised operands
-        for j, (start, end) in enumerate(_group_ranges(layout, alignment, psum)):
-            dense = torch.empty((end - start, n), dtype=torch.bfloat16)
-            deep_gemm.fp8_fp4_gemm_nt((a_fp8[0][start:end], a_fp8[1][start:end]), (b_q[0][j], b_q[1][j]), dense,
-                                      disable_ue8m0_cast=not use_ue8m0, **kw)
-            assert torch.equal(d[start:end], dense), f"group {j}"
+    # Exact: each group's rows equal one dense GEMM on the same quantised operands
+    for j, (start, end) in enumerate(_group_ranges(layout, alignment, psum)):
+        dense = torch.empty((end - start, n), dtype=torch.bfloat16)
+        deep_gemm.fp8_fp4_gemm_nt((a_fp8[0][start:end], a_fp8[1][start:end]), (b_q[0][j], b_q[1][j]), dense,
+                                  disable_ue8m0_cast=not use_ue8m0, **kw)
+        assert torch.equal(d[start:end], dense), f"group {j}"
 
-        # The same layout through the BF16 kernel
-        d_bf16 = torch.empty((m, n), dtype=torch.bfloat16)
-        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_bf16, layout, use_psum_layout=psum)
-        assert calc_diff(d_bf16[valid], ref_d[valid]) < 1e-5
+    # The same layout through the BF16 kernel
+    d_bf16 = torch.empty((m, n), dtype=torch.bfloat16)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_bf16, layout, use_psum_layout=psum)
+    assert t.calc_diff(d_bf16[valid], ref_d[valid]) < 1e-5
 
 
+@pytest.mark.parametrize("dg_arch", ["sm100"])
 @pytest.mark.parametrize("fp4_b", [False, True])
-def test_m_grouped_nn_alias_like_deepgemm(fp4_b):
+def test_m_grouped_nn_alias_like_deepgemm(deep_gemm, dg_arch, fp4_b):
     """The NN alias: B MN-major, passed as (G, K, N) with its SFs transposed (test_alias=True)."""
+    t, u = deep_gemm.testing, deep_gemm.utils
     rng = random.Random(1)
     torch.manual_seed(1)
     num_groups, expected_m, n, k = 3, 40, 256, 256
     deep_gemm.set_mk_alignment_for_contiguous_layout(deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout())
-    m, a, b, layout, ref_d, valid = _m_grouped_contiguous(rng, num_groups, expected_m, n, k, False)
-    a_fp8 = per_token_cast_to_fp8(a, use_ue8m0=True)
+    m, a, b, layout, ref_d, valid = _m_grouped_contiguous(deep_gemm, rng, num_groups, expected_m, n, k, False)
+    a_fp8 = u.per_token_cast_to_fp8(a, use_ue8m0=True)
     kw = {"recipe_a": (1, 128), "recipe_b": (1, 32)} if fp4_b else {}
     d_nt = torch.empty((m, n), dtype=torch.bfloat16)
-    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, _cast_b_per_group(b, fp4_b, True), d_nt, layout, **kw)
-    b_mn = _cast_b_per_group(b, fp4_b, True, mn_major=True)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_fp8, _cast_b_per_group(deep_gemm, b, fp4_b, True), d_nt, layout, **kw)
+    b_mn = _cast_b_per_group(deep_gemm, b, fp4_b, True, mn_major=True)
     b_nn = (b_mn[0].mT, b_mn[1].mT)
     assert b_nn[0].is_contiguous()
     d_nn = torch.empty((m, n), dtype=torch.bfloat16)
     deep_gemm.m_grouped_fp8_fp4_gemm_nn_contiguous(a_fp8, b_nn, d_nn, layout, **kw)
-    assert calc_diff(d_nn, ref_d) < _max_diff(fp4_b)
+    assert t.calc_diff(d_nn, ref_d) < _max_diff(fp4_b)
     assert torch.equal(d_nn, d_nt)
     d_bf16 = torch.empty((m, n), dtype=torch.bfloat16)
     deep_gemm.m_grouped_bf16_gemm_nn_contiguous(a, b.mT.contiguous(), d_bf16, layout)
-    assert calc_diff(d_bf16, ref_d) < 1e-5
+    assert t.calc_diff(d_bf16, ref_d) < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,65 +190,65 @@ def _masked_to_psum(x: torch.Tensor, psum_m: torch.Tensor, alignment: int) -> to
     return out
 
 
-@pytest.mark.parametrize("arch,fp4_b", [("sm90", False), ("sm100", False), ("sm100", True)])
-def test_m_grouped_masked_like_deepgemm(arch, fp4_b):
+@pytest.mark.parametrize("dg_arch,fp4_b", [("sm90", False), ("sm100", False), ("sm100", True)])
+def test_m_grouped_masked_like_deepgemm(deep_gemm, dg_arch, fp4_b):
+    t, u = deep_gemm.testing, deep_gemm.utils
     rng = random.Random(2)
     torch.manual_seed(2)
     num_groups, max_m, expected_m, n, k = 4, 96, 40, 128, 384
-    with deep_gemm.numerics(arch=arch):
-        use_ue8m0 = get_arch_major() == 10
-        expected_m_hint = int(expected_m * 1.2)
-        deep_gemm.set_mk_alignment_for_contiguous_layout(
-            deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(expected_m_hint))
-        alignment = get_mk_alignment_for_contiguous_layout()
-        a = _randn(num_groups, max_m, k)
-        b = _randn(num_groups, n, k)
-        ref_d = torch.einsum("gmk,gnk->gmn", a.float(), b.float())
-        masked_m = torch.tensor([int(expected_m * rng.uniform(0.7, 1.3)) for _ in range(num_groups)], dtype=torch.int)
-        masked_m[1] = 0  # an idle expert
-        psum_m = torch.empty(num_groups, dtype=torch.int)
-        for j in range(num_groups):
-            psum_m[j] = (0 if j == 0 else align(int(psum_m[j - 1]), alignment)) + masked_m[j]
-        a_q = (torch.empty((num_groups, max_m, k), dtype=torch.float8_e4m3fn),
-               torch.empty((num_groups, max_m, ceil_div(k, 128)), dtype=torch.float))
-        for j in range(num_groups):
-            a_q[0][j], a_q[1][j] = per_token_cast_to_fp8(a[j], use_ue8m0=use_ue8m0)
-        b_q = _cast_b_per_group(b, fp4_b, use_ue8m0)
-        kw = {"recipe_a": (1, 128), "recipe_b": (1, 32)} if fp4_b else {}
+    use_ue8m0 = t.get_arch_major() == 10
+    expected_m_hint = int(expected_m * 1.2)
+    deep_gemm.set_mk_alignment_for_contiguous_layout(
+        deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(expected_m_hint))
+    alignment = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    a = _randn(num_groups, max_m, k)
+    b = _randn(num_groups, n, k)
+    ref_d = torch.einsum("gmk,gnk->gmn", a.float(), b.float())
+    masked_m = torch.tensor([int(expected_m * rng.uniform(0.7, 1.3)) for _ in range(num_groups)], dtype=torch.int)
+    masked_m[1] = 0  # an idle expert
+    psum_m = torch.empty(num_groups, dtype=torch.int)
+    for j in range(num_groups):
+        psum_m[j] = (0 if j == 0 else align(int(psum_m[j - 1]), alignment)) + masked_m[j]
+    a_q = (torch.empty((num_groups, max_m, k), dtype=torch.float8_e4m3fn),
+           torch.empty((num_groups, max_m, ceil_div(k, 128)), dtype=torch.float))
+    for j in range(num_groups):
+        a_q[0][j], a_q[1][j] = u.per_token_cast_to_fp8(a[j], use_ue8m0=use_ue8m0)
+    b_q = _cast_b_per_group(deep_gemm, b, fp4_b, use_ue8m0)
+    kw = {"recipe_a": (1, 128), "recipe_b": (1, 32)} if fp4_b else {}
 
-        # psum rebuild first (its gaps are uninitialised A and SFA rows, which must not be read)
-        a_psum = (_masked_to_psum(a_q[0], psum_m, alignment), _masked_to_psum(a_q[1], psum_m, alignment))
-        d_psum = torch.empty((num_groups * max_m, n), dtype=torch.bfloat16)
-        deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_psum, b_q, d_psum, psum_m, disable_ue8m0_cast=not use_ue8m0,
-                                                       use_psum_layout=True, expected_m_for_psum_layout=expected_m_hint,
-                                                       **kw)
-        for j in range(num_groups):  # zero SFA rows beyond masked_m, as the generator does
-            a_q[1][j, int(masked_m[j]):] = 0
-        d = torch.empty((num_groups, max_m, n), dtype=torch.bfloat16)
-        deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked(a_q, b_q, d, masked_m, expected_m_hint,
-                                                   disable_ue8m0_cast=not use_ue8m0, **kw)
-        for j in range(num_groups):
-            rows = int(masked_m[j])
-            if rows == 0:
-                continue
-            diff = calc_diff(d[j, :rows], ref_d[j, :rows])
-            assert diff < _max_diff(fp4_b), f"{arch=}, group {j}, masked_m={rows}, {diff:.5f}"
-            start = 0 if j == 0 else align(int(psum_m[j - 1]), alignment)
-            assert torch.equal(d_psum[start:int(psum_m[j])], d[j, :rows]), f"psum != masked, group {j}"
+    # psum rebuild first (its gaps are uninitialised A and SFA rows, which must not be read)
+    a_psum = (_masked_to_psum(a_q[0], psum_m, alignment), _masked_to_psum(a_q[1], psum_m, alignment))
+    d_psum = torch.empty((num_groups * max_m, n), dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(a_psum, b_q, d_psum, psum_m, disable_ue8m0_cast=not use_ue8m0,
+                                                   use_psum_layout=True, expected_m_for_psum_layout=expected_m_hint,
+                                                   **kw)
+    for j in range(num_groups):  # zero SFA rows beyond masked_m, as the generator does
+        a_q[1][j, int(masked_m[j]):] = 0
+    d = torch.empty((num_groups, max_m, n), dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked(a_q, b_q, d, masked_m, expected_m_hint,
+                                               disable_ue8m0_cast=not use_ue8m0, **kw)
+    for j in range(num_groups):
+        rows = int(masked_m[j])
+        if rows == 0:
+            continue
+        diff = t.calc_diff(d[j, :rows], ref_d[j, :rows])
+        assert diff < _max_diff(fp4_b), f"{dg_arch=}, group {j}, masked_m={rows}, {diff:.5f}"
+        start = 0 if j == 0 else align(int(psum_m[j - 1]), alignment)
+        assert torch.equal(d_psum[start:int(psum_m[j])], d[j, :rows]), f"psum != masked, group {j}"
 
-        d_bf16 = torch.empty((num_groups, max_m, n), dtype=torch.bfloat16)
-        deep_gemm.m_grouped_bf16_gemm_nt_masked(a, b, d_bf16, masked_m, expected_m_hint)
-        for j in range(num_groups):
-            rows = int(masked_m[j])
-            if rows:
-                assert calc_diff(d_bf16[j, :rows], ref_d[j, :rows]) < 1e-5
+    d_bf16 = torch.empty((num_groups, max_m, n), dtype=torch.bfloat16)
+    deep_gemm.m_grouped_bf16_gemm_nt_masked(a, b, d_bf16, masked_m, expected_m_hint)
+    for j in range(num_groups):
+        rows = int(masked_m[j])
+        if rows:
+            assert t.calc_diff(d_bf16[j, :rows], ref_d[j, :rows]) < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
 # DeepGEMM style: k-grouped (weight gradients)
 # ---------------------------------------------------------------------------------------------
 
-def _k_grouped_cast(x: torch.Tensor, real_ks, ends, gran_k: int):
+def _k_grouped_cast(dg, x: torch.Tensor, real_ks, ends, gran_k: int):
     """Each group cast per channel on its zero-padded rows: compact SF rows, ceil(k_g / gran_k) each."""
     q = torch.zeros(x.shape, dtype=torch.float8_e4m3fn)
     sfs = []
@@ -257,7 +257,7 @@ def _k_grouped_cast(x: torch.Tensor, real_ks, ends, gran_k: int):
             continue
         group = torch.zeros((align(kk, gran_k), x.shape[1]), dtype=x.dtype)
         group[:kk] = x[end - kk:end]
-        gq, gs = per_channel_cast_to_fp8(group, use_ue8m0=True, gran_k=gran_k)
+        gq, gs = dg.utils.per_channel_cast_to_fp8(group, use_ue8m0=True, gran_k=gran_k)
         q[end - kk:end] = gq[:kk]
         sfs.append(gs)
     return q, (torch.cat(sfs) if sfs else torch.empty((0, x.shape[1]), dtype=torch.float))
@@ -287,7 +287,9 @@ def _k_grouped_case(real_ks, k_alignment: int, m: int, n: int, psum: bool):
 
 @pytest.mark.parametrize("gran_k,k_alignment", [(32, 32), (32, 128), (128, 128), (128, 224)])
 @pytest.mark.parametrize("psum", [False, True])
-def test_k_grouped_fp8_like_deepgemm(gran_k, k_alignment, psum):
+@pytest.mark.parametrize("dg_arch", ["sm100"])
+def test_k_grouped_fp8_like_deepgemm(deep_gemm, dg_arch, gran_k, k_alignment, psum):
+    t = deep_gemm.testing
     rng = random.Random(3)
     torch.manual_seed(3)
     num_groups, m, n, expected_k = 4, 64, 96, 192
@@ -303,34 +305,35 @@ def test_k_grouped_fp8_like_deepgemm(gran_k, k_alignment, psum):
             real_ks = [align(kk, k_alignment) for kk in real_ks]
         aligned_ks = [align(kk, k_alignment) for kk in real_ks]
         a, b, c, ref_d, layout, ends = _k_grouped_case(real_ks, k_alignment, m, n, psum)
-        a_fp8, b_fp8 = _k_grouped_cast(a, real_ks, ends, gran_k), _k_grouped_cast(b, real_ks, ends, gran_k)
+        a_fp8, b_fp8 = _k_grouped_cast(deep_gemm, a, real_ks, ends, gran_k), _k_grouped_cast(deep_gemm, b, real_ks, ends, gran_k)
         for ks_cpu in ((aligned_ks, None, []) if psum else (aligned_ks,)):
             d = c.clone()
             deep_gemm.k_grouped_fp8_gemm_tn_contiguous(a_fp8, b_fp8, d, ks_cpu, layout, d, recipe=(1, 1, gran_k),
                                                        use_psum_layout=psum)
-            diff = calc_diff(d, ref_d)
+            diff = t.calc_diff(d, ref_d)
             assert diff < 0.001, f"{real_ks=}, {ks_cpu=}, {psum=}, {diff:.5f}"
             for g, kk in enumerate(real_ks):
                 if kk == 0:
                     assert torch.equal(d[g], c[g])  # an empty group keeps c
         d = c.clone()
         deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, aligned_ks, layout, d, use_psum_layout=psum)
-        assert calc_diff(d, ref_d) < 1e-5
+        assert t.calc_diff(d, ref_d) < 1e-5
 
 
-def test_k_grouped_fp8_sm90_flat_like_deepgemm():
+@pytest.mark.parametrize("dg_arch", ["sm90"])
+def test_k_grouped_fp8_sm90_flat_like_deepgemm(deep_gemm, dg_arch):
     """SM90: both operands K-major, each group's (MN, k_g) block flattened back to back, per-128 SFs."""
+    t = deep_gemm.testing
     torch.manual_seed(4)
     m, n, ks = 64, 128, [256, 128, 384]
-    with deep_gemm.numerics(arch="sm90"):
-        a, b, c, ref_d, layout, _ = _k_grouped_case(ks, 128, m, n, False)
-        a_fp8 = _k_grouped_cast(a, ks, layout.cumsum(0).tolist(), 128)
-        b_fp8 = _k_grouped_cast(b, ks, layout.cumsum(0).tolist(), 128)
-        flat_a = torch.cat([blk.T.flatten() for blk in a_fp8[0].split(ks)])
-        flat_b = torch.cat([blk.T.flatten() for blk in b_fp8[0].split(ks)])
-        d = c.clone()
-        deep_gemm.k_grouped_fp8_gemm_nt_contiguous((flat_a, a_fp8[1].T), (flat_b, b_fp8[1].T), d, ks, layout, d)
-        assert calc_diff(d, ref_d) < 0.001
+    a, b, c, ref_d, layout, _ = _k_grouped_case(ks, 128, m, n, False)
+    a_fp8 = _k_grouped_cast(deep_gemm, a, ks, layout.cumsum(0).tolist(), 128)
+    b_fp8 = _k_grouped_cast(deep_gemm, b, ks, layout.cumsum(0).tolist(), 128)
+    flat_a = torch.cat([blk.T.flatten() for blk in a_fp8[0].split(ks)])
+    flat_b = torch.cat([blk.T.flatten() for blk in b_fp8[0].split(ks)])
+    d = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((flat_a, a_fp8[1].T), (flat_b, b_fp8[1].T), d, ks, layout, d)
+    assert t.calc_diff(d, ref_d) < 0.001
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,58 +366,61 @@ def _ascend_psum_case(sizes, n: int, k: int, num_rows_extra: int = 0):
 
 @pytest.mark.parametrize("fp4_b", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float])
-def test_ascend_m_grouped_psum_alpha_per32(fp4_b, out_dtype):
+@pytest.mark.parametrize("dg_arch", ["ascend950"])
+def test_ascend_m_grouped_psum_alpha_per32(deep_gemm, dg_arch, fp4_b, out_dtype):
+    t, u = deep_gemm.testing, deep_gemm.utils
     torch.manual_seed(5)
     n, k, alpha = 256, 512, 0.75
-    with deep_gemm.numerics(arch="ascend950"):
-        assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
-        a, b, ends, ranges, valid = _ascend_psum_case([100, 0, 300, 17], n, k)
-        m = a.shape[0]
-        a_q = per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32)
-        sfa = deep_gemm.transform_sf_into_required_layout(a_q[1], m, k, (1, 1, 32), is_sfa=True)
-        assert sfa.dtype == torch.int16
-        if fp4_b:
-            b_q = (torch.empty((b.shape[0], n, k // 2), dtype=torch.int8), torch.empty((b.shape[0], n, k // 32)))
-            for g in range(b.shape[0]):
-                b_q[0][g], b_q[1][g] = per_token_cast_to_fp4(b[g], use_ue8m0=True, gran_k=32)
-        else:
-            b_q = (torch.empty((b.shape[0], n, k), dtype=torch.float8_e4m3fn), torch.empty((b.shape[0], n, k // 32)))
-            for g in range(b.shape[0]):
-                b_q[0][g], b_q[1][g] = per_token_cast_to_fp8(b[g], use_ue8m0=True, gran_k=32)
-        sfb = deep_gemm.transform_sf_into_required_layout(b_q[1], n, k, (1, 1, 32), num_groups=b.shape[0], is_sfa=False)
-        d = torch.full((m, n), float("nan"), dtype=out_dtype)
-        deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((a_q[0], sfa), (b_q[0], sfb), d, ends,
-                                                       epilogue=deep_gemm.epilogue.Alpha(alpha))
-        for g, (start, end) in enumerate(ranges):
-            if end > start:
-                ref = alpha * (a[start:end].float() @ b[g].float().t())
-                diff = calc_diff(d[start:end], ref)
-                assert diff < _max_diff(fp4_b), f"group {g}, {diff:.5f}"
-                # Exact: the same rows through the dense kernel with the same scales and alpha
-                dense = torch.empty((end - start, n), dtype=out_dtype)
-                deep_gemm.fp8_fp4_gemm_nt((a_q[0][start:end], a_q[1][start:end]), (b_q[0][g], b_q[1][g]), dense,
-                                          alpha=alpha)
-                assert torch.equal(d[start:end], dense), f"group {g}"
-        # every row of the computed 256-row blocks outside the groups holds A_pad @ B_g = 0
-        assert torch.equal(d[~valid], torch.zeros_like(d[~valid]))
+    assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
+    a, b, ends, ranges, valid = _ascend_psum_case([100, 0, 300, 17], n, k)
+    m = a.shape[0]
+    a_q = u.per_token_cast_to_fp8(a, use_ue8m0=True, gran_k=32)
+    sfa = deep_gemm.transform_sf_into_required_layout(a_q[1], m, k, (1, 1, 32), is_sfa=True)
+    assert sfa.dtype == torch.int16
+    if fp4_b:
+        b_q = (torch.empty((b.shape[0], n, k // 2), dtype=torch.int8), torch.empty((b.shape[0], n, k // 32)))
+        for g in range(b.shape[0]):
+            b_q[0][g], b_q[1][g] = u.per_token_cast_to_fp4(b[g], use_ue8m0=True, gran_k=32)
+    else:
+        b_q = (torch.empty((b.shape[0], n, k), dtype=torch.float8_e4m3fn), torch.empty((b.shape[0], n, k // 32)))
+        for g in range(b.shape[0]):
+            b_q[0][g], b_q[1][g] = u.per_token_cast_to_fp8(b[g], use_ue8m0=True, gran_k=32)
+    sfb = deep_gemm.transform_sf_into_required_layout(b_q[1], n, k, (1, 1, 32), num_groups=b.shape[0], is_sfa=False)
+    d = torch.full((m, n), float("nan"), dtype=out_dtype)
+    deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous((a_q[0], sfa), (b_q[0], sfb), d, ends,
+                                                   epilogue=deep_gemm.epilogue.Alpha(alpha))
+    for g, (start, end) in enumerate(ranges):
+        if end > start:
+            ref = alpha * (a[start:end].float() @ b[g].float().t())
+            diff = t.calc_diff(d[start:end], ref)
+            assert diff < _max_diff(fp4_b), f"group {g}, {diff:.5f}"
+            # Exact: the same rows through the dense kernel with the same scales and alpha
+            dense = torch.empty((end - start, n), dtype=out_dtype)
+            deep_gemm.fp8_fp4_gemm_nt((a_q[0][start:end], a_q[1][start:end]), (b_q[0][g], b_q[1][g]), dense,
+                                      alpha=alpha)
+            assert torch.equal(d[start:end], dense), f"group {g}"
+    # every row of the computed 256-row blocks outside the groups holds A_pad @ B_g = 0
+    assert torch.equal(d[~valid], torch.zeros_like(d[~valid]))
 
-        # BF16 with the Identity epilogue, and float32 output with alpha
-        d_bf16 = torch.empty((m, n), dtype=out_dtype)
-        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_bf16, ends, epilogue=deep_gemm.epilogue.Identity())
-        d_alpha = torch.empty((m, n), dtype=out_dtype)
-        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_alpha, ends, epilogue=deep_gemm.epilogue.Alpha(-2.0))
-        for g, (start, end) in enumerate(ranges):
-            if end > start:
-                ref = a[start:end].float() @ b[g].float().t()
-                assert calc_diff(d_bf16[start:end], ref) < 1e-5
-                assert calc_diff(d_alpha[start:end], -2.0 * ref) < 1e-5
-        if out_dtype == torch.float:  # exact power-of-two alpha on float32 output
-            assert torch.equal(d_alpha[valid], -2.0 * d_bf16[valid])
+    # BF16 with the Identity epilogue, and float32 output with alpha
+    d_bf16 = torch.empty((m, n), dtype=out_dtype)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_bf16, ends, epilogue=deep_gemm.epilogue.Identity())
+    d_alpha = torch.empty((m, n), dtype=out_dtype)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d_alpha, ends, epilogue=deep_gemm.epilogue.Alpha(-2.0))
+    for g, (start, end) in enumerate(ranges):
+        if end > start:
+            ref = a[start:end].float() @ b[g].float().t()
+            assert t.calc_diff(d_bf16[start:end], ref) < 1e-5
+            assert t.calc_diff(d_alpha[start:end], -2.0 * ref) < 1e-5
+    if out_dtype == torch.float:  # exact power-of-two alpha on float32 output
+        assert torch.equal(d_alpha[valid], -2.0 * d_bf16[valid])
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float])
-def test_ascend_k_grouped_psum_alpha(out_dtype):
+@pytest.mark.parametrize("dg_arch", ["ascend950"])
+def test_ascend_k_grouped_psum_alpha(deep_gemm, dg_arch, out_dtype):
     """k-grouped: a (K, M), b (K, N), SFs in the data's orientation indexed by absolute K, c is d."""
+    t, u = deep_gemm.testing, deep_gemm.utils
     torch.manual_seed(6)
     m, n, alpha = 64, 128, 0.5
     real_ks = [200, 0, 256, 90]
@@ -431,31 +437,30 @@ def test_ascend_k_grouped_psum_alpha(out_dtype):
         a[end - kk:end], b[end - kk:end] = _randn(kk, m), _randn(kk, n)
         ranges.append((end - kk, end))
     layout = torch.tensor(ends, dtype=torch.int32)
-    with deep_gemm.numerics(arch="ascend950"):
-        a_q = per_token_cast_to_fp8(a.T.contiguous(), use_ue8m0=True, gran_k=32)  # (M, K), per 32 along K
-        b_q = per_token_cast_to_fp8(b.T.contiguous(), use_ue8m0=True, gran_k=32)
-        int16_sfs = (deep_gemm.transform_sf_into_required_layout(a_q[1], m, total_k, (1, 1, 32), is_sfa=True),
-                     deep_gemm.transform_sf_into_required_layout(b_q[1], n, total_k, (1, 1, 32), is_sfa=False))
-        results = []
-        for use_int16 in (False, True):  # float32 powers of two, or int16 UE8M0 pairs
-            sa, sb = int16_sfs if use_int16 else (a_q[1], b_q[1])
-            d = c.clone()
-            deep_gemm.k_grouped_fp8_gemm_tn_contiguous((a_q[0].T.contiguous(), sa.T), (b_q[0].T.contiguous(), sb.T),
-                                                       d, None, layout, d, epilogue=deep_gemm.epilogue.Alpha(alpha))
-            for g, (k0, k1) in enumerate(ranges):
-                if k1 == k0:
-                    assert torch.equal(d[g], c[g])  # an empty group keeps c bit for bit
-                    continue
-                ref = c[g].float() + alpha * (a[k0:k1].float().T @ b[k0:k1].float())
-                diff = calc_diff(d[g], ref)
-                assert diff < 0.001, f"group {g}, {use_int16=}, {diff:.5f}"
-            results.append(d)
-        assert torch.equal(results[0], results[1])
+    a_q = u.per_token_cast_to_fp8(a.T.contiguous(), use_ue8m0=True, gran_k=32)  # (M, K), per 32 along K
+    b_q = u.per_token_cast_to_fp8(b.T.contiguous(), use_ue8m0=True, gran_k=32)
+    int16_sfs = (deep_gemm.transform_sf_into_required_layout(a_q[1], m, total_k, (1, 1, 32), is_sfa=True),
+                 deep_gemm.transform_sf_into_required_layout(b_q[1], n, total_k, (1, 1, 32), is_sfa=False))
+    results = []
+    for use_int16 in (False, True):  # float32 powers of two, or int16 UE8M0 pairs
+        sa, sb = int16_sfs if use_int16 else (a_q[1], b_q[1])
         d = c.clone()
-        deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, real_ks, layout, d, epilogue=deep_gemm.epilogue.Alpha(alpha))
+        deep_gemm.k_grouped_fp8_gemm_tn_contiguous((a_q[0].T.contiguous(), sa.T), (b_q[0].T.contiguous(), sb.T),
+                                                   d, None, layout, d, epilogue=deep_gemm.epilogue.Alpha(alpha))
         for g, (k0, k1) in enumerate(ranges):
             if k1 == k0:
-                assert torch.equal(d[g], c[g])
-            else:
-                ref = c[g].float() + alpha * (a[k0:k1].float().T @ b[k0:k1].float())
-                assert calc_diff(d[g], ref) < 1e-5
+                assert torch.equal(d[g], c[g])  # an empty group keeps c bit for bit
+                continue
+            ref = c[g].float() + alpha * (a[k0:k1].float().T @ b[k0:k1].float())
+            diff = t.calc_diff(d[g], ref)
+            assert diff < 0.001, f"group {g}, {use_int16=}, {diff:.5f}"
+        results.append(d)
+    assert torch.equal(results[0], results[1])
+    d = c.clone()
+    deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, real_ks, layout, d, epilogue=deep_gemm.epilogue.Alpha(alpha))
+    for g, (k0, k1) in enumerate(ranges):
+        if k1 == k0:
+            assert torch.equal(d[g], c[g])
+        else:
+            ref = c[g].float() + alpha * (a[k0:k1].float().T @ b[k0:k1].float())
+            assert t.calc_diff(d[g], ref) < 1e-5

@@ -1,0 +1,345 @@
+"""The pytest plugin of deepgemm_ref (entry point ``pytest11``: ``deepgemm_ref.pytest_plugin``):
+one test file for the emulator and for the real library, and golden bundles as test items.
+
+Options (each also an environment variable):
+
+``--dg-backend emulator|real`` (``DG_BACKEND``; default ``emulator``)
+    What the ``deep_gemm`` fixture yields: this package, or the real library
+    (``import deep_gemm``; tests using it are skipped, with the import error as the reason, where
+    it cannot be imported).
+``--dg-module NAME`` (``DG_MODULE``; default ``deep_gemm``)
+    The real library's module (a stand-in module for testing the tests).
+``--dg-device DEVICE`` (``DG_DEVICE``)
+    The ``dg_device`` fixture: ``cpu`` for the emulator; for the real library ``cuda`` where
+    torch sees a CUDA device, else ``npu`` where torch_npu does, else ``cpu``.
+``--dg-arch PROFILE`` (``DG_ARCH``)
+    The emulator's profile for tests that do not choose one (default: the package's, ``sm100``).
+``--dg-bundle PATH`` (repeatable)
+    Every case of the golden bundle at PATH becomes a test item ``PATH/manifest.json::<case id>``:
+    replayed through the backend (the same path as ``deepgemm-ref replay``) and checked (as
+    ``deepgemm-ref check``); a failure shows the checker's message.  Without test paths on the
+    command line only the bundles' items are collected.  Works with ``--junitxml``.
+    ``--dg-lambda``, ``--dg-u-acc`` (``2^-13`` or a number) and ``--dg-strict`` set the checker.
+
+Fixtures (session-scoped, so hypothesis ``@given`` tests take them): ``deep_gemm`` (the module
+under test), ``dg_backend`` (``"emulator"`` or ``"real"``), ``dg_device``, ``dg_arch`` (``None``;
+parametrize it, ``@pytest.mark.parametrize("dg_arch", ["sm90", "sm100"])``, to run a test under
+each profile: the emulator switches to it around the test's call, the real library skips the
+variants its device is not), and ``dg_group`` (``dg_group(num_ranks)`` -> ``rank(r)``, the process
+group of each expert-parallel rank of a Mega MoE test: the emulator's ``EmulatedGroup``; the real
+library takes one rank of an initialised one-process ``torch.distributed`` group, other tests
+skip).  Under the real backend a test using ``deep_gemm`` also has ``dg_device`` as torch's
+default device during its call, so tensors it creates land on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["BundleFile", "BundleItem", "CaseMismatch", "backend_module", "default_device"]
+
+_BACKENDS = ("emulator", "real")
+_BUNDLES = pytest.StashKey[dict[str, Path]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("deepgemm_ref", "deepgemm_ref: the DeepGEMM module under test and golden bundles")
+    group.addoption("--dg-backend", choices=_BACKENDS, default=None,
+                    help="the deep_gemm fixture's module: emulator (deepgemm_ref, default) or real (import deep_gemm); "
+                         "env DG_BACKEND")
+    group.addoption("--dg-module", default=None,
+                    help="the real library's module name (default deep_gemm); env DG_MODULE")
+    group.addoption("--dg-device", default=None,
+                    help="the dg_device fixture: cpu, cuda, npu (default: cpu for the emulator, the available device "
+                         "for the real library); env DG_DEVICE")
+    group.addoption("--dg-arch", default=None,
+                    help="the emulator's profile for tests that do not choose one (sm90, sm100, ascend950); "
+                         "env DG_ARCH")
+    group.addoption("--dg-bundle", action="append", default=[], metavar="PATH",
+                    help="a golden bundle whose cases become test items (repeatable)")
+    group.addoption("--dg-lambda", type=float, default=None, help="the checker's lambda for --dg-bundle items")
+    group.addoption("--dg-u-acc", default=None, help="the checker's u_acc for --dg-bundle items (2^-13 or a number)")
+    group.addoption("--dg-strict", action="store_true", default=False,
+                    help="--dg-bundle items: elements between the probabilistic and the hard bound fail")
+
+
+def _option(config: pytest.Config, name: str, env: str) -> Any:
+    value = config.getoption(name, default=None)
+    return value if value not in (None, "") else (os.environ.get(env) or None)
+
+
+def _backend(config: pytest.Config) -> str:
+    value = _option(config, "--dg-backend", "DG_BACKEND") or "emulator"
+    if value not in _BACKENDS:
+        raise pytest.UsageError(f"--dg-backend / DG_BACKEND: expected emulator or real; got {value!r}")
+    return str(value)
+
+
+def backend_module(config: pytest.Config) -> Any:
+    """The module under test (this package, or the real library; ``pytest.skip`` where it cannot
+    be imported)."""
+    if _backend(config) == "emulator":
+        import deepgemm_ref
+
+        return deepgemm_ref
+    name = _option(config, "--dg-module", "DG_MODULE") or "deep_gemm"
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install the library on its device host, or "
+                    "run with --dg-backend emulator")
+    except Exception as e:  # a library that fails while importing (no device, a driver error)
+        pytest.skip(f"--dg-backend real: importing {name!r} failed ({type(e).__name__}: {e})")
+
+
+def default_device(config: pytest.Config) -> str:
+    """``--dg-device`` / ``DG_DEVICE``, else ``cpu`` for the emulator and the available torch
+    device for the real library."""
+    given = _option(config, "--dg-device", "DG_DEVICE")
+    if given:
+        return str(given)
+    if _backend(config) == "emulator":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    npu = getattr(torch, "npu", None)
+    if npu is not None and getattr(npu, "is_available", lambda: False)():
+        return "npu"
+    return "cpu"
+
+
+def _device_arch(device: str) -> str | None:
+    """The profile name of the real library's device, where it can be told."""
+    if device.startswith("npu"):
+        return "ascend950"
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            major = torch.cuda.get_device_capability()[0]
+        except Exception:  # no CUDA runtime
+            return None
+        return {9: "sm90", 10: "sm100"}.get(int(major))
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    backend = _backend(config)
+    module = "deepgemm_ref" if backend == "emulator" else (_option(config, "--dg-module", "DG_MODULE") or "deep_gemm")
+    return f"deepgemm_ref: backend {backend} ({module}), device {default_device(config)}"
+
+
+@pytest.fixture(scope="session")
+def dg_backend(request: pytest.FixtureRequest) -> str:
+    """``"emulator"`` or ``"real"`` (``--dg-backend`` / ``DG_BACKEND``)."""
+    return _backend(request.config)
+
+
+@pytest.fixture(scope="session")
+def dg_device(request: pytest.FixtureRequest) -> str:
+    """The torch device the module under test computes on (``--dg-device`` / ``DG_DEVICE``)."""
+    return default_device(request.config)
+
+
+@pytest.fixture(scope="session")
+def dg_arch() -> str | None:
+    """The profile a test runs under; ``None`` unless the test parametrizes ``dg_arch``."""
+    return None
+
+
+@pytest.fixture(scope="session")
+def deep_gemm(request: pytest.FixtureRequest) -> Any:
+    """The module under test: this package (the emulator) or the real library (the tests that
+    use it are skipped where it cannot be imported).  Session-scoped, so hypothesis tests take
+    it; the profile (``dg_arch``) is set around each test's call."""
+    return backend_module(request.config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """Around the call of a test that uses ``deep_gemm`` (after every fixture's setup, so a
+    conftest's reset of the emulator's settings comes first): the emulator runs under the test's
+    ``dg_arch`` (or ``--dg-arch``); the real library skips another arch's variant and has
+    ``dg_device`` as torch's default device."""
+    args: dict[str, Any] = pyfuncitem.funcargs
+    if "deep_gemm" not in args:
+        return (yield)
+    config = pyfuncitem.config
+    arch = args.get("dg_arch")
+    if _backend(config) == "emulator":
+        arch = arch or _option(config, "--dg-arch", "DG_ARCH")
+        ctx: Any = args["deep_gemm"].numerics(arch=arch) if arch else contextlib.nullcontext()
+    else:
+        device = str(args.get("dg_device") or default_device(config))
+        actual = _device_arch(device) if arch else None
+        if actual is not None and actual != arch:
+            pytest.skip(f"a test variant for {arch}; the device {device} is {actual}")
+        ctx = _default_torch_device(device)
+    with ctx:
+        return (yield)
+
+
+@contextlib.contextmanager
+def _default_torch_device(device: str) -> Iterator[None]:
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    if device == "cpu" or not hasattr(torch, "set_default_device"):
+        yield
+        return
+    previous = torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(previous)
+
+
+@pytest.fixture(scope="session")
+def dg_group(deep_gemm: Any, dg_backend: str) -> Callable[[int], Callable[[int], Any]]:
+    """``dg_group(num_ranks)`` -> ``rank(r)``: the process group of expert-parallel rank ``r``."""
+
+    def make(num_ranks: int) -> Callable[[int], Any]:
+        if dg_backend == "emulator":
+            return deep_gemm.mega.EmulatedGroup(num_ranks).rank
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            pytest.skip("a Mega MoE test needs torch.distributed for the real library")
+        if num_ranks == 1 and dist.is_available() and dist.is_initialized() and dist.get_world_size() == 1:
+            return lambda r: dist.group.WORLD
+        pytest.skip(f"{num_ranks} expert-parallel ranks in one process are emulated only; the real library needs one "
+                    "process per rank (torch.distributed), or one rank with an initialised one-process group")
+
+    return make
+
+
+# ----------------------------------------------------------------------------------------------
+# --dg-bundle: every case of a bundle is a test item
+# ----------------------------------------------------------------------------------------------
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "dg_bundle_case: a case of a golden bundle (--dg-bundle)")
+    manifests: dict[str, Path] = {}
+    for given in config.getoption("--dg-bundle", default=None) or []:
+        root = Path(given).expanduser().resolve()
+        manifest = root / "manifest.json"
+        if not manifest.is_file():
+            raise pytest.UsageError(f"--dg-bundle {given}: not a golden bundle (no manifest.json in {root})")
+        manifests[str(manifest)] = manifest
+    config.stash[_BUNDLES] = manifests
+    if not manifests:
+        return
+    explicit = getattr(config, "args_source", None) == pytest.Config.ArgsSource.ARGS
+    if explicit:
+        config.args.extend(str(m) for m in manifests.values())
+    else:  # only the bundles' items
+        config.args[:] = [str(m) for m in manifests.values()]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    manifests = parent.config.stash.get(_BUNDLES, {})
+    if str(file_path.resolve()) in manifests:
+        return BundleFile.from_parent(parent, path=file_path)
+    return None
+
+
+class CaseMismatch(AssertionError):
+    """A bundle case whose replay does not match its goldens (the message is the checker's)."""
+
+
+class _CaseFailed(Exception):
+    """A bundle case that could not be replayed or loaded (the message says why)."""
+
+
+class BundleFile(pytest.File):
+    """A golden bundle's manifest: one :class:`BundleItem` per case."""
+
+    def collect(self) -> Iterator[BundleItem]:
+        from .golden.bundle import BundleError, load_bundle
+
+        try:
+            self.bundle = load_bundle(self.path.parent)
+        except BundleError as e:
+            raise self.CollectError(f"--dg-bundle {self.path.parent}: {e}") from None
+        for case_id in list(self.bundle.cases) + list(self.bundle.incomplete):
+            yield BundleItem.from_parent(self, name=case_id, case_id=case_id)
+
+
+class BundleItem(pytest.Item):
+    """One case of a bundle: replayed through the backend and checked against its goldens."""
+
+    def __init__(self, *, case_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case_id = case_id
+        self.add_marker("dg_bundle_case")
+
+    def runtest(self) -> None:
+        from .errors import DGArgumentError
+        from .golden.bundle import BundleError
+        from .golden.case import Case
+
+        parent = self.parent
+        assert isinstance(parent, BundleFile)
+        bundle = parent.bundle
+        if self.case_id not in bundle.cases:
+            raise _CaseFailed(f"case {self.case_id!r} was not generated (the bundle is incomplete; "
+                              "deepgemm-ref golden --resume finishes it)")
+        module = backend_module(self.config)
+        real = _backend(self.config) == "real"
+        entry = bundle.cases[self.case_id]
+        ranks = (entry.get("driver") or {}).get("ranks", 1)
+        if real and ranks != 1:
+            pytest.skip(f"a Mega MoE case with {ranks} ranks replays through the emulator only (one process per rank "
+                        "is not driven here)")
+        try:
+            case = Case.from_bundle(bundle.case(self.case_id))
+        except BundleError as e:
+            raise _CaseFailed(f"cannot load the case: {e}") from None
+        device = default_device(self.config) if real or _option(self.config, "--dg-device", "DG_DEVICE") else None
+        try:
+            outputs = case.call(module, device=device)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            what = str(e) if isinstance(e, DGArgumentError) else f"{type(e).__name__}: {e}"
+            raise _CaseFailed(f"{case.describe()}: the call failed: {what}") from e
+        result = case.compare(outputs, **self._checker_options())
+        if not result.ok:
+            raise CaseMismatch(result.message())
+
+    def _checker_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"strict": bool(self.config.getoption("--dg-strict", default=False))}
+        lam = self.config.getoption("--dg-lambda", default=None)
+        if lam is not None:
+            opts["lam"] = lam
+        u = self.config.getoption("--dg-u-acc", default=None)
+        if u is not None:
+            text = str(u).replace("**", "^")
+            try:
+                opts["u_acc"] = 2.0 ** float(text[2:]) if text.startswith("2^") else float(text)
+            except ValueError:
+                raise pytest.UsageError(f"--dg-u-acc: expected a number or 2^e; got {u!r}") from None
+        return opts
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, (CaseMismatch, _CaseFailed)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"golden case {self.case_id}"
