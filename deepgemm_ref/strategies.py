@@ -286,17 +286,22 @@ def _profile_plan(plan: _Plan, profile: str) -> tuple[_ProfilePlan | None, str]:
         if not _reads(key, kernel, profile):
             return None, f"key {name!r} is not read by {kernel} under {profile}"
     base = _validate(schema, kernel, profile, fixed)
-    cat_keys = [k for k in schema.keys if k.name not in fixed and _reads(k, kernel, profile)
-                and _categorical(k, kernel, profile)]
-    domains = []
-    for key in cat_keys:
+    cat_keys, domains = [], []
+    for key in schema.keys:
+        if key.name in fixed or not _reads(key, kernel, profile) or not _categorical(key, kernel, profile):
+            continue
         dom = _domain(key, kernel, profile)
         restrict = plan.fixed.get(key.name)
         if isinstance(restrict, _OneOf):
             dom = [v for v in dom if v in restrict.values]
+            if not dom:
+                return None, f"key {key.name!r} takes none of {list(restrict.values)} for {kernel} under {profile}"
+        elif not dom:
+            continue  # restrictions that exclude each other (sm90's E4M3-only rule for a BF16 kernel): the default
         if base is not None and key.name in base and base[key.name] in dom:
             dom.remove(base[key.name])
             dom.insert(0, base[key.name])
+        cat_keys.append(key)
         domains.append(dom)
     combos: list[dict[str, Any]] = []
     first_problem = ""

@@ -377,10 +377,11 @@ class Comparison:
                 if b is None:
                     lines.append(f"{where}, compared bit for bit, ULPs {_ulps(dv, gv, gold[name].dtype)}")
                 else:
-                    lines.append(f"{where}, allowed [{_fmt(b['pass'][0])}, {_fmt(b['pass'][1])}] (warn up to "
-                                 f"[{_fmt(b['warn'][0])}, {_fmt(b['warn'][1])}]), ULPs "
-                                 f"{_ulps(dv, gv, gold[name].dtype)}, exact accumulator {_fmt(b['acc'])}, "
-                                 f"S {b['S']:.3g}")
+                    warn = (f" (warns up to [{_fmt(b['warn'][0])}, {_fmt(b['warn'][1])}])"
+                            if b["warn"] != b["pass"] else "")
+                    lines.append(f"{where}, allowed [{_fmt(b['pass'][0])}, {_fmt(b['pass'][1])}]{warn}, ULPs "
+                                 f"{_ulps(dv, gv, gold[name].dtype)}; exact accumulator (before the epilogue) "
+                                 f"{_fmt(b['acc'])}, S {b['S']:.3g}")
             if rep.ulp_histogram:
                 hist = ", ".join(f"{k}: {v}" for k, v in rep.ulp_histogram.items() if v)
                 lines.append(f"  ULP distances to the golden: {hist}; calc_diff {rep.calc_diff:.3g}")

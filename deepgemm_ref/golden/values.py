@@ -11,9 +11,10 @@ ranks) and change the values only, so a case stays a valid call of its kernel:
     rows): standard normal; small integers in [-8, 8] (exact in bf16 and E4M3: accumulators land
     on rounding ties of the bf16 output); cancelling pairs (``x[2j + 1] = -x[2j]``, exactly
     zero sums against duplicated pairs); duplicated pairs; a row scaled by ``2^e``, ``e`` in
-    [-64, 24] (subnormal products and results); signed powers of two ``2^e``, ``e`` in [-24, 24]
-    per element (absorption, float32 ties); a zero row; and a huge row scaled by 2^60 to 2^63
-    (two of them meet next to the float32 / bf16 saturation bound, or past it).  DeepGEMM's
+    [-24, 24]; signed powers of two ``2^e``, ``e`` in [-24, 24] per element (absorption, float32
+    ties); a zero row; a huge row scaled by 2^60 to 2^63 (two of them meet next to the float32 /
+    bf16 saturation bound, or past it); and a tiny row scaled by 2^-75 to 2^-60 (two of them
+    give subnormal results).  DeepGEMM's
     quantisers then turn them into codes and scales (each row's amax maps to E4M3's saturation
     bound 448, or next to it under UE8M0).  After the build, :func:`perturb_scales` moves every
     scale factor (``*_sf`` tensors: float32, packed UE8M0 int32, int16 UE8M0 pairs) by a power
@@ -53,7 +54,8 @@ _F32 = np.dtype(np.float32)
 _SCALE_NAME = re.compile(r"_sf(\.\d+)?$")
 #: The row regimes of :class:`AdversarialGenerator` and their shares of the rows.
 ADVERSARIAL_REGIMES = {"normal": 0.20, "small integers": 0.15, "cancelling pairs": 0.10, "duplicated pairs": 0.10,
-                       "scaled 2^-64..2^24": 0.20, "powers of two": 0.15, "zero": 0.05, "huge 2^60..2^63": 0.05}
+                       "scaled 2^-24..2^24": 0.15, "powers of two": 0.15, "zero": 0.05, "huge 2^60..2^63": 0.05,
+                       "tiny 2^-75..2^-60": 0.05}
 _REGIME_CUTS = np.cumsum(list(ADVERSARIAL_REGIMES.values()))[:-1]
 
 
@@ -77,12 +79,14 @@ class AdversarialGenerator(np.random.Generator):
         small = self.integers(-8, 9, size=x.shape).astype(np.float32)
         pow2 = np.ldexp(np.float32(1), self.integers(-24, 25, size=x.shape)).astype(np.float32)
         sign = np.where(self.random(x.shape) < 0.5, np.float32(-1), np.float32(1))
-        row_exp = np.where(regime == 7, self.integers(60, 64, size=rows), self.integers(-64, 25, size=rows))
+        row_exp = np.select([regime == 7, regime == 8], [self.integers(60, 64, size=rows),
+                                                          self.integers(-75, -59, size=rows)],
+                            self.integers(-24, 25, size=rows))
         pairs = slice(0, length - length % 2, 2)
         x[regime == 1] = small[regime == 1]
         x[regime == 2, 1::2] = -x[regime == 2, pairs]
         x[regime == 3, 1::2] = x[regime == 3, pairs]
-        scaled = (regime == 4) | (regime == 7)
+        scaled = (regime == 4) | (regime >= 7)
         x[scaled] = np.ldexp(x[scaled], row_exp[scaled, None]).astype(np.float32)
         x[regime == 5] = (sign * pow2)[regime == 5]
         x[regime == 6] = 0
