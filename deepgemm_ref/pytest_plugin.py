@@ -137,7 +137,8 @@ def _device_arch(device: str) -> str | None:
 def pytest_report_header(config: pytest.Config) -> str:
     backend = _backend(config)
     module = "deepgemm_ref" if backend == "emulator" else (_option(config, "--dg-module", "DG_MODULE") or "deep_gemm")
-    return f"deepgemm_ref: backend {backend} ({module}), device {default_device(config)}"
+    device = _option(config, "--dg-device", "DG_DEVICE") or ("cpu" if backend == "emulator" else "auto")
+    return f"deepgemm_ref: backend {backend} ({module}), device {device}"
 
 
 @pytest.fixture(scope="session")
@@ -192,12 +193,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
 
 @contextlib.contextmanager
 def _default_torch_device(device: str) -> Iterator[None]:
+    if device == "cpu":
+        yield
+        return
     try:
         import torch
     except ImportError:
         yield
         return
-    if device == "cpu" or not hasattr(torch, "set_default_device"):
+    if not hasattr(torch, "set_default_device"):
         yield
         return
     previous = torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
