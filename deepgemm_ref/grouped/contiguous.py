@@ -31,7 +31,6 @@ from ..toolkit.args import (
     check_compiled_dims,
     int32_vector,
     is_contiguous,
-    opt_int_arg,
     transposed,
     transposed_pair,
 )
@@ -44,7 +43,8 @@ from ..toolkit.operands import (
     recipes,
     resolve_scales,
 )
-from ..toolkit.outputs import check_out
+from ..toolkit.outputs import check_out, input_view
+from ..toolkit.sizes import opt_size_arg
 
 __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
@@ -67,7 +67,7 @@ def _m_grouped_common(
 ) -> RowGroups:
     psum = bool_arg(func, "use_psum_layout", use_psum_layout)
     zero_pad = bool_arg(func, "ensure_zero_padding", ensure_zero_padding)
-    exp_m = opt_int_arg(func, "expected_m_for_psum_layout", expected_m)
+    exp_m = opt_size_arg(func, "expected_m_for_psum_layout", expected_m, minimum=None)
     if profile.rules.psum_only:
         if not psum:
             raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
@@ -129,7 +129,8 @@ def _m_grouped_fp8(
     groups, n = int(sb.groups or 0), sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", B)
-    check_out(dd, func, (m, n), rules.grouped_out_dtypes)
+    reads = (("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb), ("grouped_layout", input_view(grouped_layout)))
+    check_out(dd, func, (m, n), rules.grouped_out_dtypes, inputs=reads)
     _check_mnk(func, profile, n, k, groups, B)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
@@ -179,7 +180,8 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     groups, n, k2 = B.shape
     if k2 != k:
         raise arg_error(func, "b", f"shape (G, N, {k}) to match a", B)
-    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes)
+    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes,
+              inputs=(("a", A), ("b", B), ("grouped_layout", input_view(grouped_layout))))
     _check_mnk(func, profile, n, k, groups, B)
     if k % profile.rules.bf16_k_multiple:
         raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
