@@ -57,6 +57,7 @@ from .toolkit.operands import (
     resolve_scales,
 )
 from .toolkit.outputs import check_out, check_written, resolve_c, shares_memory
+from .toolkit.sizes import check_matmul
 
 __all__ = [
     "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
@@ -135,6 +136,7 @@ def _fp8_fp4_request(
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", f"K = {sb.k} ({B.shape} {B.dtype})")
     check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
         raise arg_error(func, "disable_ue8m0_cast", "a bool", repr(disable_ue8m0_cast))
     # Validate recipes and SFs before the early return touches d.
@@ -242,6 +244,7 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     out_dtypes = (BF16,) if profile.rules.fp8_1d2d else OUT_DTYPES  # the 1D2D kernel writes bf16
     check_out(dd, func, (m, n + heads * mid), out_dtypes,
               inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if n == 0 or k == 0:
         raise arg_error(func, "b", "N > 0 and K > 0", B)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
@@ -303,6 +306,7 @@ def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any,
     if k2 != k:
         raise arg_error(func, "b", f"shape (N, {k}) to match a", B)
     check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", m, n, k)
     if c_written and c is not None:
         ca = as_array(c, func, "c")
         if not shares_memory(ca, dd):  # c is d is in-place; any other overlap is refused with c's checks
@@ -447,6 +451,7 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         if sb.k != k:
             raise arg_error(name, "b", f"K = {k} (from a)", B)
         check_out(dd, name, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+        check_matmul(name, "a", m, n, k)
         if k % 64:
             raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
         ga, gka, gb, gkb = ascend_recipes(name, None, None, recipe, recipe_a, recipe_b, get_profile())

@@ -28,6 +28,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as hs
 
 import deepgemm_ref as dg
 from deepgemm_ref import _C, formats, mega
@@ -37,6 +39,7 @@ from deepgemm_ref.golden.call import call_kernel, fresh_outputs, run_case_call
 from deepgemm_ref.golden.cases import ArgRef
 from deepgemm_ref.toolkit import sizes
 from deepgemm_ref.toolkit.outputs import overlaps_itself, shares_memory
+from tests.test_mega_moe import Problem, _pairs  # the Mega MoE test's problem builder
 
 SPEC = Path(dg.__file__).resolve().parent / "spec"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -199,8 +202,6 @@ def _bmm(name: str) -> Call:
 
 def _mega(name: str, profile: str) -> Call:
     """One rank (R = 1) of a small Mega MoE layer: y and the receive stats are its outputs."""
-    from tests.test_mega_moe import Problem, _pairs
-
     p = Problem(1, 2, 4, 2, 512, 512, seed=3)
     group = mega.EmulatedGroup(1)
     n, stats = p.N[0], np.zeros(p.E_l, np.int32)
@@ -327,16 +328,15 @@ def _span(x: np.ndarray) -> int:
     return x.itemsize + sum((n - 1) * s for n, s in zip(x.shape, x.strides, strict=True) if n > 1)
 
 
-def _sharing(x: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(buffer, x2, out2): x2 equal to x (same strides and values) and out2 like out, overlapping
-    it from out's second element on (never the same array)."""
+def _sharing(x: np.ndarray, out: np.ndarray, shift: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(buffer, x2, out2): x2 equal to x (same strides and values) and out2 like out, ``shift``
+    bytes further (default one element of out: never the same array), overlapping it."""
     assert all(s >= 0 for s in x.strides + out.strides)
-    shift = out.itemsize
+    shift = out.itemsize if shift is None else shift
     buf = np.zeros(max(_span(x), shift + _span(out)) + 64, np.uint8)
     x2 = _view(buf, 0, x)
     x2[...] = x
     out2 = _view(buf, shift, out)
-    assert shares_memory(x2, out2)
     return buf, x2, out2
 
 
@@ -398,9 +398,27 @@ def test_output_sharing_memory_with_any_input_is_refused(name, profile):
     for out_name, out in call.outputs.items():
         for in_name, x in inputs:
             buf, x2, out2 = _sharing(x, out)
+            assert shares_memory(x2, out2)
             watch = [buf] + [v for k, v in call.outputs.items() if k != out_name]
             _run_expecting(call, {id(x): x2, id(out): out2}, "shares no memory|sharing no memory|overlapping",
                            watch, f"{out_name} sharing memory with {in_name}")
+
+
+@settings(max_examples=60)
+@given(hs.sampled_from(_calls()), hs.data())
+def test_fuzz_any_overlap_of_an_output_with_an_input_is_refused(case, data):
+    """Random kernel, output, input and byte offset: wherever the two overlap, the argument error."""
+    call = _call(*case)
+    out_name = data.draw(hs.sampled_from(sorted(call.outputs)))
+    out = call.outputs[out_name]
+    in_name, x = data.draw(hs.sampled_from(_inputs(call)))
+    align = np.lcm(out.itemsize, x.itemsize)
+    shift = align * data.draw(hs.integers(0, max(_span(x) // align - 1, 0)))
+    buf, x2, out2 = _sharing(x, out, shift)
+    assume(shares_memory(x2, out2))
+    _run_expecting(call, {id(x): x2, id(out): out2}, "shares no memory|sharing no memory|overlapping|c: expected d",
+                   [buf] + [v for k, v in call.outputs.items() if k != out_name],
+                   f"{out_name} sharing memory with {in_name} at byte {shift}")
 
 
 @pytest.mark.parametrize(("name", "profile"), _calls())
@@ -845,3 +863,19 @@ def test_a_keyword_the_real_signature_lacks_is_pythons_type_error(profile, name)
     with pytest.raises(TypeError, match="alpha"):
         getattr(dg, name)(np.ones((4, 64), BF16), np.ones((8, 64), BF16), d, alpha=2.0)
     assert not d.any()
+
+
+def test_products_too_large_for_the_working_copies_are_refused_first():
+    """A product whose float64 working copies exceed the limit: the argument error, d untouched."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((2048, 4096)).astype(BF16)
+    b = rng.standard_normal((2048, 4096)).astype(BF16)
+    d = np.zeros((2048, 2048), np.float32)
+    with sizes.limit_allocations(80 << 20), pytest.raises(DGArgumentError, match="float64 working copies"):
+        dg.bf16_gemm_nt(a, b, d)
+    assert not d.any()
+    grouped = np.zeros((2, 2048, 2048), np.float32)
+    with sizes.limit_allocations(80 << 20), pytest.raises(DGArgumentError, match="float64 working copies"):
+        dg.k_grouped_bf16_gemm_tn_contiguous(np.ascontiguousarray(a.T), np.ascontiguousarray(b.T), grouped,
+                                             [4096, 0], np.array([4096, 0], np.int32), c=grouped)
+    assert not grouped.any()

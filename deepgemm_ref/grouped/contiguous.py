@@ -44,7 +44,7 @@ from ..toolkit.operands import (
     resolve_scales,
 )
 from ..toolkit.outputs import check_out, input_view
-from ..toolkit.sizes import opt_size_arg
+from ..toolkit.sizes import check_matmul, opt_size_arg
 
 __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
@@ -137,6 +137,7 @@ def _m_grouped_fp8(
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
     ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     if rules.fp8_1d2d and gb == 1:
         # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
@@ -189,6 +190,7 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
     out = OUT_FORMAT[dd.dtype]
     tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
              for g, r0, r1 in layout.runs]

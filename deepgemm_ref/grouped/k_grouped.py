@@ -60,6 +60,7 @@ from ..toolkit.operands import (
     resolve_scales,
 )
 from ..toolkit.outputs import Inputs, check_out, input_view, snapshot_c
+from ..toolkit.sizes import check_matmul
 
 __all__ = ["k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
 
@@ -152,6 +153,11 @@ def _outputs(func: str, dd: np.ndarray, c: Any, dtypes: tuple[np.dtype, ...], in
     return c_val
 
 
+def _check_group_products(func: str, kg: KGroups, m: int, n: int) -> None:
+    """The largest group's (M, k_g) x (N, k_g) product within the allocation limit."""
+    check_matmul(func, "a", m, n, max((k1 - k0 for k0, k1 in kg.ranges), default=0))
+
+
 def _fp8_head(func: str, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> tuple[tuple[int, ...], bool]:
     """compiled_dims, recipe (the 1D1D kernel: (1, 1, gran_k)) and use_psum_layout of the FP8 kernels."""
     check_compiled_dims(func, compiled_dims)
@@ -210,6 +216,7 @@ def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grou
     if A.shape != (kg.sum_k, m) or B.shape != (kg.sum_k, n):
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
+    _check_group_products(func, kg, m, n)
     c_val = _outputs(func, dd, c, OUT_DTYPES, _inputs(A, sfa, B, sfb, grouped_layout, ks_cpu))
     if profile.rules.k_grouped_fp8 != "tn":
         raise arg_error(func, "d", "an sm100 device (Unsupported architecture: the FP8 TN k-grouped GEMM is "
@@ -250,6 +257,7 @@ def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, group
     if A.size != kg.sum_k * m or B.size != kg.sum_k * n:
         raise arg_error(func, "a", f"flat buffers of SUM_K * M = {kg.sum_k * m} and SUM_K * N = {kg.sum_k * n} "
                         "elements", f"{A.size} and {B.size} elements")
+    _check_group_products(func, kg, m, n)
     c_val = _outputs(func, dd, c, (F32,), _inputs(A, sfa, B, sfb, grouped_layout, ks_cpu))
     if profile.rules.k_grouped_fp8 != "nt":
         raise arg_error(func, "d", "an sm90 device (Unsupported architecture: the FP8 NT k-grouped GEMM is sm90-only; "
@@ -309,6 +317,7 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
     if A.shape != (kg.sum_k, m) or B.shape != (kg.sum_k, n):
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
+    _check_group_products(func, kg, m, n)
     c_val = _outputs(func, dd, c, OUT_DTYPES, _inputs(A, None, B, None, grouped_layout, ks_cpu))
     rules = profile.rules
     if not rules.k_grouped_bf16_psum and (psum or not ks):
@@ -376,6 +385,7 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
     # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
     # separate c into d first.  Both are accepted (same result).
     kg = k_groups_ascend(func, gl, ks, k, ASCEND_MK_ALIGNMENT)
+    _check_group_products(func, kg, m, n)
     scales_a = scales_b = None
     gka = 32
     if fp8:

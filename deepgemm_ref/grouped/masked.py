@@ -25,7 +25,7 @@ from ..profiles import get_profile
 from ..toolkit.args import BF16, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector
 from ..toolkit.operands import ab_operand, bf16_operands, cuda_recipes, resolve_scales
 from ..toolkit.outputs import check_out, input_view
-from ..toolkit.sizes import size_arg
+from ..toolkit.sizes import check_matmul, size_arg
 
 __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
@@ -88,6 +88,7 @@ def _m_grouped_fp8_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: int
         raise arg_error(func, "a", "G, MAX_M, N and K all > 0", A)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
+    check_matmul(func, "a", int(mm.max()), n, k)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     if profile.rules.fp8_1d2d and gb == 1:
         # Note: sm90's masked kernel is 1D2D only (see m_grouped_fp8_fp4_gemm_nt_contiguous).
@@ -131,6 +132,7 @@ def _m_grouped_bf16_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: in
     if k % profile.rules.bf16_k_multiple:
         raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
+    check_matmul(func, "a", int(mm.max()), n, k)
 
     def make(g: int, rows: int) -> tuple[core.Operand, core.Operand]:
         return core.Operand(A[g, :rows]), core.Operand(B[g])

@@ -42,6 +42,7 @@ __all__ = [
     "limit_allocations",
     "check_alloc",
     "check_backed",
+    "check_matmul",
     "format_size",
 ]
 
@@ -164,8 +165,17 @@ def check_alloc(func: str, arg: str, size: int, what: str, *, lazy: bool = False
         limit = allocation_limit()
         bound = "the allocation limit"
     if size > limit:
-        raise arg_error(func, arg, f"sizes for which {what} fits in {bound} ({format_size(limit)})",
+        raise arg_error(func, arg, f"sizes for which {what} fits in {bound} ({format_size(limit)}"
+                        + ("" if lazy else "; toolkit.sizes.limit_allocations sets another") + ")",
                         f"{format_size(size)} ({size} bytes)", utility=utility)
+
+
+def check_matmul(func: str, arg: str, m: int, n: int, k: int) -> None:
+    """Refuse a product of an (m, k) and an (n, k) operand whose float64 working copies cannot fit:
+    at least one operand decoded whole and the (m, n) accumulator, 8 * (min(m, n) * k + m * n)
+    bytes (a lower bound of what the core allocates for one task)."""
+    check_alloc(func, arg, 8 * (min(m, n) * k + m * n),
+                f"the float64 working copies of an ({m} x {k}) by ({n} x {k}) product")
 
 
 def _span(x: np.ndarray) -> int:
