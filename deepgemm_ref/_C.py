@@ -15,6 +15,7 @@ from .api import not_implemented, profiled
 from .errors import arg_error
 from .mega import get_ring_limit_for_mega_moe, get_symm_buffer_size_for_mega_moe, get_token_alignment_for_mega_moe
 from .mega._layout import alloc_bytes, zero_bytes
+from .toolkit.sizes import check_alloc, size_arg
 
 __all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "fp8_bmm", "bf16_bmm", "_mega_moe_block_n",
            "get_token_alignment_for_mega_moe", "get_ring_limit_for_mega_moe", "get_symm_buffer_size_for_mega_moe",
@@ -161,9 +162,9 @@ class _CSymmBuffer:
 
     def __init__(self, rank_idx: int, num_ranks: int, hccl_group_name: str, num_bytes: int) -> None:
         func = "_C.SymmBuffer"
-        for arg, v in (("num_ranks", num_ranks), ("num_bytes", num_bytes)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise arg_error(func, arg, "a positive int", repr(v))
+        size_arg(func, "num_ranks", num_ranks, minimum=1)  # C++ int; num_bytes an int64 byte count
+        size_arg(func, "num_bytes", num_bytes, minimum=1, maximum=2**63 - 1)
+        check_alloc(func, "num_bytes", int(num_bytes), "the leased buffer (pages mapped on first touch)", lazy=True)
         if isinstance(rank_idx, bool) or not isinstance(rank_idx, (int, np.integer)) or not 0 <= rank_idx < num_ranks:
             raise arg_error(func, "rank_idx", f"an int in [0, {num_ranks})", repr(rank_idx))
         if not isinstance(hccl_group_name, str):

@@ -17,6 +17,7 @@ from ..errors import arg_error
 from ..interop import torch_dtype_name
 from ..profiles import Profile
 from ..toolkit.args import BF16, I16, I32, ceil_div, check, dtype_name, is_contiguous, unit_stride
+from ..toolkit.sizes import check_alloc, nbytes
 from .keys import ue8m0_scales
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "PagedRows",
     "paged_rows",
     "check_schedule",
+    "check_logits_alloc",
 ]
 
 # DeepGEMM constants (csrc/apis/attention.hpp and the schedulers)
@@ -79,6 +81,13 @@ def logits_format(func: str, logits_dtype: Any) -> fm.Format:
         return fm.BF16
     raise arg_error(func, "logits_dtype", "float32 or bfloat16 (torch.float32 / torch.bfloat16, or the NumPy "
                     "and ml_dtypes dtypes)", repr(logits_dtype))
+
+
+def check_logits_alloc(func: str, arg: str, rows: int, stride: int, out: fm.Format) -> None:
+    """The padded logits output (rows x stride elements of ``out``) within the allocation limit;
+    ``arg`` names the argument that sizes it."""
+    check_alloc(func, arg, nbytes((rows, stride), np.dtype(out.storage).itemsize),
+                f"the padded logits output ({rows} x {stride} {out.name})")
 
 
 def check_seq_lens(func: str, arg: str, x: np.ndarray, seq: int) -> np.ndarray:
