@@ -44,7 +44,10 @@ def test_jit_controls_and_profile_gating():
         dg._C.set_dry_run(True)
         assert dg._C.get_dry_run() is True
         dg._C.set_dry_run(False)
-        assert dg._C.npu_sleep(10, marker=1) is None and dg._C.get_jit() is None
+        jit = dg._C.get_jit()
+        assert dg._C.npu_sleep(10, marker=1) is None and isinstance(jit, dg._C.Runtime) and dg._C.get_jit() is jit
+        with pytest.raises(TypeError, match="No constructor"):
+            dg._C.Runtime()
         assert dg._C.init("0.1.0", "/tmp") is None and dg._C._mega_moe_block_n == 256
     with pytest.raises(dg.DGArgumentError, match="not provided"):
         dg._C.set_dry_run(True)

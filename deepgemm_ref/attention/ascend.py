@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun, runtime
 from .. import formats as fm
-from .. import runtime
 from ..executor import active_accumulation
 from ..interop import caller_kind, from_numpy
 from ..toolkit.args import (
@@ -98,6 +98,7 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     check_ranges(func, ks, ke, seq_kv, max_k)
 
     alloc, view = allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
+    dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     keys = PlainKeys(kv_data, fp4, ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
     plan = Plan(func, "ascend", Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, active_accumulation())
     run(plan, view, lambda: range_mask(view.shape, np.zeros_like(ks), ke - ks))
@@ -176,12 +177,13 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     cores = int(runtime.get_num_sms())
     check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
     expected = ascend_schedule_checked("get_paged_mqa_logits_metadata", ctx_a, heads, idx)
-    check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)")
+    check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)", ctx_a, idx)
 
     ctx = ctx_a.astype(np.int64).reshape(-1)
     starts, counts = runs(idx.astype(np.int64))
     pr = paged_rows(func, ctx, starts, counts, starts, bt, page, int(cache.shape[0]), max_len)
     alloc, view = allocate(rows, align(max_len, _ASC_ROW_ALIGN), rows, max_len, fm.BF16)
+    dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     layout = PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)

@@ -22,7 +22,7 @@ from functools import partial
 
 import numpy as np
 
-from .. import core, trace
+from .. import core, dryrun, trace
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import U64, align, gamma
@@ -239,7 +239,11 @@ def _exact_head_dots(qop: core.Operand, kop: core.Operand, i: int, j: int, heads
 # ----------------------------------------------------------------------------------------------
 
 def allocate(rows_alloc: int, stride: int, rows: int, width: int, out: fm.Format) -> tuple[np.ndarray, np.ndarray]:
-    """(padded allocation filled with NaN, the (rows, width) view of it)."""
+    """(padded allocation filled with NaN, the (rows, width) view of it; in a dry call on meta
+    tensors the allocation is left untouched: it only gives the returned meta tensor its shape)."""
+    if dryrun.on_meta():
+        alloc = np.empty((rows_alloc, stride), out.storage)
+        return alloc, alloc[:rows, :width]
     # Note: elements the kernels leave unspecified (uninitialised memory or stray scores on the
     # device) are NaN here, so that nothing undefined can pass for a value.
     alloc = np.full((rows_alloc, stride), np.nan, out.storage)

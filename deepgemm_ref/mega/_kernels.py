@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import dryrun, trace
 from .. import formats as fm
-from .. import trace
 from ..api import profiled
 from ..errors import arg_error
 from ..executor import active_accumulation
@@ -363,6 +363,7 @@ def _debug_zero() -> bool:
 
 
 def _submit(call: _RankCall) -> None:
+    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
     # Note: a device call blocks until every rank has joined; here the calls before the last one
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).

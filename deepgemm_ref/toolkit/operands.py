@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun
 from .. import formats as fm
 from ..core import Operand
 from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
@@ -87,8 +88,10 @@ class OperandSpec:
 
         scales: float64 (G?, MN, ceil(K / block)) from :func:`resolve_scales` (indexed like the
         data), or None.  ``k_range`` slices the data's last axis as stored (K for FP8 and for
-        MN-major FP4, which is packed along MN) and the scale blocks it covers.
+        MN-major FP4, which is packed along MN) and the scale blocks it covers.  Building an
+        operand ends validation: under DeepGEMM-Ascend's dry run the call ends here.
         """
+        dryrun.stop()
         data, sc = self.data, scales
         if group is not None:
             data, sc = data[group], (None if sc is None else sc[group])
