@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dryrun
+from . import dryrun, namespace
 from .api import not_implemented, profiled
 from .errors import arg_error
 from .mega import get_ring_limit_for_mega_moe, get_symm_buffer_size_for_mega_moe, get_token_alignment_for_mega_moe
@@ -213,3 +213,6 @@ class _CSymmBuffer:
 SymmBuffer = profiled("SymmBuffer", {"deepgemm": "DeepGEMM 2.6.1 builds the symmetric buffer in Python "
                                      "(deep_gemm.SymmBuffer) over torch symmetric memory; _C has no class"},
                       deepgemm_ascend=_CSymmBuffer)
+
+# What DeepGEMM 2.6.1's and DeepGEMM-Ascend's _C export follows the active profile.
+namespace.install(__name__, {"Runtime": "deepgemm-ascend", "_mega_moe_block_n": "deepgemm-ascend"})
