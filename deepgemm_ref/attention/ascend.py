@@ -30,6 +30,7 @@ from ..toolkit.args import (
     check,
     int_arg,
     is_contiguous,
+    packed_fp4,
     strides,
     unit_stride,
 )
@@ -67,7 +68,9 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     func = "fp8_fp4_mqa_logits"
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    kv_data = packed_fp4(kv_data)
     w = as_array(weights, func, "weights")
     check(q_data.ndim == 3, func, "q[0]", "a 3-D array (num_q_tokens, num_heads, head_dim)", q_data)
     check(kv_data.ndim == 2, func, "kv[0]", "a 2-D array (num_kv_tokens, head_dim)", kv_data)
@@ -128,6 +131,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     func = "fp8_fp4_paged_mqa_logits"
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     cache = as_array(kv_cache, func, "kv_cache")
     w = as_array(weights, func, "weights")
     ctx_a = as_array(context_lens, func, "context_lens")

@@ -32,6 +32,7 @@ from ..toolkit.args import (
     check,
     int_arg,
     is_contiguous,
+    packed_fp4,
     strides,
     unit_stride,
 )
@@ -76,7 +77,9 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     rules = profile.rules
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    kv_data = packed_fp4(kv_data)
     clean = bool_arg(func, "clean_logits", clean_logits)
     max_k = int_arg(func, "max_seqlen_k", max_seqlen_k, minimum=0)
     out = logits_format(func, logits_dtype)
@@ -191,6 +194,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     rules = profile.rules
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     cache = as_array(kv_cache, func, "kv_cache")
     w = as_array(weights, func, "weights")
     ctx_a = as_array(context_lens, func, "context_lens")

@@ -28,6 +28,7 @@ from ..toolkit.args import (
     ceil_div,
     elem_stride,
     is_contiguous,
+    packed_fp4,
 )
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
 from ._group import GroupRegistry
@@ -175,6 +176,7 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1, s1 = as_pair(l1_weights, func, "l1_weights")
     w2, s2 = as_pair(l2_weights, func, "l2_weights")
+    w1, w2 = packed_fp4(w1), packed_fp4(w2)
     for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
         if w.dtype == E4M3:
             # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
@@ -236,6 +238,7 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
     """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
     w, s = as_pair(pair, func, arg)
     shared = num_local_experts is None
+    w = w if shared else packed_fp4(w)
     lead = () if shared else (num_local_experts,)
     want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
     want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)

@@ -26,7 +26,7 @@ from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
 from ..errors import DGArgumentError, arg_error
 from ..layout import sf_values
 from ..profiles import Profile
-from .args import BF16, E4M3, F32, I8, I32, align, ceil_div, dtype_name, elem_stride, major_of
+from .args import BF16, E4M3, F32, I8, I32, align, ceil_div, dtype_name, elem_stride, major_of, packed_fp4
 
 __all__ = [
     "OperandSpec",
@@ -109,7 +109,9 @@ class OperandSpec:
 def ab_operand(x: np.ndarray, func: str, arg: str, *, grouped: bool = False,
                allowed: tuple[np.dtype, ...] = (E4M3, I8)) -> OperandSpec:
     """Shape inference of DeepGEMM's ``check_ab_fp8_fp4``: an int8 (packed FP4) operand doubles
-    its K extent when K-major and its MN extent when MN-major."""
+    its K extent when K-major and its MN extent when MN-major (uint8 packed FP4 is read as int8)."""
+    if I8 in allowed:
+        x = packed_fp4(x)
     ndim = 3 if grouped else 2
     if x.ndim != ndim:
         raise arg_error(func, arg, f"a {ndim}-D array", x)
