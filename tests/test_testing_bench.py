@@ -135,3 +135,22 @@ def test_module_and_flat_names():
     assert T.bench_msprof is bench_msprof and T.KernelProfile is KernelProfile
     assert T.close_persistent_profiler is close_persistent_profiler
     assert T.bench(lambda: None, num_warmups=0, num_tests=2) >= 0
+
+
+@pytest.mark.parametrize("backend", ["slow", "fast", "persistent"])
+def test_a_failing_profile_propagates_and_leaves_the_environment_alone(backend, monkeypatch):
+    """DeepGEMM-Ascend's profiler points ASCEND_WORK_PATH at a temporary directory and puts the
+    caller's value back when the profiled function fails; here nothing is redirected at all."""
+    for value in ("/caller/work", None):
+        if value is None:
+            monkeypatch.delenv("ASCEND_WORK_PATH", raising=False)
+        else:
+            monkeypatch.setenv("ASCEND_WORK_PATH", value)
+
+        def fail():
+            raise RuntimeError("profile failure")
+
+        with pytest.raises(RuntimeError, match="profile failure"):
+            bench_msprof(fail, "kernel", num_warmups=0, num_tests=1, flush_l2=False, backend=backend,
+                         suppress_verbose_output=False)
+        assert os.environ.get("ASCEND_WORK_PATH") == value

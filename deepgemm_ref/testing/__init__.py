@@ -4,7 +4,8 @@
 and results; they accept NumPy arrays and torch CPU tensors.  Timing helpers (:mod:`.bench`)
 measure wall-clock time on the CPU (there is no device).  DeepGEMM-Ascend's additions
 (``bench_msprof``, ``KernelProfile``, ``close_persistent_profiler`` and the ``bench``, ``envs``,
-``par_compile``, ``disable_fallback`` sub-modules) are here too.
+``par_compile``, ``disable_fallback`` sub-modules) are here too; :mod:`.npu_shim` maps
+``torch.npu`` to the CPU so that DeepGEMM-Ascend's own test helpers run unchanged.
 """
 
 from __future__ import annotations
@@ -44,4 +45,4 @@ for _name in ("bench_msprof", "KernelProfile", "close_persistent_profiler", "sup
     setattr(bench, _name, getattr(sys.modules[__name__ + ".bench"], _name))
 del _name
 
-from . import disable_fallback, envs, par_compile  # noqa: E402, F401  (sub-modules)
+from . import disable_fallback, envs, npu_shim, par_compile  # noqa: E402, F401  (sub-modules)
