@@ -118,3 +118,13 @@ def test_command_line_runs_a_script_unchanged(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok ['x'] False True"
+
+
+def test_aliasing_leaves_the_package_attributes_alone():
+    """deepgemm_ref.testing.bench is DeepGEMM's function bench; importing its module through the
+    deep_gemm alias must not rebind the attribute to the module."""
+    bench_fn = dg.testing.bench
+    with npu_shim.npu_on_cpu():
+        import deep_gemm.testing.bench  # noqa: F401
+        from deep_gemm.testing.bench import bench_msprof  # noqa: F401
+    assert dg.testing.bench is bench_fn and callable(dg.testing.bench)

@@ -59,6 +59,8 @@ def _is_npu(x: Any) -> bool:
     return isinstance(x, str) and (x == "npu" or x.startswith("npu:"))
 
 
+# Note: device strings only; torch.device("npu") needs torch's private backend renamed, which
+# cannot be undone, so the shim does not do it.
 def _device_mode() -> Any:
     """A TorchFunctionMode that turns ``'npu'`` device strings into ``'cpu'``."""
     from torch.overrides import TorchFunctionMode
@@ -325,6 +327,12 @@ def install(*, arch: str | None = "ascend950", alias_deep_gemm: bool = True) -> 
         for k in list(saved_modules):
             if k.startswith("deep_gemm"):
                 del sys.modules[k]
+        # Modules already imported are entered under their deep_gemm names directly: importing
+        # through the finder would make the import system set the parent's attribute to the module
+        # (deepgemm_ref.testing.bench must stay DeepGEMM's function bench).
+        for name, module in list(sys.modules.items()):
+            if name == "deepgemm_ref" or name.startswith("deepgemm_ref."):
+                sys.modules["deep_gemm" + name[len("deepgemm_ref"):]] = module
         finder = _AliasFinder()
         sys.meta_path.insert(0, finder)
     torch_npu = types.ModuleType("torch_npu", "torch_npu on the CPU (deepgemm_ref.testing.npu_shim)")
