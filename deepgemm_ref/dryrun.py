@@ -97,6 +97,8 @@ def active() -> bool:
     return _current.get() is not None
 
 
+# Note: a dry call returns its allocated output filled with NaN (DeepGEMM-Ascend: uninitialised
+# memory), so that the result is deterministic and cannot pass for a value.
 def stop(result: Any = None) -> None:
     """Validation is complete: inside a dry call, end it here and return ``result``; else nothing."""
     if _current.get() is not None:
@@ -139,6 +141,8 @@ def phantom(t: Any, np_dtype: np.dtype, storage_key: int, storage_nbytes: int) -
     return np.ndarray(shape, np_dtype, buffer=buf, offset=int(t.storage_offset()) * itemsize, strides=strides)
 
 
+# Note: checks that read values (a schedule compared with the one its inputs give) skip meta
+# stand-ins; the host code of DeepGEMM-Ascend never reads device values either.
 def has_data(*arrays: np.ndarray | None) -> bool:
     """False when any of ``arrays`` stands for a meta tensor (its values do not exist)."""
     state = _current.get()

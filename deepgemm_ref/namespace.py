@@ -51,6 +51,8 @@ def visible(module: str, name: str, value: Any) -> bool:
     return only is None or only == target
 
 
+# Note: hidden names stay in the module dictionary (vars(), references taken earlier): the objects
+# must come back when the profile switches back.
 class ProfiledModule(types.ModuleType):
     """A module whose public attributes follow the active profile (see the module docstring)."""
 

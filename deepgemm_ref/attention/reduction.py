@@ -192,6 +192,8 @@ _NONE = DataFlowRoundings()
 _BF16_HEADS = DataFlowRoundings(fm.BF16, fm.BF16)
 
 
+# Note: the rounding rule: the data flow's conversions are in the exact golden, the head chain's
+# roundings are not (the checker's bound covers them).
 def data_flow_roundings(reduction: str, weights_dtype: np.dtype) -> DataFlowRoundings:
     """The data-flow roundings of a target's MQA logits.
 

@@ -135,6 +135,7 @@ def _unmeasured(dur_ns: float) -> KernelProfile:
                          aic_fixpipe=nan, aiv_vec=nan, aiv_scalar=nan, aiv_mte2=nan, aiv_mte3=nan)
 
 
+# Note: one kernel per public call, timed by the CPU wall clock; no counters (NOT_MEASURED).
 def kernel_name(public: str) -> str:
     """The name a public call's kernel has in :func:`bench_msprof`'s results (see the module docstring)."""
     device = DEVICE_KERNELS.get(public) if get_profile().is_ascend else None

@@ -53,6 +53,7 @@ def dry_run() -> Iterator[None]:
         set_dry_run(False)
 
 
+# Note: tqdm is not a dependency: without it progress=True shows nothing.
 def _progress_bar(total: int, enabled: bool) -> Any:
     """A tqdm bar when asked for and tqdm is installed (it is not a dependency), else None."""
     if not enabled or importlib.util.find_spec("tqdm") is None:
