@@ -17,42 +17,23 @@ from functools import partial
 
 import pytest
 
-from deepgemm_ref.testing import npu_shim
+from . import ascend_flows
+from .ascend_flows import calc_diff, meta
+from .ascend_flows import deep_gemm as _dg
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
+npu = ascend_flows.npu  # the autouse fixture: torch.npu on the CPU for every test here
 
 THRESHOLD = 1e-5  # DeepGEMM-Ascend's GEMM tolerance (calc_diff against the quantised reference)
 
 
-@pytest.fixture(autouse=True)
-def npu():
-    with npu_shim.npu_on_cpu() as shim:
-        yield shim
 
-
-def _dg():
-    import deep_gemm
-
-    return deep_gemm
-
-
-def calc_diff(x, y):
-    x, y = x.double(), y.double()
-    denominator = (x * x + y * y).sum()
-    return 0.0 if denominator == 0 else float(1 - 2 * (x * y).sum() / denominator)
 
 
 # ---------------------------------------------------------------------------------------------
 # operand generators: quantised operand, its exact dequantised value, and a meta twin
 # ---------------------------------------------------------------------------------------------
-
-def _meta(x):
-    if isinstance(x, tuple):
-        return tuple(_meta(v) for v in x)
-    if x is None:
-        return None
-    return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
 
 
 def operand(mn: int, k: int, kind: str, major: str, seed: int, groups: int | None = None):
@@ -158,7 +139,7 @@ def generate(t: Gemm, device: str = "npu"):
         ref = ref + c.float()
     out = (a, b, c, ref.to(t.cd), layout, spans)
     if device == "meta":
-        return tuple(_meta(v) if not isinstance(v, list) else v for v in out)
+        return tuple(meta(v) if not isinstance(v, list) else v for v in out)
     return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in out)
 
 

@@ -15,36 +15,19 @@ from functools import partial
 
 import pytest
 
-from deepgemm_ref.testing import npu_shim
+from . import ascend_flows
+from .ascend_flows import calc_diff, meta
+from .ascend_flows import deep_gemm as _dg
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
+npu = ascend_flows.npu  # the autouse fixture: torch.npu on the CPU for every test here
 
 THRESHOLD = 5e-4  # DeepGEMM-Ascend's MQA tolerance against the quantised reference
 
 
-@pytest.fixture(autouse=True)
-def npu():
-    with npu_shim.npu_on_cpu() as shim:
-        yield shim
 
 
-def _dg():
-    import deep_gemm
-
-    return deep_gemm
-
-
-def calc_diff(x, y):
-    x, y = x.double(), y.double()
-    denominator = (x * x + y * y).sum()
-    return 0.0 if denominator == 0 else float(1 - 2 * (x * y).sum() / denominator)
-
-
-def _meta(x):
-    if isinstance(x, tuple):
-        return tuple(_meta(v) for v in x)
-    return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
 
 
 def quantise(x, fp4: bool):
@@ -90,7 +73,7 @@ def test_plain_mqa_flow(fp4, npu):
     dg = _dg()
     cases = [_plain_case(seq, seq_kv, heads, d, fp4, seed)
              for seed, (seq, seq_kv, heads, d) in enumerate([(9, 70, 8, 128), (5, 300, 12, 64), (16, 40, 64, 128)])]
-    par_compile([partial(dg.fp8_fp4_mqa_logits, *_meta(args[:3]), *_meta(args[3:5]), args[5])
+    par_compile([partial(dg.fp8_fp4_mqa_logits, *meta(args[:3]), *meta(args[3:5]), args[5])
                  for args, *_ in cases])
     for args, ref, ks, ke in cases:
         out = dg.fp8_fp4_mqa_logits(*args)
@@ -159,7 +142,7 @@ def test_paged_mqa_flow(fp4, page, nz, npu):
     max_len = table.shape[1] * page
     schedule = dg.get_paged_mqa_logits_metadata(ctx, heads, idx)
     args = (q_in, cache, w, ctx, table, schedule, max_len, idx)
-    par_compile([lambda: dg.fp8_fp4_paged_mqa_logits(*_meta(args[:6]), max_len, _meta(idx), use_ascend_kv_layout=nz)])
+    par_compile([lambda: dg.fp8_fp4_paged_mqa_logits(*meta(args[:6]), max_len, meta(idx), use_ascend_kv_layout=nz)])
     out = dg.fp8_fp4_paged_mqa_logits(*args, use_ascend_kv_layout=nz)
     npu.synchronize()
     got, want = [], []
