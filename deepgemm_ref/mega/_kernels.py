@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import dryrun, trace
 from .. import formats as fm
-from .. import trace
 from ..api import profiled
 from ..errors import arg_error
 from ..executor import active_accumulation
@@ -29,6 +29,7 @@ from ..toolkit.args import (
     ceil_div,
     elem_stride,
     is_contiguous,
+    packed_fp4,
 )
 from ..toolkit.outputs import check_written
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
@@ -207,6 +208,7 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1, s1 = as_pair(l1_weights, func, "l1_weights")
     w2, s2 = as_pair(l2_weights, func, "l2_weights")
+    w1, w2 = packed_fp4(w1), packed_fp4(w2)
     for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
         if w.dtype == E4M3:
             # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
@@ -268,6 +270,7 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
     """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
     w, s = as_pair(pair, func, arg)
     shared = num_local_experts is None
+    w = w if shared else packed_fp4(w)
     lead = () if shared else (num_local_experts,)
     want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
     want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)
@@ -397,6 +400,7 @@ def _debug_zero() -> bool:
 
 
 def _submit(call: _RankCall) -> None:
+    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
     # Note: a device call blocks until every rank has joined; here the calls before the last one
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).

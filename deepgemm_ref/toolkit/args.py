@@ -27,6 +27,7 @@ __all__ = [
     "I16",
     "I32",
     "dtype_name",
+    "packed_fp4",
     "as_array",
     "as_pair",
     "int_arg",
@@ -64,6 +65,14 @@ _DTYPE_NAMES = {E4M3: "float8_e4m3fn", I8: "int8 (packed FP4)", BF16: "bfloat16"
 def dtype_name(t: np.dtype) -> str:
     """How error messages name a dtype (int8 operands are packed FP4)."""
     return _DTYPE_NAMES.get(t, str(t))
+
+
+def packed_fp4(x: np.ndarray) -> np.ndarray:
+    """Packed FP4 in uint8 bytes as DeepGEMM's int8 storage (a view of the same bytes); other
+    dtypes unchanged.  Where a kernel takes packed FP4 it takes int8, uint8 and (through
+    :func:`deepgemm_ref.interop.to_numpy`) ``torch.float4_e2m1fn_x2`` tensors: the same bytes."""
+    # Note: uint8 (and torch.float4_e2m1fn_x2) packed FP4 is accepted where the libraries take int8.
+    return x.view(I8) if x.dtype == U8 else x
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,13 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun
 from .. import formats as fm
 from ..core import Operand
 from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
 from ..errors import DGArgumentError, arg_error
 from ..layout import check_sf_shape, sf_values
 from ..profiles import Profile
-from .args import BF16, E4M3, F32, I8, I32, U8, align, ceil_div, dtype_name, elem_stride, major_of
+from .args import BF16, E4M3, F32, I8, I32, U8, align, ceil_div, dtype_name, elem_stride, major_of, packed_fp4
 from .sizes import INT_MAX
 
 __all__ = [
@@ -88,8 +89,10 @@ class OperandSpec:
 
         scales: float64 (G?, MN, ceil(K / block)) from :func:`resolve_scales` (indexed like the
         data), or None.  ``k_range`` slices the data's last axis as stored (K for FP8 and for
-        MN-major FP4, which is packed along MN) and the scale blocks it covers.
+        MN-major FP4, which is packed along MN) and the scale blocks it covers.  Building an
+        operand ends validation: under DeepGEMM-Ascend's dry run the call ends here.
         """
+        dryrun.stop()
         data, sc = self.data, scales
         if group is not None:
             data, sc = data[group], (None if sc is None else sc[group])
@@ -107,7 +110,9 @@ class OperandSpec:
 def ab_operand(x: np.ndarray, func: str, arg: str, *, grouped: bool = False,
                allowed: tuple[np.dtype, ...] = (E4M3, I8)) -> OperandSpec:
     """Shape inference of DeepGEMM's ``check_ab_fp8_fp4``: an int8 (packed FP4) operand doubles
-    its K extent when K-major and its MN extent when MN-major."""
+    its K extent when K-major and its MN extent when MN-major (uint8 packed FP4 is read as int8)."""
+    if I8 in allowed:
+        x = packed_fp4(x)
     ndim = 3 if grouped else 2
     if x.ndim != ndim:
         raise arg_error(func, arg, f"a {ndim}-D array", x)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun
 from ..errors import DGArgumentError, arg_error
 from ..interop import to_numpy
 from .args import as_array, elem_stride
@@ -135,4 +136,6 @@ def snapshot_c(c: Any, d: np.ndarray, func: str) -> tuple[np.ndarray, bool]:
     if ca.size and ca.shape[-1] > 1 and elem_stride(ca, -1) != 1:
         raise arg_error(func, "c", "a row-major array (stride(-1) == 1)", ca)
     check_compact_groups(ca, func, "c")
+    if dryrun.active():  # a dry call computes nothing: no snapshot needed
+        return ca, same
     return np.array(ca, copy=True), same
