@@ -93,7 +93,8 @@ def test_bf16_and_cublaslt_like_deepgemm(deep_gemm, dg_arch):
 def test_ascend_style_alpha_epilogue_per32(deep_gemm, dg_arch):
     """DeepGEMM-Ascend style: per-32 UE8M0 scales (recipe default (1, 1, 32)), alpha, epilogues,
     int16 packed scales from transform_sf_into_required_layout, c accumulated in place."""
-    per_token_cast_to_fp8, calc_diff = deep_gemm.utils.per_token_cast_to_fp8, deep_gemm.testing.calc_diff
+    # (DeepGEMM-Ascend has no deep_gemm.utils: its casts are top-level names)
+    per_token_cast_to_fp8, calc_diff = deep_gemm.per_token_cast_to_fp8, deep_gemm.testing.calc_diff
     torch.manual_seed(3)
     m, n, k = 64, 128, 320
     a, b = _randn(m, k), _randn(n, k)
