@@ -25,10 +25,14 @@ Fixtures (session-scoped, so hypothesis ``@given`` tests take them): ``deep_gemm
 under test), ``dg_backend`` (``"emulator"`` or ``"real"``), ``dg_device``, ``dg_arch`` (``None``;
 parametrize it, ``@pytest.mark.parametrize("dg_arch", ["sm90", "sm100"])``, to run a test under
 each profile: the emulator switches to it around the test's call, the real library skips the
-variants its device is not), and ``dg_group`` (``dg_group(num_ranks)`` -> ``rank(r)``, the process
+variants its device is not), ``dg_group`` (``dg_group(num_ranks)`` -> ``rank(r)``, the process
 group of each expert-parallel rank of a Mega MoE test: the emulator's ``EmulatedGroup``; the real
 library takes one rank of an initialised one-process ``torch.distributed`` group, other tests
-skip).  Under the real backend a test using ``deep_gemm`` also has ``dg_device`` as torch's
+skip); and, per test, ``dg_npu`` (``torch.npu`` for DeepGEMM-Ascend's flows: under the emulator the CPU
+namespace of :mod:`deepgemm_ref.testing.npu_shim`, installed for the test, so ``device='npu'``
+tensors land on the CPU, ``import deep_gemm`` is the emulator and the profile is ``ascend950``;
+under the real library ``torch.npu`` of torch_npu, skipped where torch_npu is absent).  Under
+the real backend a test using ``deep_gemm`` also has ``dg_device`` as torch's
 default device during its call, so tensors it creates land on the device.
 """
 
@@ -179,10 +183,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
     config = pyfuncitem.config
     arch = args.get("dg_arch")
     if _backend(config) == "emulator":
-        arch = arch or _option(config, "--dg-arch", "DG_ARCH")
+        # (a dg_npu test runs under the shim's ascend950 unless it parametrizes dg_arch)
+        arch = arch or (None if "dg_npu" in args else _option(config, "--dg-arch", "DG_ARCH"))
         ctx: Any = args["deep_gemm"].numerics(arch=arch) if arch else contextlib.nullcontext()
     else:
         device = str(args.get("dg_device") or default_device(config))
+        arch = arch or ("ascend950" if "dg_npu" in args else None)
         actual = _device_arch(device) if arch else None
         if actual is not None and actual != arch:
             pytest.skip(f"a test variant for {arch}; the device {device} is {actual}")
@@ -229,6 +235,27 @@ def dg_group(deep_gemm: Any, dg_backend: str) -> Callable[[int], Callable[[int],
                     "process per rank (torch.distributed), or one rank with an initialised one-process group")
 
     return make
+
+
+@pytest.fixture
+def dg_npu(deep_gemm: Any, dg_backend: str) -> Iterator[Any]:
+    """``torch.npu`` for a test written as DeepGEMM-Ascend's: the emulator's CPU shim
+    (:func:`deepgemm_ref.testing.npu_shim.npu_on_cpu`, for the test) or torch_npu's namespace."""
+    if dg_backend == "emulator":
+        from .testing.npu_shim import npu_on_cpu
+
+        with npu_on_cpu() as shim:
+            yield shim
+        return
+    try:
+        import torch
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError as e:
+        pytest.skip(f"--dg-backend real: a DeepGEMM-Ascend test needs torch_npu ({e})")
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        pytest.skip("--dg-backend real: a DeepGEMM-Ascend test needs an NPU (torch.npu.is_available() is False)")
+    yield npu
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""DeepGEMM-Ascend's GEMM test flow, as a client runs it, on the CPU (``testing.npu_shim``).
+"""DeepGEMM-Ascend's GEMM test flow, as a client runs it: on the CPU under the emulator, on the NPU
+with ``--dg-backend real`` (the module is the pytest plugin's ``deep_gemm`` fixture, ``torch.npu``
+its ``dg_npu``: ``testing.npu_shim`` under the emulator).
 
 The flow of DeepGEMM-Ascend's ``tests/common.py`` and ``tests/test_m_grouped_padding.py``, in this
-repository's own words: ``import deep_gemm`` (this package), operand generators that quantise bf16
+repository's own words: operand generators that quantise bf16
 randn to FP8 / FP4 with per-32 UE8M0 scales and keep the dequantised reference, every kernel
 first compiled from ``device='meta'`` tensors inside ``par_compile``, then run on ``'npu'``
 tensors (the CPU here) and compared with ``calc_diff`` below 1e-5 against ``a_ref @ b_ref^T`` of
@@ -17,17 +19,12 @@ from functools import partial
 
 import pytest
 
-from . import ascend_flows
 from .ascend_flows import calc_diff, meta
-from .ascend_flows import deep_gemm as _dg
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-npu = ascend_flows.npu  # the autouse fixture: torch.npu on the CPU for every test here
 
 THRESHOLD = 1e-5  # DeepGEMM-Ascend's GEMM tolerance (calc_diff against the quantised reference)
-
-
 
 
 
@@ -36,14 +33,13 @@ THRESHOLD = 1e-5  # DeepGEMM-Ascend's GEMM tolerance (calc_diff against the quan
 # ---------------------------------------------------------------------------------------------
 
 
-def operand(mn: int, k: int, kind: str, major: str, seed: int, groups: int | None = None):
+def operand(dg, mn: int, k: int, kind: str, major: str, seed: int, groups: int | None = None):
     """(operand for the kernel, float32 reference (G?, mn, k)) of a bf16 randn matrix.
 
     kind: 'bf16', 'fp8' (E4M3) or 'fp4' (int8 packed E2M1, tagged float4_e2m1fn_x2 by DeepGEMM-Ascend);
     FP8 / FP4 carry float32 power-of-two scales per 32 K elements.  major 'MN' stores the matrix
     transposed (stride(-2) == 1); FP4 stays K-major.
     """
-    dg = _dg()
     g = torch.Generator().manual_seed(seed)
     shape = (groups, mn, k) if groups else (mn, k)
     x = torch.randn(shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
@@ -96,12 +92,12 @@ class Gemm:
         return self.a != "bf16"
 
 
-def generate(t: Gemm, device: str = "npu"):
+def generate(dg, t: Gemm, device: str = "npu"):
     """(a, b, c, d_ref, grouped_layout, spans): the operands and the reference on ``device``."""
     g = torch.Generator().manual_seed(hash(t) % 2**31)
     if t.kind == "normal":
-        a, a_ref = operand(t.m, t.k, t.a, "K" if t.layout[0] == "n" else "MN", 1)
-        b, b_ref = operand(t.n, t.k, t.b, "K" if t.layout[1] == "t" else "MN", 2)
+        a, a_ref = operand(dg, t.m, t.k, t.a, "K" if t.layout[0] == "n" else "MN", 1)
+        b, b_ref = operand(dg, t.n, t.k, t.b, "K" if t.layout[1] == "t" else "MN", 2)
         c = torch.randn((t.m, t.n), generator=g).to(t.cd) if t.accumulate else None
         ref = a_ref @ b_ref.T
         layout, spans = None, [slice(0, t.m)]
@@ -113,8 +109,8 @@ def generate(t: Gemm, device: str = "npu"):
             ends.append(start + s)
             start = -(-(start + s) // 256) * 256
         total = -(-ends[-1] // 256) * 256
-        a, a_ref = operand(total, t.k, t.a, "K", 3)
-        b, b_ref = operand(t.n, t.k, t.b, "K", 4, groups=t.groups)
+        a, a_ref = operand(dg, total, t.k, t.a, "K", 3)
+        b, b_ref = operand(dg, t.n, t.k, t.b, "K", 4, groups=t.groups)
         ref = torch.zeros((total, t.n))
         for gi, span in enumerate(spans):
             ref[span] = a_ref[span] @ b_ref[gi].T
@@ -127,8 +123,8 @@ def generate(t: Gemm, device: str = "npu"):
             ends.append(start + s)
             start = -(-(start + s) // 256) * 256
         total = -(-ends[-1] // 256) * 256
-        a, a_ref = operand(t.m, total, t.a, "MN", 5)  # stored (K_total, M) row-major
-        b, b_ref = operand(t.n, total, t.b, "MN", 6)
+        a, a_ref = operand(dg, t.m, total, t.a, "MN", 5)  # stored (K_total, M) row-major
+        b, b_ref = operand(dg, t.n, total, t.b, "MN", 6)
         a, b = _t(a, 0, 1), _t(b, 0, 1)  # the operands are given K first
         c = torch.randn((t.groups, t.m, t.n), generator=g).to(t.cd)
         ref = torch.stack([a_ref[:, lo:hi] @ b_ref[:, lo:hi].T for lo, hi in ranges])
@@ -143,9 +139,8 @@ def generate(t: Gemm, device: str = "npu"):
     return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in out)
 
 
-def run(t: Gemm, a, b, c, d, layout):
+def run(dg, t: Gemm, a, b, c, d, layout):
     """One call as DeepGEMM-Ascend's tests make it (c accumulates into d: d.copy_(c) first)."""
-    dg = _dg()
     name = "fp8_fp4" if t.has_sf else "bf16"
     kw = {}
     if t.accumulate or t.kind == "k_grouped":
@@ -186,47 +181,47 @@ QUICK = [Gemm("normal", "fp8", "fp8", 257, 64, 160, torch.bfloat16, "tn", True, 
          Gemm("k_grouped", "fp8", "fp8", 128, 96, 256, torch.float32)]
 
 
-def _flow(tests: list[Gemm], npu) -> None:
+def _flow(dg, tests: list[Gemm], npu) -> None:
     from deep_gemm.testing.bench import bench_msprof
     from deep_gemm.testing.par_compile import par_compile
 
     kernels = []
     for t in tests:  # compile from metadata: no storage, nothing computed
-        a, b, c, d_ref, layout, _ = generate(t, device="meta")
-        kernels.append(partial(run, t, a, b, c, torch.empty_like(d_ref), layout))
+        a, b, c, d_ref, layout, _ = generate(dg, t, device="meta")
+        kernels.append(partial(run, dg, t, a, b, c, torch.empty_like(d_ref), layout))
     par_compile(kernels)
     npu.empty_cache()
     for t in tests:
-        a, b, c, d_ref, layout, spans = generate(t)
+        a, b, c, d_ref, layout, spans = generate(dg, t)
         d = torch.randn_like(d_ref)
-        run(t, a, b, c, d, layout)
+        run(dg, t, a, b, c, d, layout)
         npu.synchronize()
         for span in spans:
             diff = calc_diff(d[span], d_ref[span])
             assert diff < THRESHOLD, (t, span, diff)
     t = tests[0]
-    a, b, c, d_ref, layout, _ = generate(t)
+    a, b, c, d_ref, layout, _ = generate(dg, t)
     d = torch.empty_like(d_ref)
-    prof = bench_msprof(lambda: run(t, a, b, c, d, layout), kernel_names="gemm_impl", num_warmups=1, num_tests=2)
+    prof = bench_msprof(lambda: run(dg, t, a, b, c, d, layout), kernel_names="gemm_impl", num_warmups=1, num_tests=2)
     flops = 2.0 * t.m * t.n * t.k
     assert prof.dur_us > 0 and prof.tflops(flops) > 0 and prof.gbps(flops) > 0
 
 
-def test_gemm_flow_one_case_of_each_kind(npu):
-    _flow(QUICK, npu)
+def test_gemm_flow_one_case_of_each_kind(deep_gemm, dg_npu):
+    _flow(deep_gemm, QUICK, dg_npu)
 
 
 @pytest.mark.slow
-def test_gemm_flow_full_sweep(npu):
-    _flow(ALL, npu)
+def test_gemm_flow_full_sweep(deep_gemm, dg_npu):
+    _flow(deep_gemm, ALL, dg_npu)
 
 
-def test_aclnn_reference_gemms_agree(npu):
+def test_aclnn_reference_gemms_agree(deep_gemm, dg_npu):
     """common.py's ACLNN cross-check: aclnn_fp8_fp4_gemm_nt and aclnn_bf16_gemm_nt against the same reference."""
-    dg = _dg()
+    dg, npu = deep_gemm, dg_npu
     for a_kind in ("fp8", "bf16"):
         t = Gemm("normal", a_kind, a_kind, 128, 96, 256, torch.bfloat16)
-        a, b, _, d_ref, _, _ = generate(t)
+        a, b, _, d_ref, _, _ = generate(dg, t)
         d = torch.randn_like(d_ref)
         if a_kind == "fp8":
             dg.aclnn_fp8_fp4_gemm_nt(a, b, d, None, recipe_a=(1, 32), recipe_b=(1, 32))
@@ -237,17 +232,17 @@ def test_aclnn_reference_gemms_agree(npu):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "fp4"])
-def test_m_grouped_padding_flow(kind, npu):
+def test_m_grouped_padding_flow(kind, deep_gemm, dg_npu):
     """test_m_grouped_padding's flow: a dry run leaves d untouched; the real run matches the reference
     on every group's rows, and with ensure_zero_padding the padding rows are +0 (the A rows there are 0)."""
     from deep_gemm.testing.par_compile import dry_run
 
-    dg = _dg()
+    dg, npu = deep_gemm, dg_npu
     spans = [slice(0, 1), slice(256, 556), slice(768, 768)]
     padding = [slice(1, 256), slice(556, 768)]
     layout = torch.tensor([1, 556, 768], dtype=torch.int32, device="npu")
-    a, a_ref = operand(768, 128, kind, "K", 7)
-    b, b_ref = operand(64, 128, kind, "K", 8, groups=3)
+    a, a_ref = operand(dg, 768, 128, kind, "K", 7)
+    b, b_ref = operand(dg, 64, 128, kind, "K", 8, groups=3)
     a_data = a[0] if isinstance(a, tuple) else a
     for span in padding:  # zero operand rows (packed FP4: zero bytes are +0 codes) and their reference
         a_data[span] = 0

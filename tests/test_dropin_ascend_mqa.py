@@ -1,4 +1,5 @@
-"""DeepGEMM-Ascend's MQA-logits test flow, as a client runs it, on the CPU (``testing.npu_shim``).
+"""DeepGEMM-Ascend's MQA-logits test flow, as a client runs it: on the CPU under the emulator, on
+the NPU with ``--dg-backend real`` (the plugin's ``deep_gemm`` and ``dg_npu`` fixtures).
 
 In this repository's own words, following DeepGEMM-Ascend's ``tests/test_attention.py`` (port 2.5):
 bf16 randn queries, keys and weights; q and kv quantised per 32 head-dim elements to FP8 or FP4 with
@@ -15,24 +16,16 @@ from functools import partial
 
 import pytest
 
-from . import ascend_flows
 from .ascend_flows import calc_diff, meta
-from .ascend_flows import deep_gemm as _dg
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-npu = ascend_flows.npu  # the autouse fixture: torch.npu on the CPU for every test here
 
 THRESHOLD = 5e-4  # DeepGEMM-Ascend's MQA tolerance against the quantised reference
 
 
-
-
-
-
-def quantise(x, fp4: bool):
+def quantise(dg, x, fp4: bool):
     """x (rows, D) bf16 -> ((data, int16 SF pairs (rows, D / 64)), dequantised float32 (rows, D))."""
-    dg = _dg()
     rows, d = x.shape
     if fp4:
         data, sf = dg.per_token_cast_to_fp4(x, use_ue8m0=True, gran_k=32)
@@ -50,13 +43,13 @@ def reference(q_deq, kv_deq, w):
     return torch.einsum("ths,th->ts", scores, w.float())
 
 
-def _plain_case(seq, seq_kv, heads, d, fp4, seed):
+def _plain_case(dg, seq, seq_kv, heads, d, fp4, seed):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn((seq, heads, d), generator=g).to(torch.bfloat16)
     kv = torch.randn((seq_kv, d), generator=g).to(torch.bfloat16)
     w = torch.randn((seq, heads), generator=g).to(torch.bfloat16)
-    (qd, qs), q_deq = quantise(q.reshape(-1, d), fp4)
-    kv_in, kv_deq = quantise(kv, fp4)
+    (qd, qs), q_deq = quantise(dg, q.reshape(-1, d), fp4)
+    kv_in, kv_deq = quantise(dg, kv, fp4)
     q_in = (qd.reshape(seq, heads, -1), qs)
     ks = torch.zeros(seq, dtype=torch.int32)
     ke = torch.arange(seq, dtype=torch.int32) + (seq_kv - seq + 1)  # causal
@@ -66,12 +59,12 @@ def _plain_case(seq, seq_kv, heads, d, fp4, seed):
 
 
 @pytest.mark.parametrize("fp4", [False, True])
-def test_plain_mqa_flow(fp4, npu):
+def test_plain_mqa_flow(fp4, deep_gemm, dg_npu):
     from deep_gemm.testing.bench import bench_msprof
     from deep_gemm.testing.par_compile import par_compile
 
-    dg = _dg()
-    cases = [_plain_case(seq, seq_kv, heads, d, fp4, seed)
+    dg, npu = deep_gemm, dg_npu
+    cases = [_plain_case(dg, seq, seq_kv, heads, d, fp4, seed)
              for seed, (seq, seq_kv, heads, d) in enumerate([(9, 70, 8, 128), (5, 300, 12, 64), (16, 40, 64, 128)])]
     par_compile([partial(dg.fp8_fp4_mqa_logits, *meta(args[:3]), *meta(args[3:5]), args[5])
                  for args, *_ in cases])
@@ -109,10 +102,10 @@ def _paged_cache(kv_in, page: int, nz: bool):
 
 
 @pytest.mark.parametrize("fp4,page,nz", [(False, 64, False), (True, 128, True), (False, 128, True)])
-def test_paged_mqa_flow(fp4, page, nz, npu):
+def test_paged_mqa_flow(fp4, page, nz, deep_gemm, dg_npu):
     from deep_gemm.testing.par_compile import par_compile
 
-    dg = _dg()
+    dg, npu = deep_gemm, dg_npu
     g = torch.Generator().manual_seed(7)
     heads, d = 16, 128
     per_request = [1, 3, 2]  # rows per request (indices repeat the request id)
@@ -124,7 +117,7 @@ def test_paged_mqa_flow(fp4, page, nz, npu):
     pages_per = [-(-L // page) for L in last_len]
     total_pages = sum(pages_per) + 1
     kv = torch.randn((total_pages * page, d), generator=g).to(torch.bfloat16)
-    kv_in, kv_deq = quantise(kv, fp4)
+    kv_in, kv_deq = quantise(dg, kv, fp4)
     order = torch.randperm(total_pages, generator=g)
     cache_logical = _paged_cache(kv_in, page, nz)
     cache = torch.empty_like(cache_logical)
@@ -136,7 +129,7 @@ def test_paged_mqa_flow(fp4, page, nz, npu):
         start, r = start + p, r + n
     q = torch.randn((rows, 1, heads, d), generator=g).to(torch.bfloat16)
     w = torch.randn((rows, heads), generator=g).to(torch.bfloat16)
-    (qd, qs), q_deq = quantise(q.reshape(-1, d), fp4)
+    (qd, qs), q_deq = quantise(dg, q.reshape(-1, d), fp4)
     q_in = (qd.reshape(rows, 1, heads, -1), qs)
     ctx = ctx_rows.reshape(rows, 1).to("npu")
     max_len = table.shape[1] * page

@@ -142,6 +142,27 @@ def test_dg_group_under_each_backend(pytester):
     result.stdout.fnmatch_lines(["*2 expert-parallel ranks in one process are emulated only*"])
 
 
+@pytest.mark.torch
+def test_dg_npu_is_the_shim_under_the_emulator_and_skips_without_torch_npu(pytester):
+    pytest.importorskip("torch")
+    pytester.makepyfile(standin_dg=STANDIN)
+    pytester.syspathinsert()
+    pytester.makepyfile(test_it='''
+        import torch
+
+        def test_it(deep_gemm, dg_npu):
+            import deep_gemm as imported  # DeepGEMM-Ascend's tests import it by that name
+
+            x = torch.ones(3, device="npu")
+            dg_npu.synchronize()
+            assert imported is deep_gemm and x.device.type == "cpu" and deep_gemm.get_arch() == "ascend950"
+    ''')
+    pytester.runpytest("-p", "no:cacheprovider", "--dg-arch", "sm90").assert_outcomes(passed=1)
+    result = pytester.runpytest("--dg-backend", "real", "--dg-module", "standin_dg", "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*a DeepGEMM-Ascend test needs*"])
+
+
 def test_bundle_cases_are_items_that_pass_on_the_emulator(pytester, bundle):
     xml = pytester.path / "report.xml"
     result = pytester.runpytest("--dg-bundle", str(bundle), f"--junitxml={xml}", "-v")
@@ -206,18 +227,21 @@ def test_drop_in_tests_take_the_module_from_the_fixture_only():
     from pathlib import Path
 
     files = sorted((Path(__file__).parent).glob("test_dropin_*.py"))
-    assert len(files) == 4
-    for path in files:
+    assert len(files) == 6
+    for path in files + [Path(__file__).parent / "ascend_flows.py"]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("deepgemm_ref") for a in node.names), path
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith("deepgemm_ref") and node.level == 0, path
+                assert not (node.module or "").startswith("deepgemm_ref"), path
+                # a relative import only of the torch-only helpers DeepGEMM-Ascend's flows share
+                assert node.level == 0 or node.module == "ascend_flows", (path, node.module)
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("numerics", "set_arch", "EmulatedGroup"), (path, node.lineno)
         tests = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
-        assert tests and all("deep_gemm" in [a.arg for a in t.args.args] for t in tests), path
+        assert tests or path.name == "ascend_flows.py"
+        assert all("deep_gemm" in [a.arg for a in t.args.args] for t in tests), path
 
 
 def test_drop_in_tests_run_against_a_real_backend(pytester):
