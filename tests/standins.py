@@ -71,8 +71,21 @@ def _nan_becomes_zero(a: Any, b: Any, d: Any, *args: Any, **kwargs: Any) -> None
     out[np.isnan(out.astype(np.float32))] = 0
 
 
+def _mqa_ignores_kv_scale(q: Any, kv: Any, *args: Any, **kwargs: Any) -> Any:
+    """Reads the FP8 keys without their per-token scale factors (a dropped dequantisation)."""
+    data, sf = kv
+    return deepgemm_ref.fp8_fp4_mqa_logits(q, (data, np.ones_like(np.asarray(sf))), *args, **kwargs)
+
+
+def _k_grouped_drops_c(a: Any, b: Any, d: Any, ks: Any, layout: Any, c: Any = None, **kwargs: Any) -> None:
+    """Accumulates onto zeros instead of C (a lost epilogue input): D is the product alone."""
+    deepgemm_ref.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, layout, np.zeros_like(np.asarray(c)), **kwargs)
+
+
 DROPS_K_BLOCK = standin("drops_k_block", fp8_gemm_nt=_fp8_drops_second_k_block)
 WRONG_SCALE = standin("wrong_scale", fp8_gemm_nt=_fp8_wrong_scale)
 TRUNCATES = standin("truncates", bf16_gemm_nt=_bf16_truncates_output)
 SKIPS_GROUP = standin("skips_group", m_grouped_bf16_gemm_nt_contiguous=_grouped_skips_last_group)
 FLUSHES_NAN = standin("flushes_nan", bf16_gemm_nt=_nan_becomes_zero)
+MQA_NO_KV_SCALE = standin("mqa_no_kv_scale", fp8_fp4_mqa_logits=_mqa_ignores_kv_scale)
+K_GROUPED_DROPS_C = standin("k_grouped_drops_c", k_grouped_fp8_gemm_tn_contiguous=_k_grouped_drops_c)

@@ -278,9 +278,24 @@ def test_a_kernel_that_flushes_nan_fails_with_a_class_mismatch():
     assert "class mismatch (finite where the golden value is NaN)" in msg
 
 
+def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one_key():
+    msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False), standins.MQA_NO_KV_SCALE)
+    assert "fp8_fp4_mqa_logits under sm100 does not match its golden values" in msg
+    assert "(seq=1 seq_kv=1 " in msg and "output 'logits' (1, 1) float32: 1 of 1 checked elements fail" in msg
+    assert "'seq': 1, 'seq_kv': 1" in notes
+
+
+def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group():
+    msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100"), standins.K_GROUPED_DROPS_C)
+    assert "k_grouped_fp8_gemm_tn_contiguous under sm100 does not match its golden values" in msg
+    assert "(groups=1 m=4 n=4 k=1;" in msg and "16 of 16 checked elements fail" in msg
+
+
 def test_the_same_properties_pass_on_the_correct_kernels():
     for strategy in (cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), cases("fp8_gemm_nt", profile="sm90"),
-                     cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100")):
+                     cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"),
+                     cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False),
+                     cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100")):
         @settings(max_examples=10, deadline=None, database=None)
         @given(case=strategy)
         def prop(case):
