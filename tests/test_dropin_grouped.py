@@ -368,7 +368,7 @@ def _ascend_psum_case(sizes, n: int, k: int, num_rows_extra: int = 0):
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float])
 @pytest.mark.parametrize("dg_arch", ["ascend950"])
 def test_ascend_m_grouped_psum_alpha_per32(deep_gemm, dg_arch, fp4_b, out_dtype):
-    t, u = deep_gemm.testing, deep_gemm.utils
+    t, u = deep_gemm.testing, deep_gemm  # DeepGEMM-Ascend exports the casts at the top level (no utils)
     torch.manual_seed(5)
     n, k, alpha = 256, 512, 0.75
     assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
@@ -420,7 +420,7 @@ def test_ascend_m_grouped_psum_alpha_per32(deep_gemm, dg_arch, fp4_b, out_dtype)
 @pytest.mark.parametrize("dg_arch", ["ascend950"])
 def test_ascend_k_grouped_psum_alpha(deep_gemm, dg_arch, out_dtype):
     """k-grouped: a (K, M), b (K, N), SFs in the data's orientation indexed by absolute K, c is d."""
-    t, u = deep_gemm.testing, deep_gemm.utils
+    t, u = deep_gemm.testing, deep_gemm  # DeepGEMM-Ascend exports the casts at the top level (no utils)
     torch.manual_seed(6)
     m, n, alpha = 64, 128, 0.5
     real_ks = [200, 0, 256, 90]

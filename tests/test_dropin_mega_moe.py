@@ -27,9 +27,14 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor, clamp: float | None) -> torc
     return gate / (1 + torch.exp(-gate)) * up
 
 
+def _casts(deep_gemm):
+    """DeepGEMM's casting helpers: ``deep_gemm.utils`` (DeepGEMM-Ascend exports them at the top level)."""
+    return getattr(deep_gemm, "utils", deep_gemm)
+
+
 def _requant_fp8(deep_gemm, v: torch.Tensor) -> torch.Tensor:
     """Per-32 UE8M0 FP8 re-quantisation of one activation row, dequantised back to float32."""
-    q, sf = deep_gemm.utils.per_token_cast_to_fp8(v.view(1, -1), use_ue8m0=True, gran_k=32)
+    q, sf = _casts(deep_gemm).per_token_cast_to_fp8(v.view(1, -1), use_ue8m0=True, gran_k=32)
     return (q.float() * sf.repeat_interleave(32, dim=1)).view(-1)
 
 
@@ -40,8 +45,8 @@ def _fp4_weights(deep_gemm, w: torch.Tensor):
     sf = torch.empty((groups, n, k // 32), dtype=torch.float)
     deq = torch.empty((groups, n, k), dtype=torch.float)
     for i in range(groups):
-        data[i], sf[i] = deep_gemm.utils.per_token_cast_to_fp4(w[i], use_ue8m0=True, gran_k=32)
-        deq[i] = deep_gemm.utils.cast_back_from_fp4(data[i], sf[i], gran_k=32)
+        data[i], sf[i] = _casts(deep_gemm).per_token_cast_to_fp4(w[i], use_ue8m0=True, gran_k=32)
+        deq[i] = _casts(deep_gemm).cast_back_from_fp4(data[i], sf[i], gran_k=32)
     return data, sf, deq
 
 
@@ -197,7 +202,7 @@ def test_bf16_mega_moe_like_deepgemm(deep_gemm, dg_arch, dg_group):
 @pytest.mark.parametrize("num_shared_experts", [0, 2])
 @pytest.mark.parametrize("dg_arch", ["ascend950"])
 def test_ascend_fp8_fp4_mega_moe_with_shared_experts(deep_gemm, dg_arch, dg_group, num_shared_experts):
-    t, u = deep_gemm.testing, deep_gemm.utils
+    t, u = deep_gemm.testing, _casts(deep_gemm)
     num_ranks, num_experts, num_topk = 2, 8, 3
     num_max_tokens_per_rank, hidden, intermediate, clamp = 12, 512, 512, 7.0
     num_experts_per_rank = num_experts // num_ranks

@@ -288,7 +288,7 @@ def test_paged_mqa_logits_like_deepgemm(deep_gemm, dg_arch, varlen, fp4, block_k
 def _ascend_cast(deep_gemm, x: torch.Tensor, fp4: bool, is_sfa: bool):
     """Rows (n, D) -> (data, int16 pairs (n, D / 64), dequantised bf16) with per-32 UE8M0 scales."""
     n, d = x.shape
-    u = deep_gemm.utils
+    u = deep_gemm  # DeepGEMM-Ascend exports the casts at the top level (no utils)
     if fp4:
         data, sf = u.per_token_cast_to_fp4(x, use_ue8m0=True, gran_k=32)
         back = u.cast_back_from_fp4(data, sf, gran_k=32)
