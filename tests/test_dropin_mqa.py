@@ -195,6 +195,17 @@ _PAGED_CASES = [
 ]
 
 
+def _random_block_table(blocks_per_seq):
+    """(sequences, max blocks) int32: each sequence's blocks, drawn without repetition from one shuffled pool."""
+    table = torch.zeros((len(blocks_per_seq), int(blocks_per_seq.max())), dtype=torch.int)
+    pool = torch.randperm(int(blocks_per_seq.sum())).int()
+    offset = 0
+    for i, n in enumerate(blocks_per_seq.tolist()):
+        table[i, :n] = pool[offset:offset + n]
+        offset += n
+    return table
+
+
 @pytest.mark.parametrize("dg_arch,varlen,fp4,block_kv,next_n,logits_dtype,weights_dtype", _PAGED_CASES)
 def test_paged_mqa_logits_like_deepgemm(deep_gemm, dg_arch, varlen, fp4, block_kv, next_n, logits_dtype, weights_dtype):
     t, u = deep_gemm.testing, deep_gemm.utils
@@ -216,12 +227,7 @@ def test_paged_mqa_logits_like_deepgemm(deep_gemm, dg_arch, varlen, fp4, block_k
     max_model_len = int(blocks_per_seq.max()) * block_kv
     num_total_blocks = int(blocks_per_seq.sum())
     kv = torch.randn((num_total_blocks, block_kv, 1, head_dim), dtype=torch.bfloat16)
-    block_table = torch.zeros((raw_batch, int(blocks_per_seq.max())), dtype=torch.int)
-    pool = torch.randperm(num_total_blocks).int()
-    offset = 0
-    for i, nb in enumerate(blocks_per_seq.tolist()):
-        block_table[i, :nb] = pool[offset:offset + nb]
-        offset += nb
+    block_table = _random_block_table(blocks_per_seq)
     if varlen:  # every token of a sequence sees one more key than the previous one
         context_lens = context_lens.repeat_interleave(tokens_per_seq)
         context_lens += torch.cat([torch.arange(int(n), dtype=torch.int) for n in tokens_per_seq])
@@ -377,12 +383,7 @@ def test_ascend_paged_mqa_logits_kv_layouts(deep_gemm, dg_arch, fp4, page):
     num_pages = int(pages_per_seq.sum())
     kv = torch.randn((num_pages * page, head_dim), dtype=torch.bfloat16)
     kv_data, kv_pairs, kv_sim = _ascend_cast(deep_gemm, kv, fp4, False)
-    block_table = torch.zeros((raw_batch, int(pages_per_seq.max())), dtype=torch.int)
-    pool = torch.randperm(num_pages).int()
-    offset = 0
-    for i, n in enumerate(pages_per_seq.tolist()):
-        block_table[i, :n] = pool[offset:offset + n]
-        offset += n
+    block_table = _random_block_table(pages_per_seq)
     block_table = block_table.repeat_interleave(tokens_per_seq, dim=0)
     max_context_len = block_table.shape[1] * page
     q = torch.randn((rows, 1, num_heads, head_dim), dtype=torch.bfloat16)
