@@ -15,6 +15,8 @@ from ..errors import DGArgumentError
 __all__ = ["assert_matches_golden"]
 
 
+# Note: an addition to DeepGEMM's testing helpers; a test that also runs against the real library
+# imports it from deepgemm_ref.testing, not from the module under test.
 def assert_matches_golden(case: Any, outputs: Any, **checker_options: Any) -> None:
     """Raise ``AssertionError`` unless ``outputs`` match the golden values of ``case``.
 
