@@ -139,6 +139,7 @@ def diagnose_outputs(bundle: Bundle, outputs: Mapping[str, Any], *, options: Che
     """Diagnose the device outputs of a loaded bundle: one :class:`CaseDiagnosis` per case (the
     check of :func:`..check.check_outputs` first; ``reports``: its result when already made)."""
     options = options or CheckOptions()
+    outputs = _named(bundle, outputs, cases)
     if reports is None:
         reports = check_outputs(bundle, dict(outputs), options, cases, None, errors)
     by_case: dict[str, list[CaseReport]] = {}
@@ -161,6 +162,19 @@ def diagnose_outputs(bundle: Bundle, outputs: Mapping[str, Any], *, options: Che
     return out
 
 
+def _named(bundle: Bundle, outputs: Mapping[str, Any], cases: list[str] | None) -> Mapping[str, Any]:
+    """A single .npy output (key "") named after the one case it belongs to."""
+    if set(outputs) != {""}:
+        return outputs
+    ids = list(dict.fromkeys(cases)) if cases else list(bundle.cases)
+    if len(ids) != 1 or ids[0] not in bundle.cases:
+        from ..bundle import BundleError
+
+        raise BundleError("a .npy outputs file can only be checked against a one-case bundle (use --case)")
+    entry = bundle.cases[ids[0]]
+    return {f"{ids[0]}/{entry.get('main_output') or next(iter(entry['outputs']))}": outputs[""]}
+
+
 def diagnose(bundle_dir: str | os.PathLike[str], outputs_path: str | os.PathLike[str], *,
              options: CheckOptions | None = None, cases: list[str] | None = None, progress: Any = None,
              max_memory: int | None = None) -> list[CaseDiagnosis]:
@@ -169,10 +183,5 @@ def diagnose(bundle_dir: str | os.PathLike[str], outputs_path: str | os.PathLike
     reproduces (see :mod:`deepgemm_ref.golden.diagnose`)."""
     bundle = load_bundle(bundle_dir, max_memory=max_memory)
     outputs = load_outputs(outputs_path, max_memory=max_memory)
-    if set(outputs) == {""}:
-        ids = cases or list(bundle.cases)
-        if len(ids) == 1:
-            main = bundle.cases[ids[0]].get("main_output") or next(iter(bundle.cases[ids[0]]["outputs"]))
-            outputs = {f"{ids[0]}/{main}": outputs[""]}
     errors, _ = read_replay_record(outputs_path) if not os.fspath(outputs_path).endswith(".npy") else ({}, None)
     return diagnose_outputs(bundle, outputs, options=options, cases=cases, errors=errors, progress=progress)
