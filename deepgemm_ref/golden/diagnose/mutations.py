@@ -444,7 +444,10 @@ def fp4_tensors(ctx: CaseContext) -> dict[str, str]:
     if fam == "gemm":
         return {side: side for side in ("a", "b") if p.get(side) == "fp4"}
     if fam == "mqa" and p.get("fp4"):
-        return {name: name for name in ("q", "kv", "kv_cache") if name in ctx.inputs}
+        # q and the keys are both packed along the head dimension with per-32 scales: swapping
+        # the pairs of one is swapping those of the other (sum_d q_d k_s(d) = sum_d q_s(d) k_d)
+        kv = "kv_cache" if "kv_cache" in ctx.inputs else "kv"
+        return {kv: "q or kv (the same logits)"}
     if fam == "mega_moe" and ctx.kernel == "fp8_fp4_mega_moe":
         return {name: name.split(".")[0] for name in ctx.inputs if name.split(".")[0] in ("l1", "l2")}
     return {}
