@@ -7,8 +7,9 @@ maximum normalised error, ``calc_diff`` and, with ``--diagnose``, the explaining
 every failing or warning output its bound, its heatmap (:mod:`.plot`; without matplotlib a table
 of per-tile failure shares), its worst elements (failures first, each against its own warn /
 fail thresholds) and, with ``--diagnose``, the ranked explanations.  Integer outputs list their
-differing entries instead of a heatmap.  The script filters the table (failures only) and marks
-the page once every image has decoded (``body[data-images-loaded]``).
+differing entries instead of a heatmap.  The script filters the table (failures only; also opened as
+``report.html#failures-only``) and marks the page once every image has decoded
+(``body[data-images-loaded]``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ _SCRIPT = """
 (function () {
   var rows = Array.prototype.slice.call(document.querySelectorAll('#outputs tbody tr'));
   var box = document.getElementById('failures-only');
+  if (window.location.hash === '#failures-only') { box.checked = true; }
   function apply() {
     var shown = 0;
     rows.forEach(function (r) {
