@@ -74,10 +74,12 @@ def sfa_read_unaligned(a, b, d, *args, **kw):
 
 
 def ue8m0_bias_126_on_a(a, b, d, *args, **kw):
-    """Every UE8M0 byte of the packed int32 SFA read one higher."""
-    sf = np.array(a[1], copy=True)
-    by = sf.view(np.uint8)
+    """Every UE8M0 byte of the packed int32 SFA read one higher (in its MN-major TMA layout)."""
+    words = np.ascontiguousarray(a[1])
+    by = words.view(np.uint8)
     by[by != 0] += 1
+    sf = np.empty_like(a[1])
+    sf[...] = words
     return dg.fp8_gemm_nt((a[0], sf), b, d, *args, **kw)
 
 
@@ -500,3 +502,13 @@ def test_a_case_whose_replay_failed_cannot_be_diagnosed(tmp_path, capsys):
     [d] = diagnose(bundle, tmp_path / "o.safetensors")
     assert d.status == "error" and "device fault" in d.verdict
     assert main(["diagnose", str(bundle), "--outputs", str(tmp_path / "o.safetensors")]) == 1
+
+
+def test_catalogue_reference_is_up_to_date():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "docs" / "gen_diagnose.py"), "--check"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

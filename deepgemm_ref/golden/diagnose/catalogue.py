@@ -73,7 +73,8 @@ CATALOGUE: tuple[Entry, ...] = (
           "elements (flat overrun) or the previous block's (stale buffer)", mu.k_tail_not_zeroed),
     Entry("neg1_rows_as_group0", ("m_grouped_*_contiguous",) + MEGA, "call",
           "a -1 (padding) in m_indices read as group 0, so a tile whose last row is padding is computed with "
-          "group 0's B; Mega MoE: a -1 top-k slot routed to expert 0", mu.neg1_rows_as_group0,
+          "group 0's B; Mega MoE: a -1 top-k slot routed to expert 0 (DeepGEMM #34: a -1 is not skipped but "
+          "used as a group index)", mu.neg1_rows_as_group0,
           sources=("https://github.com/deepseek-ai/DeepGEMM/issues/34",)),
     Entry("psum_offsets_shifted", M_CONTIGUOUS, "call",
           "psum end offsets read as start offsets (group g on rows [psum[g], psum[g+1])), or shifted by one "
@@ -82,8 +83,7 @@ CATALOGUE: tuple[Entry, ...] = (
           "group boundaries one row off: each group's last or first row unwritten or given to the neighbour "
           "group (masked: masked_m - 1 rows; K-grouped: a K element dropped)", mu.group_boundary_off_by_one),
     Entry("masked_m_ignored", MASKED, "call",
-          "masked_m not read: every group computed to expected_m rows, or none at all", mu.masked_m_ignored,
-          sources=("https://github.com/deepseek-ai/DeepGEMM/issues/268",)),
+          "masked_m not read: every group computed to expected_m rows, or none at all", mu.masked_m_ignored),
     Entry("c_missing", EVERY, "output", "the C input (or D's initial value when C is D) not added", mu.c_missing),
     Entry("c_added_twice", EVERY, "output", "C added twice (the epilogue applied to its own result, or 2 C)",
           mu.c_added_twice),

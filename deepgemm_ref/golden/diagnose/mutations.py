@@ -400,7 +400,12 @@ def sf_float32_read_as_ue8m0(ctx: CaseContext) -> Iterator[Variant]:
     if ctx.profile != "sm100":
         return
     sfs = scale_tensors(ctx)
-    changes = {sf.name: sf.stored(_float32_bytes_as_ue8m0(sf.canonical(ctx.inputs[sf.name]))) for sf in sfs}
+    yield from _each_operand_and_both(ctx, sfs, {
+        sf.name: sf.stored(_float32_bytes_as_ue8m0(sf.canonical(ctx.inputs[sf.name]))) for sf in sfs})
+
+
+def _each_operand_and_both(ctx: CaseContext, sfs: list[SF], changes: dict[str, np.ndarray]) -> Iterator[Variant]:
+    """The scale mutation on each operand alone, then on both."""
     for sf in sfs:
         v = regen(ctx, {"operand": sf.operand}, {sf.name: changes[sf.name]})
         if v is not None:
@@ -414,19 +419,12 @@ def sf_float32_read_as_ue8m0(ctx: CaseContext) -> Iterator[Variant]:
 def sf_mantissa_dropped(ctx: CaseContext) -> Iterator[Variant]:
     """Non-power-of-two float32 scales reduced to their exponent (the mantissa truncated, as a
     UE8M0 cast that keeps the exponent byte does), on one operand or both."""
-    sfs = [sf for sf in scale_tensors(ctx)]
+    sfs = scale_tensors(ctx)
     changes = {}
     for sf in sfs:
         x = np.ascontiguousarray(ctx.inputs[sf.name], np.float32)
         changes[sf.name] = (x.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32).reshape(x.shape)
-    for sf in sfs:
-        v = regen(ctx, {"operand": sf.operand}, {sf.name: changes[sf.name]})
-        if v is not None:
-            yield v
-    if len(changes) > 1:
-        v = regen(ctx, {"operand": "a and b"}, changes)
-        if v is not None:
-            yield v
+    yield from _each_operand_and_both(ctx, sfs, changes)
 
 
 # ----------------------------------------------------------------------------------------------

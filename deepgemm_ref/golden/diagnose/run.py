@@ -13,7 +13,7 @@ from ..check import CaseReport, CheckOptions, check_outputs, load_outputs, stric
 from ..progress import as_progress
 from ..replay import read_replay_record
 from .catalogue import Entry, applicable
-from .engine import CONFIRM, CONFIRM_ABOVE, THRESHOLD, CaseContext, Evaluated, Score, rank_key
+from .engine import CONFIRM, CONFIRM_ABOVE, THRESHOLD, CaseContext, Evaluated, Score, describe_error, rank_key
 
 __all__ = ["Explanation", "CaseDiagnosis", "diagnose", "diagnose_outputs", "diagnose_case"]
 
@@ -53,7 +53,9 @@ class Explanation:
 class CaseDiagnosis:
     """The diagnosis of one case: ``status`` "fail" (with ``explanations`` ranked, best first;
     ``explained`` when the first passes the threshold), "pass" / "warn" (nothing to diagnose) or
-    "error" (the case could not be checked, ``error`` says why)."""
+    "error" (the case could not be checked, ``error`` says why).  ``skipped``: the applicable
+    entries that yielded no scored candidate, with the reason (e.g. the kernel refused the
+    mutated call)."""
 
     id: str
     status: str
@@ -65,6 +67,7 @@ class CaseDiagnosis:
     candidates: int = 0
     seconds: float = 0.0
     outputs: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # entry -> why it made no candidate here
 
     @property
     def explained(self) -> bool:
@@ -112,9 +115,13 @@ def diagnose_case(bundle: Bundle, case_id: str, outputs: Mapping[str, Any], opti
     ctx = CaseContext(bundle, case_id, device, options)
     screen = ctx.sample
     evaluated: list[Evaluated] = []
+    skipped: dict[str, str] = {}
     for order, e in enumerate(applicable(ctx.kernel)):
-        for variant in e.mutation(ctx):
-            evaluated.append(Evaluated(e, variant, ctx.score(e.name, variant, screen), order))
+        try:
+            for variant in e.mutation(ctx):
+                evaluated.append(Evaluated(e, variant, ctx.score(e.name, variant, screen), order))
+        except Exception as ex:  # one entry that cannot model this case does not stop the others
+            skipped[e.name] = describe_error(ex)
     # confirm the best screened candidates on the whole case (a slow model stays a sample estimate)
     if screen is not None:
         ranked = sorted(evaluated, key=rank_key, reverse=True)
@@ -128,9 +135,12 @@ def diagnose_case(bundle: Bundle, case_id: str, outputs: Mapping[str, Any], opti
             best[ev.entry.name] = ev
     ranked = sorted(best.values(), key=rank_key, reverse=True)
     listed = [Explanation.of(ev) for ev in ranked if ev.score.share >= LIST_ABOVE][:LISTED]
+    for ev in evaluated:
+        if ev.score.error is not None and ev.entry.name not in best:
+            skipped.setdefault(ev.entry.name, ev.score.error)
     return CaseDiagnosis(case_id, "fail", checked, ctx.failing, listed,
                          screen.describe() if screen is not None else None, candidates=len(evaluated),
-                         seconds=time.perf_counter() - t0, outputs=names)
+                         seconds=time.perf_counter() - t0, outputs=names, skipped=skipped)
 
 
 def diagnose_outputs(bundle: Bundle, outputs: Mapping[str, Any], *, options: CheckOptions | None = None,
