@@ -333,3 +333,18 @@ def test_html_report_screenshot_shows_the_page(html_file, tmp_path):
     assert px.std() > 0.05  # not a blank page
     red = (px[..., 0] > 0.6) & (px[..., 1] < 0.25) & (px[..., 2] < 0.3)
     assert np.count_nonzero(red) > 50  # the FAIL markers and status colour are drawn
+
+
+def test_html_without_matplotlib_draws_the_tiles_as_a_table(files, monkeypatch):
+    from deepgemm_ref.errors import DGArgumentError
+    from deepgemm_ref.golden import plot
+
+    def missing() -> None:
+        raise DGArgumentError("heatmaps need matplotlib")
+
+    monkeypatch.setattr(plot, "_matplotlib", missing)
+    bundle, _, bad = files
+    b = golden.load_bundle(bundle)
+    text = html_report(golden.check(bundle, bad), cases=b.cases)
+    assert '<table class="tiles">' in text and "<img" not in text
+    assert "matplotlib is not installed" in text and "&#x2716;" in text  # the NaN tile is marked

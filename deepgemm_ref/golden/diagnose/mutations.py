@@ -158,9 +158,11 @@ def ue8m0_scales(ctx: CaseContext) -> bool:
     return ctx.profile != "sm90"
 
 
-#: UE8M0 / float32 scale words of each profile's device layout: (k-blocks per word, TMA alignment
-#: of the MN axis in words: 16 bytes).
-_WORDS = {"sm100": (4, 4), "sm90": (1, 4), "ascend950": (2, 8)}
+#: Scale words of each profile's device layout: (k-blocks per word, the MN stride's alignment in
+#: words as the layout stores it, the 16-byte TMA alignment in words).  DeepGEMM pads MN-major
+#: buffers to the TMA alignment (4 float32 / int32 words); DeepGEMM-Ascend's int16 pairs are
+#: stored unpadded (layout.py).
+_WORDS = {"sm100": (4, 4, 4), "sm90": (1, 4, 4), "ascend950": (2, 1, 8)}
 
 
 def _words(canon: np.ndarray, unit: int) -> tuple[np.ndarray, int]:
@@ -205,7 +207,7 @@ def _read_words(words: np.ndarray, write: Layout, read: Layout, size: int) -> np
 def sf_transposed(ctx: CaseContext) -> Iterator[Variant]:
     """An MN-major SF buffer read as K-major, or a K-major one read as MN-major, per operand,
     in words of one k-block and of the device's packing."""
-    unit_dev, align_dev = _WORDS.get(ctx.profile, (1, 1))
+    unit_dev, align_dev, _ = _WORDS.get(ctx.profile, (1, 1, 1))
     for sf in scale_tensors(ctx):
         canon = sf.canonical(ctx.inputs[sf.name])
         for unit in sorted({1, unit_dev}):
@@ -227,7 +229,7 @@ def sf_transposed(ctx: CaseContext) -> Iterator[Variant]:
 def sf_not_tma_aligned(ctx: CaseContext) -> Iterator[Variant]:
     """An MN-major SF buffer written with the TMA-aligned MN stride and read with the plain one,
     or the reverse (only an MN not a multiple of the alignment shows it)."""
-    unit, al = _WORDS.get(ctx.profile, (1, 4))
+    unit, _, al = _WORDS.get(ctx.profile, (1, 4, 4))
     for sf in scale_tensors(ctx):
         canon = sf.canonical(ctx.inputs[sf.name])
         words, kb = _words(canon, unit)
