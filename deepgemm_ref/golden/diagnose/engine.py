@@ -444,7 +444,7 @@ def epilogue_values(ep_desc: Mapping[str, Any], acc: np.ndarray, c: np.ndarray |
 def round_toward_zero(x: np.ndarray, fmt: fm.Format) -> np.ndarray:
     """``x`` (float64) rounded toward zero to bf16 or float32, as float64 values (overflow gives
     the largest finite value; NaN and infinities stay)."""
-    # Note: formats.CastPolicy has no toward-zero rounding (kernels never truncate); a
+    # formats.CastPolicy has no toward-zero rounding (kernels never truncate); a
     # diagnosis of a truncating port needs one, so it lives here.
     x = np.asarray(x, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
