@@ -25,6 +25,7 @@ from _common import row  # noqa: I001  (benchmarks run as scripts)
 
 import deepgemm_ref as dg
 from deepgemm_ref import attention as att
+from deepgemm_ref import core
 from deepgemm_ref._parallel import num_threads
 
 MIB = 2**20
@@ -35,7 +36,7 @@ class CoreTimer:
 
     def __init__(self) -> None:
         self.total = 0.0
-        self._orig = att.core.exact_accumulator
+        self._orig = core.exact_accumulator
         self._lock = threading.Lock()
 
     def __enter__(self) -> CoreTimer:
@@ -47,11 +48,11 @@ class CoreTimer:
                 with self._lock:
                     self.total += time.perf_counter() - t0
 
-        att.core.exact_accumulator = timed
+        core.exact_accumulator = timed
         return self
 
     def __exit__(self, *exc: object) -> None:
-        att.core.exact_accumulator = self._orig
+        core.exact_accumulator = self._orig
 
 
 def measure(fn, baseline, repeat: int) -> tuple[float, float, float, int, object]:

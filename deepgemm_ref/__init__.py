@@ -2,23 +2,32 @@
 
 ``import deepgemm_ref as deep_gemm`` gives DeepGEMM's names, parameters and defaults over NumPy
 arrays (ml_dtypes for the narrow formats) and torch CPU tensors.  Golden outputs are the exact
-result rounded once to the output dtype.  This module only assembles the namespace.
+result rounded once to the output dtype, with the roundings the kernel's data flow defines
+(docs/numerics.md, "The rounding rule").  This module only assembles the namespace.
 """
 
+# Note: the quantisation utilities and testing helpers stay available under ascend950 although
+# DeepGEMM-Ascend does not export them: inputs for its kernels are made with them; the epilogue
+# objects stay available under DeepGEMM's profiles, whose GEMMs also take epilogue=.
+# deep_gemm's star import of deep_gemm.utils makes its sub-modules and dist helpers visible at
+# top level (math, dist, init_dist, uneven_all_gather); so does this namespace (under DeepGEMM's
+# profiles).  The namespace follows the active profile (deepgemm_ref.namespace): hasattr, dir(),
+# __all__ and imports see only the names the emulated library exports.
+
+# --- generated from deepgemm_ref._exports.TABLE: do not edit by hand ---
 from . import _C, epilogue, formats, locality_domain, mega, testing, utils
 from ._version import __version__
-from .api import profiled as _profiled
-from .attention import (  # noqa: I001
+from .attention import (
     fp8_fp4_mqa_logits,
     fp8_fp4_paged_mqa_logits,
     fp8_mqa_logits,
     fp8_paged_mqa_logits,
     get_paged_mqa_logits_metadata,
 )
-from .config import Limited, get_numerics, numerics, reset_numerics, set_numerics
-from .einsum import einsum, fp8_einsum, tf32_hc_prenorm_gemm  # noqa: I001
+from .config import Limited, get_numerics, reset_numerics, set_numerics
+from .einsum import einsum, fp8_einsum, tf32_hc_prenorm_gemm
 from .errors import DGArgumentError, DGUtilityError
-from .gemm import (  # noqa: I001
+from .gemm import (
     aclnn_bf16_gemm_nn,
     aclnn_bf16_gemm_nt,
     aclnn_bf16_gemm_tn,
@@ -69,6 +78,11 @@ from .layout import (
     transform_k_grouped_sf_into_required_layout,
     transform_sf_into_required_layout,
 )
+from .locality_domain import profiled_destroy_localizer as destroy_localizer
+from .locality_domain import profiled_get_num_locality_domains as get_num_locality_domains
+from .locality_domain import profiled_is_localization_available as is_localization_available
+from .locality_domain import profiled_is_localized as is_localized
+from .locality_domain import profiled_localize as localize
 from .mega import (
     SymmBuffer,
     bf16_mega_moe,
@@ -77,9 +91,6 @@ from .mega import (
     transform_weights_for_mega_moe,
 )
 from .profiles import get_arch, get_profile, set_arch
-
-# Note: the quantisation utilities and testing helpers stay available under ascend950 although
-# DeepGEMM-Ascend does not export them: inputs for its kernels are made with them.
 from .quant import (
     align,
     cast_back_from_fp4,
@@ -115,23 +126,9 @@ from .runtime import (
     set_tc_util,
     use_deterministic_algorithms,
 )
-
-_LOCALITY_MISSING = {"deepgemm": "added by DeepGEMM-Ascend (newer upstream API); not in DeepGEMM 2.6.1"}
-get_num_locality_domains = _profiled(
-    "get_num_locality_domains", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.get_num_locality_domains
-)
-is_localization_available = _profiled(
-    "is_localization_available", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.is_localization_available
-)
-localize = _profiled("localize", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.localize)
-is_localized = _profiled("is_localized", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.is_localized)
-destroy_localizer = _profiled("destroy_localizer", _LOCALITY_MISSING, deepgemm_ascend=locality_domain.destroy_localizer)
-
-# deep_gemm's star import of deep_gemm.utils makes its sub-modules and dist helpers visible at top level.
-math = utils.math
-dist = utils.dist
-init_dist = utils.init_dist
-uneven_all_gather = utils.uneven_all_gather
+from .settings import numerics
+from .utils import dist, math
+from .utils.dist import init_dist, uneven_all_gather
 
 __all__ = [
     "SymmBuffer",
@@ -251,3 +248,8 @@ __all__ = [
     "transform_sf_into_required_layout",
     "transform_k_grouped_sf_into_required_layout",
 ]
+# --- end of generated block ---
+
+from . import _exports, namespace  # noqa: E402
+
+namespace.install(__name__, _exports.only("top"))

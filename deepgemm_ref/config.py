@@ -5,15 +5,13 @@ options here are this package's own (they have no DeepGEMM counterpart) and neve
 public signature: they choose how the emulator rounds where the real library's behaviour
 depends on the device, the torch version or the accumulator hardware.
 
-``numerics(...)`` scopes options (and, once profiles exist, the arch profile) and restores
-the previous state on exit, also when the block raises.
+:func:`deepgemm_ref.settings.numerics` scopes these options together with the arch profile and
+the runtime settings (``deepgemm_ref.numerics`` is that function).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -24,8 +22,8 @@ __all__ = [
     "NumericsOptions",
     "get_numerics",
     "set_numerics",
-    "numerics",
     "reset_numerics",
+    "restore_numerics",
     "AccumulationModel",
 ]
 
@@ -102,14 +100,6 @@ class NumericsOptions:
 
 _lock = threading.RLock()
 _current = NumericsOptions()
-# Hooks that snapshot and restore other process-global state (the arch profile, DeepGEMM's
-# runtime settings) together with the numerics options; registered by the modules that own it.
-_state_hooks: list[tuple[Any, Any]] = []
-
-
-def register_state(snapshot: Any, restore: Any) -> None:
-    """Register ``snapshot() -> token`` and ``restore(token)`` for :func:`numerics` scoping."""
-    _state_hooks.append((snapshot, restore))
 
 
 def get_numerics() -> NumericsOptions:
@@ -138,27 +128,8 @@ def reset_numerics() -> None:
         _current = NumericsOptions()
 
 
-@contextlib.contextmanager
-def numerics(arch: str | None = None, **changes: Any) -> Iterator[NumericsOptions]:
-    """Scope numerics options (and optionally the arch profile); everything is restored on exit.
-
-    >>> with numerics(arch="ascend950", accumulation="fp32"):
-    ...     pass
-    """
+def restore_numerics(options: NumericsOptions) -> None:
+    """Put back options saved with :func:`get_numerics` (``deepgemm_ref.numerics`` scoping)."""
     global _current
     with _lock:
-        saved = _current
-        saved_hooks = [(restore, snap()) for snap, restore in _state_hooks]
-    try:
-        if arch is not None:
-            from .profiles import set_arch  # late import: profiles registers its own hooks
-
-            set_arch(arch)
-        if changes:
-            set_numerics(**changes)
-        yield _current
-    finally:
-        with _lock:
-            _current = saved
-            for restore, token in saved_hooks:
-                restore(token)
+        _current = options

@@ -1,8 +1,9 @@
 """The one numeric core: a scaled block matmul with exact, fp32 and limited accumulation models.
 
 Every kernel turns its inputs into two canonical :class:`Operand` s (element values, one scale per
-row and K block) and an :class:`Epilogue`, then calls :func:`scaled_matmul`.  No kernel owns a
-matmul loop.
+row and K block) and an :class:`OutputStage`, and the executor (:mod:`deepgemm_ref.executor`) calls
+:func:`scaled_matmul` (or :func:`dot_products`) with the active :class:`Accumulation`.  No kernel
+owns a matmul loop, and the core reads no global state.
 
 Math.  With ``a`` of logical shape (M, K), ``b`` of shape (N, K), block sizes ``ba``, ``bb``::
 
@@ -29,6 +30,10 @@ How the exact result is obtained (numerics.md section 5), per output element:
    (error below ``2 T^2 u^2 S``) and certified again; what remains (exact ties) is computed with
    Python ``Fraction`` s.
 
+Steps 3 and 4 are :func:`deepgemm_ref.certified.round_certified` (estimate ``y``, bound
+``gamma_K S``, the epilogue as the rounding, the exact tiers as its fallback); the error-free
+transformations and bounds come from :mod:`deepgemm_ref.exact`.
+
 ``S`` is bounded by ``|a_m|_2 |b_n|_2`` (Cauchy-Schwarz) unless the caller asks for the exact
 error scale, which costs one more GEMM (``|a| @ |b|^T``, rounded up).
 
@@ -49,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -59,11 +65,32 @@ import numpy as np
 
 from . import formats as fm
 from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
-from .config import Limited, get_numerics
+from .certified import Points, round_certified
+from .config import AccumulationModel, Limited
+from .exact import (
+    ceil_div,
+    dd_interval,
+    dd_sum,
+    dd_to_f64_directed,
+    fraction_sum,
+    gamma,
+    pairwise_sum,
+    sum_upper_bound,
+    two_prod,
+    two_sum,
+)
 
-__all__ = ["Operand", "Epilogue", "MatmulResult", "Accumulator", "scaled_matmul", "exact_accumulator", "U64"]
-
-U64 = 2.0**-53  # unit roundoff of float64
+__all__ = [
+    "Operand",
+    "OutputStage",
+    "Accumulation",
+    "MatmulResult",
+    "Accumulator",
+    "Products",
+    "scaled_matmul",
+    "exact_accumulator",
+    "dot_products",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,7 +184,7 @@ class Operand:
     def block_scales(self, r0: int, r1: int, block: int) -> np.ndarray:
         """Scales per row and per K block of size ``block`` (which must divide self.block)."""
         k = self.values.shape[1]
-        nb = -(-k // block) if k else 0
+        nb = ceil_div(k, block) if k else 0
         if self.scales is None:
             return np.ones((r1 - r0, nb))
         rep = self.block // block
@@ -192,12 +219,15 @@ def _lsb_exponent(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# Epilogue
+# OutputStage
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class Epilogue:
-    """What happens to the accumulator on its way into ``d``.
+class OutputStage:
+    """What happens to the accumulator on its way into ``d`` (the kernel's epilogue arithmetic).
+
+    Not to be confused with :mod:`deepgemm_ref.epilogue`, DeepGEMM-Ascend's epilogue *objects*
+    (``Identity``, ``Alpha``, ``FP8Quantization``) that the kernels accept and translate into this.
 
     out:    the output format (``formats.BF16`` or ``formats.F32``).
     alpha:  optional float32 multiplier: ``z = f32(alpha * acc)`` (DeepGEMM-Ascend's Alpha).
@@ -243,20 +273,20 @@ class Epilogue:
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
-            s, e = fm.two_sum(self.c[rows, cols].astype(np.float64), z)
+            s, e = two_sum(self.c[rows, cols].astype(np.float64), z)
             return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
-        return self.apply_points(_dd_to_f64_directed(hi, lo, up), rows, cols)
+        return self.apply_points(dd_to_f64_directed(hi, lo, up), rows, cols)
 
     def _apply(self, x: np.ndarray, c: np.ndarray | None) -> np.ndarray:
         z = x
         if self.alpha is not None:
-            p, e = fm.two_prod(np.float64(self.alpha), z)
+            p, e = two_prod(np.float64(self.alpha), z)
             z = fm.round_dd(p, e, fm.F32).astype(np.float64)
         if c is None:
             return fm.round_f64(z, self.out).view(self.out.code_dtype)
         if self._round_first:
             z = fm.round_f64(z, self.out).astype(np.float64)
-        s, e = fm.two_sum(c.astype(np.float64), z)
+        s, e = two_sum(c.astype(np.float64), z)
         return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
 
     def apply_exact(self, x: Fraction, m: int, n: int) -> Any:
@@ -329,16 +359,6 @@ class MatmulResult:
 # The exact model
 # ----------------------------------------------------------------------------------------------
 
-def _gamma(n: int) -> float:
-    nu = n * U64
-    return nu / (1 - nu)
-
-
-def _up(x: np.ndarray, n: int) -> np.ndarray:
-    """An upper bound of a sum of n non-negative terms computed in float64 as ``x``."""
-    return x * (1 + 2 * _gamma(n + 2)) + 2.0**-1000
-
-
 def _chunk_rows(m: int, n: int, k: int) -> int:
     """Rows of ``a`` per chunk.
 
@@ -351,14 +371,6 @@ def _chunk_rows(m: int, n: int, k: int) -> int:
     budget = max(32 << 20, 2 * (m * k + n * k + m * n))  # bytes: 1/4 of 8 * (mk + nk + mn)
     rows = budget // max(per_row, 1)
     return max(1, min(m, max(rows, min(m, 256) if per_row * 256 <= 4 * budget else rows)))
-
-
-@dataclass
-class _Pending:
-    """Elements of one chunk that no certificate has decided yet."""
-
-    rows: np.ndarray  # absolute row indices
-    cols: np.ndarray
 
 
 def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> list[np.ndarray]:
@@ -391,131 +403,81 @@ def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> 
         # Within a block the products share the block's scale; their sum is exact only for
         # fixed-quantum formats, so split the block into exact product terms otherwise.
         if a.fixed_quantum is not None and b.fixed_quantum is not None:
-            p, e = fm.two_prod(scale[:, j], bs.sum(axis=1))
+            p, e = two_prod(scale[:, j], bs.sum(axis=1))
             terms += [p[:, None], e[:, None]]
         else:
             for t in range(bs.shape[1]):
-                p, e = fm.two_prod(scale[:, j], bs[:, t])
+                p, e = two_prod(scale[:, j], bs[:, t])
                 terms += [p[:, None], e[:, None]]
     return [np.concatenate(terms, axis=1)]
 
 
-def _pairwise_two_sum(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum the columns of (F, T) pairwise with TwoSum: (sums (F,), exact errors (F, T - 1))."""
-    f = t.shape[0]
-    errs = []
-    while t.shape[1] > 1:
-        if t.shape[1] % 2:
-            t = np.concatenate([t, np.zeros((f, 1))], axis=1)
-        t, e = fm.two_sum(t[:, 0::2], t[:, 1::2])
-        errs.append(e)
-    head = t[:, 0] if t.shape[1] else np.zeros(f)
-    return head, (np.concatenate(errs, axis=1) if errs else np.zeros((f, 0)))
-
-
-def _pairwise_sum(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 pairwise sum along axis 1 of exact terms (F, T), with a rigorous error bound.
-
-    Contiguous halves are added level by level, so every term takes part in at most
-    L = ceil(log2 T) roundings: |sum - s| <= gamma(L) * sum |t| (Higham, section 4.2), a bound
-    some T / L times tighter than the one of an arbitrary-order float64 dot product.
-    Returns (s, bound); the bound is +inf or NaN where a partial sum overflowed.
-    """
-    f, n = t.shape
-    if n == 0:
-        return np.zeros(f), np.zeros(f)
-    x, ax = t, np.abs(t)
-    levels = 0
-    while x.shape[1] > 1:
-        h = x.shape[1] // 2
-        nx, nax = x[:, :h] + x[:, h:2 * h], ax[:, :h] + ax[:, h:2 * h]
-        if x.shape[1] % 2:
-            nx, nax = np.concatenate([nx, x[:, 2 * h:]], axis=1), np.concatenate([nax, ax[:, 2 * h:]], axis=1)
-        x, ax = nx, nax
-        levels += 1
-    return x[:, 0], _gamma(levels) * _up(ax[:, 0], levels)
-
-
-def _dd_sum(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Double-double sum along axis 1 of exact float64 terms (F, T): (hi, lo, error bound).
-
-    Two levels of pairwise TwoSum: the terms' sum is exactly ``h1 + sum(E1)``, and ``sum(E1)``
-    is exactly ``h2 + sum(E2)``; only ``sum(E2)`` is left out, bounded by ``sum |E2|`` (rounded
-    up), which is zero when the result is exact.
-    """
-    h1, e1 = _pairwise_two_sum(t)
-    h2, e2 = _pairwise_two_sum(e1)
-    s, e = fm.two_sum(h1, h2)
-    bound = np.abs(e2).sum(axis=1) * (1 + 2 * _gamma(e2.shape[1] + 2))
-    return s, e, bound
-
-
-def _dd_ends(s: np.ndarray, e: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Double-double interval ends as low parts: (s, e_lo) <= s + e - bound, (s, e_hi) >= s + e + bound."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        e_lo = np.where(bound == 0, e, np.nextafter(e - bound, -np.inf))
-        e_hi = np.where(bound == 0, e, np.nextafter(e + bound, np.inf))
-    return e_lo, e_hi
-
-
-def _dd_to_f64_directed(s: np.ndarray, e: np.ndarray, up: bool) -> np.ndarray:
-    """float64 bound of the double-double s + e: rounded down (up=False) or up."""
-    h, r = fm.two_sum(s, e)
-    if up:
-        return np.where(r > 0, np.nextafter(h, np.inf), h)
-    return np.where(r < 0, np.nextafter(h, -np.inf), h)
-
-
-def _decide_pending(
-    a: Operand, b: Operand, ep: Epilogue, pend: _Pending, codes: np.ndarray, r0: int,
+def _exact_tiers(
+    a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray, r0: int,
     acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int],
-) -> None:
-    """Tiers 2 and 3 for the undecided elements of one chunk; writes codes (and acc)."""
-    if pend.rows.size == 0:
-        return
+) -> np.ndarray:
+    """Tiers 2 and 3: output codes (F,) of the elements (rows[i], cols[i]) no GEMM bound decided.
+
+    rows are absolute; ``acc`` / ``acc_lo`` (the chunk's rows from r0) receive the tiers' values.
+    """
+    codes = np.empty(rows.size, ep.out.code_dtype)
     # Bound the memory of the gathered terms (F x T float64) to about 64 MiB per batch.
     k = max(a.shape[1], 1)
     per = max(1, (64 << 20) // (8 * 2 * k))
-    for i0 in range(0, pend.rows.size, per):
-        rows = pend.rows[i0:i0 + per]
-        cols = pend.cols[i0:i0 + per]
-        (terms,) = _exact_terms(a, b, rows, cols)
+    for i0 in range(0, rows.size, per):
+        at = np.arange(i0, min(rows.size, i0 + per))
+        rr, cc = rows[at], cols[at]
+        (terms,) = _exact_terms(a, b, rr, cc)
         # Tier 2a: a pairwise float64 sum of the exact terms has an error bound some K / log2 K
         # times tighter than the GEMM's; most elements the GEMM's bound left open end here.
         with np.errstate(over="ignore", invalid="ignore"):
-            s2, bound2 = _pairwise_sum(terms)
-            p_lo = ep.apply_points(np.nextafter(s2 - bound2, -np.inf), rows, cols)
-            p_hi = ep.apply_points(np.nextafter(s2 + bound2, np.inf), rows, cols)
+            s2, bound2 = pairwise_sum(terms)
+            p_lo = ep.apply_points(np.nextafter(s2 - bound2, -np.inf), rr, cc)
+            p_hi = ep.apply_points(np.nextafter(s2 + bound2, np.inf), rr, cc)
             ok2 = (p_lo == p_hi) & np.isfinite(s2) & np.isfinite(bound2)
         if ok2.any():
-            codes[rows[ok2] - r0, cols[ok2]] = p_lo[ok2]
+            codes[at[ok2]] = p_lo[ok2]
             stats["pairwise"] = stats.get("pairwise", 0) + int(ok2.sum())
             if acc is not None:
-                acc[rows[ok2] - r0, cols[ok2]] = s2[ok2]
+                acc[rr[ok2] - r0, cc[ok2]] = s2[ok2]
             if ok2.all():
                 continue
-            rows, cols, terms = rows[~ok2], cols[~ok2], terms[~ok2]
-        s, e, bound = _dd_sum(terms)
-        e_lo, e_hi = _dd_ends(s, e, bound)
-        c_lo = ep.apply_points_dd(s, e_lo, rows, cols, up=False)
-        c_hi = ep.apply_points_dd(s, e_hi, rows, cols, up=True)
+            at, rr, cc, terms = at[~ok2], rr[~ok2], cc[~ok2], terms[~ok2]
+        s, e, bound = dd_sum(terms)
+        e_lo, e_hi = dd_interval(s, e, bound)
+        c_lo = ep.apply_points_dd(s, e_lo, rr, cc, up=False)
+        c_hi = ep.apply_points_dd(s, e_hi, rr, cc, up=True)
         ok = c_lo == c_hi
-        codes[rows[ok] - r0, cols[ok]] = c_lo[ok]
+        codes[at[ok]] = c_lo[ok]
         stats["double_double"] = stats.get("double_double", 0) + int(ok.sum())
         if acc is not None:
-            acc[rows - r0, cols] = s
+            acc[rr - r0, cc] = s
         if acc_lo is not None:
-            acc_lo[rows - r0, cols] = e
+            acc_lo[rr - r0, cc] = e
         bad = np.flatnonzero(~ok)
         for j in bad:
-            exact = sum((Fraction(float(v)) for v in terms[j]), Fraction(0))
-            codes[rows[j] - r0, cols[j]] = ep.apply_exact(exact, int(rows[j]), int(cols[j]))
+            exact = fraction_sum(terms[j])
+            codes[at[j]] = ep.apply_exact(exact, int(rr[j]), int(cc[j]))
             if acc is not None:
                 hi_f = float(exact)
-                acc[rows[j] - r0, cols[j]] = hi_f
+                acc[rr[j] - r0, cc[j]] = hi_f
                 if acc_lo is not None:
-                    acc_lo[rows[j] - r0, cols[j]] = float(exact - Fraction(hi_f))
+                    acc_lo[rr[j] - r0, cc[j]] = float(exact - Fraction(hi_f))
         stats["fraction"] = stats.get("fraction", 0) + int(bad.size)
+    return codes
+
+
+class _RowsRounding:
+    """The output step of rows [r0, r0 + rows) as a :class:`certified.Rounding`."""
+
+    def __init__(self, ep: OutputStage, r0: int, r1: int) -> None:
+        self.ep, self.r0, self.r1 = ep, r0, r1
+
+    def block(self, x: np.ndarray) -> np.ndarray:
+        return self.ep.apply(x, self.r0, self.r1)
+
+    def points(self, x: np.ndarray, at: Points) -> np.ndarray:
+        return self.ep.apply_points(x, at[0] + self.r0, at[1])
 
 
 @dataclass
@@ -538,7 +500,7 @@ class _Chunk:
         """float64 upper bound of sum |a b| (Cauchy-Schwarz), computed on first use."""
         if self._S is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                self._S = _up(np.outer(self.a_norm, self.b_norm), 2)
+                self._S = sum_upper_bound(np.outer(self.a_norm, self.b_norm), 2)
         return self._S
 
 
@@ -606,11 +568,11 @@ class _CertifiedChunks:
                 y = a64[:, :kb] @ self.b64[:, :kb].T
                 for k0 in range(kb, k, kb):
                     y += a64[:, k0:k0 + kb] @ self.b64[:, k0:k0 + kb].T
-                n_round = kb + -(-k // kb) + 1
+                n_round = kb + ceil_div(k, kb) + 1
             else:
                 y = a64 @ self.b64.T
                 n_round = k + 1
-            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * _gamma(k + 2))
+            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * gamma(k + 2))
             # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
             a_fin = np.isfinite(a64).all(axis=1)
             finite = a_fin[:, None] & self.b_finite[None, :]
@@ -622,7 +584,9 @@ class _CertifiedChunks:
                 # (powers of two scale exactly; an overflow to inf just fails this test).
                 ra = a_norm * np.exp2(-qa)
                 rb = self.b_norm * np.exp2(-self.qb)
-                top = float(_up(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2)) if ra.size and rb.size else 0.0
+                top = 0.0
+                if ra.size and rb.size:
+                    top = float(sum_upper_bound(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2))
                 if a_fin.all() and self.b_finite.all() and top < 2.0**53:
                     ch.exact[...] = True
                     ch.all_exact = True
@@ -643,7 +607,7 @@ class _CertifiedChunks:
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
                 for r0 in starts[i0:i1]:
                     r1 = min(a.shape[0], r0 + self.step)
-                    out[r0:r1] = _up(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
+                    out[r0:r1] = sum_upper_bound(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
 
         if len(starts) > 1 and blas_pinned():
             parallel_chunks(len(starts), 1, rows)
@@ -694,7 +658,7 @@ def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumu
             acc[ch.r0:ch.r1] = ch.y
         if not ch.all_exact:
             all_exact = False
-            err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, _gamma(ch.n_round) * ch.S)
+            err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, gamma(ch.n_round) * ch.S)
             fin[ch.r0:ch.r1] = ch.finite
     S = None
     if want_S:
@@ -708,7 +672,7 @@ _KBLOCK_F32 = 512
 
 
 def _exact_model(
-    a: Operand, b: Operand, ep: Epilogue, want_acc: bool, want_S: bool
+    a: Operand, b: Operand, ep: OutputStage, want_acc: bool, want_S: bool
 ) -> MatmulResult:
     m, k = a.shape
     n = b.shape[0]
@@ -730,38 +694,27 @@ def _exact_model(
     def process(ch: _Chunk) -> None:
         st: dict[str, int] = {}
         r0, r1, y, exact, finite = ch.r0, ch.r1, ch.y, ch.exact, ch.finite
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
-            # through) take the epilogue of y itself; the others must give the same bits at both
-            # ends of their error interval.
-            codes = ep.apply(y, r0, r1)
-            decided = exact | ~finite
-            undecided = decided.size - int(np.count_nonzero(decided))
-            if undecided > decided.size // 8:
-                # Many candidates: evaluate both interval ends on the whole chunk.
-                err = _gamma(ch.n_round) * ch.S
-                c_lo = ep.apply(np.nextafter(y - err, -np.inf), r0, r1)
-                c_hi = ep.apply(np.nextafter(y + err, np.inf), r0, r1)
-                decided |= c_lo == c_hi
-            elif undecided:
-                pr, pc = np.nonzero(~decided)
-                err = _gamma(ch.n_round) * ch.S[pr, pc]
-                yv = y[pr, pc]
-                c_lo = ep.apply_points(np.nextafter(yv - err, -np.inf), pr + r0, pc)
-                c_hi = ep.apply_points(np.nextafter(yv + err, np.inf), pr + r0, pc)
-                same = c_lo == c_hi
-                decided[pr[same], pc[same]] = True
+        if acc is not None:
+            acc[r0:r1] = y
+        acc_rows = acc[r0:r1] if acc is not None else None
+        lo_rows = acc_lo[r0:r1] if acc_lo is not None else None
+
+        def bound(at: Points | None) -> np.ndarray:
+            return gamma(ch.n_round) * (ch.S if at is None else ch.S[at])
+
+        def tiers(at: Points) -> np.ndarray:
+            return _exact_tiers(a, b, ep, at[0] + r0, at[1], r0, acc_rows, lo_rows, st)
+
+        # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
+        # through) take the epilogue of y itself; the others must give the same bits at both
+        # ends of their error interval, or go to the exact tiers.
+        codes, pending = round_certified(y, bound, _RowsRounding(ep, r0, r1), final=exact | ~finite,
+                                         fallback=tiers)
         if ch.all_exact:
             st["exact"] = exact.size
         else:
             st["exact"] = int(exact.sum())
-            st["bounded"] = int((decided & ~exact & finite).sum())
-        if acc is not None:
-            acc[r0:r1] = y
-        pr, pc = np.nonzero(~decided)
-        _decide_pending(a, b, ep, _Pending(pr + r0, pc), codes, r0,
-                        acc[r0:r1] if acc is not None else None,
-                        acc_lo[r0:r1] if acc_lo is not None else None, st)
+            st["bounded"] = int((~pending & ~exact & finite).sum())
         out_codes[r0:r1] = codes
         with lock:
             for key, v in st.items():
@@ -798,7 +751,7 @@ def _row_norms(op: Operand) -> tuple[np.ndarray, np.ndarray]:
         norms[r0:r1] = np.sqrt(np.einsum("ij,ij->i", x, x))
         if k:
             finite[r0:r1] = np.isfinite(x).all(axis=1)
-    return norms * (1 + 2 * _gamma(k + 2)), finite
+    return norms * (1 + 2 * gamma(k + 2)), finite
 
 
 def _quantum_exponents(op: Operand, x64: np.ndarray, r0: int = 0, r1: int | None = None) -> np.ndarray:
@@ -835,15 +788,6 @@ def _f32_accumulate(acc32: np.ndarray, s32: np.ndarray | None, p32: np.ndarray) 
     return acc32
 
 
-def _mma_block_scaling() -> bool:
-    """Whether the active profile applies UE8M0 block scales inside the MMA (sm100, ascend950):
-    the block partial is then RN_f32(exact block sum * 2^(ea + eb)), one rounding, and a scale
-    product beyond float32's range never exists as a float32 number."""
-    from .profiles import get_profile
-
-    return get_profile().mma_block_scaling
-
-
 def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     """Whether the fp32 model may scale the operands before the block GEMMs.
 
@@ -871,7 +815,7 @@ def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     return in_f32 and lo_a + lo_b + qa + qb >= -126 and hi_a + hi_b <= 127
 
 
-def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> MatmulResult:
+def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> MatmulResult:
     """The fp32 model on pre-scaled operands: per K block one float64 GEMM of the scaled values
     (exact: FP8 / FP4 elements times powers of two stay far inside float64's range), one rounding
     to float32, one float32 add.  This is the model itself under MMA block scaling, and equals
@@ -882,7 +826,7 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: Epilogue, blk: int) -> Mat
     b_s = b.rows(0, n)  # NaN / inf elements follow IEEE through the GEMM, as on the device
     step = _chunk_rows(m, n, k)
     acc_all = np.empty((m, n), np.float32)
-    nb = -(-k // blk) if k else 0
+    nb = ceil_div(k, blk) if k else 0
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
@@ -917,19 +861,20 @@ def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.nd
     if not certified.all():
         rr, cc = np.nonzero(~certified)
         terms = a_el[rr] * b_el[cc]
-        s, e, bound = _dd_sum(terms)
-        e_lo, e_hi = _dd_ends(s, e, bound)
+        s, e, bound = dd_sum(terms)
+        e_lo, e_hi = dd_interval(s, e, bound)
         r_lo = fm.round_dd(s, e_lo, fm.F32)
         r_hi = fm.round_dd(s, e_hi, fm.F32)
         vals = r_lo.copy()
         for j in np.flatnonzero(r_lo.view(np.uint32) != r_hi.view(np.uint32)):
-            ex = sum((Fraction(float(v)) for v in terms[j]), Fraction(0))
+            ex = fraction_sum(terms[j])
             vals[j] = np.float32(_rn(ex, fm.F32))
         out[rr, cc] = vals
     return out
 
 
-def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool = True) -> MatmulResult:
+def _fp32_model(a: Operand, b: Operand, ep: OutputStage, block: int, mma_block_scaling: bool,
+                prescale: bool = True) -> MatmulResult:
     """Per K block: partial = RN_f32(exact block sum); acc = f32(acc + f32(f32(sa * sb) * partial))."""
     m, k = a.shape
     n = b.shape[0]
@@ -940,7 +885,7 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool
         blk = math.gcd(blk, b.block)
     exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (_mma_block_scaling() or _prescaled_fp32_ok(a, b)):
+    if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (mma_block_scaling or _prescaled_fp32_ok(a, b)):
         return _fp32_model_prescaled(a, b, ep, blk)
     b_el = b.element_rows(0, n)
     sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None
@@ -952,7 +897,7 @@ def _fp32_model(a: Operand, b: Operand, ep: Epilogue, block: int, prescale: bool
             a_el = a.element_rows(r0, r1)
             sa = a.block_scales(r0, r1, blk).astype(np.float32) if a.scales is not None else None
             acc = np.zeros((r1 - r0, n), np.float32)
-            nb = -(-k // blk) if k else 0
+            nb = ceil_div(k, blk) if k else 0
             for j in range(nb):
                 ks = slice(j * blk, min(k, (j + 1) * blk))
                 part = _block_partials(a_el[:, ks], b_el[:, ks], exact_ok)
@@ -976,7 +921,7 @@ def _truncate_to(x: np.ndarray, exp_top: np.ndarray, bits: int) -> np.ndarray:
     return np.trunc(x / q) * q
 
 
-def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> MatmulResult:
+def _limited_model(a: Operand, b: Operand, ep: OutputStage, model: Limited) -> MatmulResult:
     """A tensor-core accumulator: see :class:`deepgemm_ref.config.Limited`.
 
     Per output element, in K order, in groups of 32 products: the group's terms (its products
@@ -1038,50 +983,105 @@ def _limited_model(a: Operand, b: Operand, ep: Epilogue, model: Limited) -> Matm
 # Entry point
 # ----------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Accumulation:
+    """How the core accumulates, as values (the core reads no global state).
+
+    model:             ``"exact"``, ``"fp32"`` or a :class:`Limited`.
+    fp32_block:        K block of the ``fp32`` model's partial sums (the target's MMA block).
+    mma_block_scaling: whether UE8M0 block scales are applied inside the MMA (sm100, ascend950):
+                       the block partial is then RN_f32(exact block sum * 2^(ea + eb)), one
+                       rounding, and a scale product beyond float32's range never exists as a
+                       float32 number.
+    """
+
+    model: AccumulationModel = "exact"
+    fp32_block: int = 32
+    mma_block_scaling: bool = False
+
+
 def scaled_matmul(
     a: Operand,
     b: Operand,
-    epilogue: Epilogue,
+    output: OutputStage,
     *,
-    model: Any = None,
+    model: AccumulationModel = "exact",
     fp32_block: int = 32,
+    mma_block_scaling: bool = False,
     want_acc: bool = False,
     want_S: bool = False,
 ) -> MatmulResult:
-    """``epilogue(sum_k a[m, k] sa[m, k // ba] b[n, k] sb[n, k // bb])`` for every (m, n).
+    """``output(sum_k a[m, k] sa[m, k // ba] b[n, k] sb[n, k // bb])`` for every (m, n).
 
-    a: Operand (M, K); b: Operand (N, K); epilogue: output format, optional alpha and c (M, N).
-    model: ``"exact"``, ``"fp32"`` or a :class:`Limited`; default: the active numerics option.
-    fp32_block: K block of the ``fp32`` model's partial sums (the profile's MMA block).
+    a: Operand (M, K); b: Operand (N, K); output: the output stage (format, optional alpha and
+    c (M, N)).  model, fp32_block, mma_block_scaling: see :class:`Accumulation`.
     Returns a :class:`MatmulResult` whose ``out`` is a fresh (M, N) array of the output dtype.
     """
-    if model is None:
-        model = get_numerics().accumulation
     m, k = a.shape
     n, kb = b.shape
     assert k == kb, (a.shape, b.shape)
     if m == 0 or n == 0:
-        return MatmulResult(np.empty((m, n), epilogue.out.storage))
+        return MatmulResult(np.empty((m, n), output.out.storage))
     if k == 0:
         zeros = np.zeros((m, n))
-        return MatmulResult(epilogue.apply(zeros, 0, m).view(epilogue.out.storage),
+        return MatmulResult(output.apply(zeros, 0, m).view(output.out.storage),
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
         # (see _parallel.single_threaded_blas); chunks then run on the package's pool.
         with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
-            return _exact_model(a, b, epilogue, want_acc, want_S)
+            return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
-        res = _fp32_model(a, b, epilogue, fp32_block)
+        res = _fp32_model(a, b, output, fp32_block, mma_block_scaling)
     elif isinstance(model, Limited):
-        res = _limited_model(a, b, epilogue, model)
+        res = _limited_model(a, b, output, model)
     else:  # pragma: no cover - validated by config
         raise ValueError(f"unknown accumulation model {model!r}")
     if want_S:
         with single_threaded_blas():
-            res.S = _exact_model(a, b, Epilogue(fm.F32), False, True).S
+            res.S = _exact_model(a, b, OutputStage(fm.F32), False, True).S
     if not want_acc:
         res.acc = None
     return res
 
 
+@dataclass
+class Products:
+    """The dot products ``sum_k a[m, k] sa b[n, k] sb`` themselves, without an output rounding.
+
+    values: exact model: the float64 accumulator (exact where ``err`` is 0); other models: the
+            model's float32 results (M, N).
+    err:    exact model: float64 (M, N) with |values - exact| <= err, or None when every element
+            is certified exact; other models: None.
+    S:      the exact error scale sum |a b| (rounded up), when asked for.
+    exact:  whether ``values`` are the exact model's (certified) accumulators.
+    """
+
+    values: np.ndarray
+    err: np.ndarray | None
+    S: np.ndarray | None
+    exact: bool
+
+
+def dot_products(a: Operand, b: Operand, accumulation: Accumulation, *, want_S: bool = False) -> Products:
+    """The dot products of ``a`` (M, K) and ``b`` (N, K) as ``accumulation`` computes them.
+
+    For kernels whose arithmetic after the dot products (relu, weights, head sums) is their own:
+    the exact model gives :func:`exact_accumulator`'s certified float64 values and bounds, the
+    other models their float32 results (:func:`scaled_matmul` into float32).
+    """
+    if accumulation.model == "exact":
+        acc = exact_accumulator(a, b, want_S=want_S)
+        return Products(acc.acc, None if acc.all_exact else acc.err, acc.S, True)
+    res = scaled_matmul(a, b, OutputStage(fm.F32), model=accumulation.model, fp32_block=accumulation.fp32_block,
+                        mma_block_scaling=accumulation.mma_block_scaling, want_S=want_S)
+    return Products(res.out, None, res.S, False)
+
+
+def __getattr__(name: str) -> Any:
+    # A compatibility alias for callers written before the rename (remove once none is left).
+    if name == "Epilogue":
+        warnings.warn("deepgemm_ref.core.Epilogue is now deepgemm_ref.core.OutputStage (deepgemm_ref.epilogue.Epilogue "
+                      "is DeepGEMM-Ascend's epilogue object)", DeprecationWarning, stacklevel=2)
+        return OutputStage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

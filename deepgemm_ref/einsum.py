@@ -38,21 +38,21 @@ from typing import Any
 
 import numpy as np
 
-from . import core, trace
+from . import core, dryrun
 from . import formats as fm
-from ._args import BF16, E4M3, F32, as_array, as_pair, elem_stride, resolve_c
 from .api import profiled
 from .epilogue import FP8Quantization
 from .errors import arg_error
-from .gemm import _OUT_FORMAT, _alpha_of, _ascend_recipes, _cuda_recipes, resolve_scales
-from .grouped import Task, execute
+from .executor import Collected, Task, execute
 from .profiles import get_profile
+from .toolkit.args import BF16, E4M3, F32, I16, as_array, as_pair, elem_stride
+from .toolkit.operands import OUT_DTYPES, OUT_FORMAT, alpha_of, ascend_recipes, cuda_recipes, resolve_scales
+from .toolkit.outputs import check_written, resolve_c
+from .toolkit.sizes import check_matmul
 
 __all__ = ["einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "tf32_truncate", "hf32_round",
            "TF32_DROPPED_BITS", "HF32_MANTISSA_BITS"]
 
-_OUT_DTYPES = (BF16, F32)
-_I16 = np.dtype(np.int16)
 
 #: float32 mantissa bits the CUDA tensor core ignores when it reads float32 as TF32 (23 - 10).
 TF32_DROPPED_BITS = 13
@@ -188,6 +188,8 @@ def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) 
         raise arg_error(func, "b", f"b (S, N, K) with S = {s}, K = {k} and d (M, N) with M = {m}",
                         f"b {B.shape}, d {D.shape}")
     n = B.shape[1]
+    check_written(D, func, "d", inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", m, n, s * k)
     if m == 0 or n == 0:
         execute(func, D, [])
         return
@@ -196,7 +198,7 @@ def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) 
         return
     a2 = np.ascontiguousarray(A.transpose(1, 0, 2)).reshape(m, s * k)
     b2 = np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(n, s * k)
-    ep = core.Epilogue(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.Epilogue(fm.BF16)
+    ep = core.OutputStage(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.OutputStage(fm.BF16)
     execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
 
 
@@ -213,12 +215,11 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     """
     func = "einsum"
     A, B, D = as_array(a, func, "a"), as_array(b, func, "b"), as_array(d, func, "d")
-    assert A is not None and B is not None and D is not None
     if A.dtype != BF16:
         raise arg_error(func, "a", "dtype bfloat16", A)
     if B.dtype != BF16:
         raise arg_error(func, "b", "dtype bfloat16", B)
-    if D.dtype not in _OUT_DTYPES:
+    if D.dtype not in OUT_DTYPES:
         raise arg_error(func, "d", "dtype bfloat16 or float32", D)
     c_arr = as_array(c, func, "c", allow_none=True)
     if c_arr is not None and c_arr.dtype != D.dtype:
@@ -241,7 +242,9 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     assert perm_d is not None
     a3, b3, d3 = A.transpose(perm_a), B.transpose(perm_b), D.transpose(perm_d)
     batch, _m, _n, _k = _bmm_shapes(func, a3, b3, d3)
-    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.Epilogue(fm.BF16), _batch_index(perm_d, g))
+    check_written(D, func, "d", inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", _m, _n, _k)
+    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.OutputStage(fm.BF16), _batch_index(perm_d, g))
              for g in range(batch)]
     execute(func, D, tasks)
 
@@ -268,7 +271,7 @@ def _ascend_epilogue(func: str, epilogue: Any, d_dtype: np.dtype, fp8_pair: bool
     if d_dtype == E4M3 and not fp8_pair:
         raise arg_error(func, "d", "dtype bfloat16 or float32 (float8_e4m3fn only with FP8Quantization or a "
                         "(d, sfd) pair)", f"dtype {d_dtype}")
-    return _alpha_of(func, None, epilogue), None
+    return alpha_of(func, None, epilogue), None
 
 
 def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False,
@@ -289,7 +292,6 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
         raise arg_error(func, "use_cublaslt", "False (DeepGEMM-Ascend: the cuBLASLt path is not implemented)", "True")
     perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_BATCHED)
     A, B, D = as_array(a, func, "a"), as_array(b, func, "b"), as_array(d, func, "d")
-    assert A is not None and B is not None and D is not None
     a3, b3 = _permuted(A, func, "a", perm_a), _permuted(B, func, "b", perm_b)
     d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
     for name, x in (("a", a3), ("b", b3)):
@@ -297,12 +299,14 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
             raise arg_error(func, name, "dtype bfloat16", x)
         if not _inner_stride_ok(x):
             raise arg_error(func, name, "stride(-1) == 1 or stride(-2) == 1 after the permutation", x)
-    if D.dtype not in _OUT_DTYPES:
+    if D.dtype not in OUT_DTYPES:
         raise arg_error(func, "d", "dtype bfloat16 or float32", D)
     if not _row_major_last(D):
         raise arg_error(func, "d", "stride(-1) == 1", D)
     alpha, _ = _ascend_epilogue(func, epilogue, D.dtype, False, c, fp8_ok=False)
     batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
+    check_written(D, func, "d", inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", m, n, k)
     # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
     # separate c into d first.  Both are accepted here and in fp8_einsum (same result).
     c_val = resolve_c(c, D, func)[0] if c is not None else None
@@ -312,11 +316,11 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
     if k == 0:
         _k_zero(func, D, c_val)
         return
-    out = _OUT_FORMAT[D.dtype]
+    out = OUT_FORMAT[D.dtype]
     tasks = []
     for g in range(batch):
         idx = _batch_index(perm_d, g)
-        ep = core.Epilogue(out, alpha, None if c_val is None else c_val[idx])
+        ep = core.OutputStage(out, alpha, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g]), core.Operand(b3[g]), ep, idx))
     execute(func, D, tasks)
 
@@ -366,17 +370,18 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     """
     func = "fp8_einsum"
     profile = get_profile()
-    accepted = _EXPRS_BATCHED if profile.arch_major == 10 else ("bhr,hdr->bhd",)
+    accepted = profile.rules.fp8_einsum_exprs
     perm_a, perm_b, perm_d = _permutation(func, expr, accepted)
     a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
     D = as_array(d, func, "d")
-    assert D is not None
     d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
     if not _row_major_last(D):
         raise arg_error(func, "d", "stride(-1) == 1", D)
     batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
-    if D.dtype not in _OUT_DTYPES:
+    if D.dtype not in OUT_DTYPES:
         raise arg_error(func, "d", "dtype bfloat16 or float32", D)
+    check_written(D, func, "d", inputs=(("a[0]", a3), ("a[1]", sfa3), ("b[0]", b3), ("b[1]", sfb3)))
+    check_matmul(func, "a", m, n, k)
     if batch == 0 or m == 0 or n == 0:
         execute(func, D, [])
         return
@@ -384,27 +389,27 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     if k == 0:
         _k_zero(func, D, c_val)
         return
-    ga, gka, gb, gkb, _ = _cuda_recipes(func, sfa3, sfb3, recipe, None, None, profile)
+    ga, gka, gb, gkb = cuda_recipes(func, sfa3, sfb3, recipe, None, None, profile)
     scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
     scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
-    if profile.arch_major == 9:
+    if profile.rules.fp8_1d2d:
         if D.dtype != BF16:
-            raise arg_error(func, "d", "dtype bfloat16 on sm90 (the 1D2D batched kernel)", D)
+            raise arg_error(func, "d", f"dtype bfloat16 on {profile.name} (the 1D2D batched kernel)", D)
         for name, x in (("a", a3), ("b", b3)):
-            if x.size and elem_stride(x, -1) != 1:
-                raise arg_error(func, f"{name}[0]", "K-major operands on sm90", x)
+            if x.size and elem_stride(x, -1) != 1 and profile.rules.fp8_k_major_only:
+                raise arg_error(func, f"{name}[0]", f"K-major operands on {profile.name}", x)
         if gb == 1:
             # Note: sm90's batched kernel is 1D2D only and would misread per-row SFB (gran_n 1).
-            raise arg_error(func, "recipe", "a per-block SFB (gran_n 128) for sm90's 1D2D batched kernel",
+            raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D batched kernel",
                             repr(recipe))
         # Note: sm90 accepts c but its 1D2D batched kernel has no accumulating epilogue: d ends
         # up bf16(A @ B^T) and c is discarded (spec 8.2); reproduced here rather than rejected.
         c_val = None
-    out = _OUT_FORMAT[D.dtype]
+    out = OUT_FORMAT[D.dtype]
     tasks = []
     for g in range(batch):
         idx = _batch_index(perm_d, g)
-        ep = core.Epilogue(out, None, None if c_val is None else c_val[idx])
+        ep = core.OutputStage(out, None, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g], scales_a[g], gka), core.Operand(b3[g], scales_b[g], gkb), ep, idx))
     execute(func, D, tasks)
 
@@ -417,14 +422,11 @@ def _check_fp8_output(func: str, d3: np.ndarray, sfd: Any, n: int, m: int, batch
     if n % 64:
         raise arg_error(func, "d", "N divisible by 64 for FP8 output (scales pair 64 columns)", f"N = {n}")
     s = as_array(sfd, func, "sfd")
-    assert s is not None
     want = (m, batch * n // 64)
-    if s.dtype != _I16 or s.ndim != 2 or tuple(s.shape) != want:
+    if s.dtype != I16 or s.ndim != 2 or tuple(s.shape) != want:
         raise arg_error(func, "sfd", f"an int16 array of shape (M, batch * N / 64) = {want}", s)
     if s.size and not ((elem_stride(s, 0) == 1 or m == 1) and (want[1] == 1 or elem_stride(s, 1) == m)):
         raise arg_error(func, "sfd", f"an MN-major array with strides (1, {m})", s)
-    if not s.flags.writeable:
-        raise arg_error(func, "sfd", "a writeable array", s)
     return s
 
 
@@ -469,12 +471,9 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         if expr != "bhr,hdr->bhd":
             raise arg_error(func, "d", f"an output tensor for {expr!r} (an FP8 (d, sfd) pair only for 'bhr,hdr->bhd')",
                             "a pair")
-        D_out, sfd_arg = as_pair(d, func, "d")
+        D, sfd_arg = as_pair(d, func, "d")
     else:
-        D_opt = as_array(d, func, "d")
-        assert D_opt is not None
-        D_out, sfd_arg = D_opt, None
-    D: np.ndarray = D_out
+        D, sfd_arg = as_array(d, func, "d"), None
     a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
     d3 = _permuted(D, func, "d", perm_d or (0, 1, 2))
     if not _row_major_last(D):
@@ -482,7 +481,7 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
     if fp8_pair and D.dtype != E4M3:
         raise arg_error(func, "d", "a float8_e4m3fn d in the (d, sfd) pair", D)
-    if D.dtype not in _OUT_DTYPES + (E4M3,):
+    if D.dtype not in OUT_DTYPES + (E4M3,):
         raise arg_error(func, "d", "dtype bfloat16 or float32 (or float8_e4m3fn for FP8 output)", D)
     if isinstance(epilogue, FP8Quantization) and expr != "bhr,hdr->bhd":
         raise arg_error(func, "epilogue", "no FP8Quantization for " + repr(expr) + " (FP8 output only for "
@@ -494,6 +493,11 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     sfd = None
     if fp8_out:
         sfd = _check_fp8_output(func, d3, sfd_arg if fp8_pair else sfd_epi, n, m, batch)
+    inputs = (("a[0]", a3), ("a[1]", sfa3), ("b[0]", b3), ("b[1]", sfb3))
+    check_written(D, func, "d", inputs=inputs + (("sfd", sfd),))
+    if sfd is not None:
+        check_written(sfd, func, "sfd", inputs=inputs + (("d", D),))
+    check_matmul(func, "a", m, n, k)
     if batch == 0:
         execute(func, D, [])
         return
@@ -502,11 +506,12 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         execute(func, D, [])
         return
     if k == 0:
+        dryrun.stop()  # validated: a dry run writes nothing
         if sfd is not None:
             sfd[...] = 0
         _k_zero(func, D, c_val)
         return
-    ga, gka, gb, gkb = _ascend_recipes(func, recipe, None, None)
+    ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, None, None, profile)
     scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
     scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
     tasks = []
@@ -515,16 +520,18 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         a_op = core.Operand(a3[g], scales_a[g], gka)
         b_op = core.Operand(b3[g], scales_b[g], gkb)
         if sfd is None:
-            ep = core.Epilogue(_OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
+            ep = core.OutputStage(OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
             tasks.append(Task(a_op, b_op, ep, idx))
         else:
-            tasks.append(Task(a_op, b_op, core.Epilogue(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
+            tasks.append(Task(a_op, b_op, core.OutputStage(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
     execute(func, D, tasks)
 
 
-def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int) -> Callable[[np.ndarray], None]:
-    def write(v: np.ndarray) -> None:
-        q, e = _fp8_quantize_rows(v)
+def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int
+              ) -> Callable[[core.MatmulResult, Collected], None]:
+    """FP8Quantization's writer of batch g: E4M3 codes into D[idx], the packed scales into sfd."""
+    def write(res: core.MatmulResult, col: Collected) -> None:
+        q, e = _fp8_quantize_rows(res.out)
         D[idx] = q.view(E4M3)
         pairs = fm.pack_ue8m0_int16(e)  # (M, N / 64): low byte = first 32 columns
         sfd[:, g * (n // 64):(g + 1) * (n // 64)] = pairs
@@ -556,7 +563,6 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     profile = get_profile()
     A, B = as_array(a, func, "a"), as_array(b, func, "b")
     D, S = as_array(d, func, "d"), as_array(sqr_sum, func, "sqr_sum")
-    assert A is not None and B is not None and D is not None and S is not None
     for name, x in (("a", A), ("b", B)):
         if x.ndim != 2:
             raise arg_error(func, name, "a 2-D array", x)
@@ -588,16 +594,16 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     for name, x, dt in (("a", A, BF16), ("b", B, F32), ("d", D, F32), ("sqr_sum", S, F32)):
         if x.dtype != dt:
             raise arg_error(func, name, f"dtype {dt}", x)
-    for name, x in (("d", D), ("sqr_sum", S)):
-        if not x.flags.writeable:
-            raise arg_error(func, name, "a writeable array", x)
+    check_written(D, func, "d", inputs=(("a", A), ("b", B), ("sqr_sum", S)))
+    check_written(S, func, "sqr_sum", inputs=(("a", A), ("b", B), ("d", D)))
+    check_matmul(func, "a", m, n, k)
     if m == 0:  # both targets return before their kernel's shape limits are checked
         return
     if ascend:
         if n > 64 or n % 8 or k % 256:
             raise arg_error(func, "b", "N <= 64, N % 8 == 0 and K % 256 == 0 (DeepGEMM-Ascend)", f"N = {n}, K = {k}")
     else:
-        n_max = 32 if profile.arch_major == 9 else 128
+        n_max = profile.rules.hc_prenorm_n_max
         if n > n_max or n % 8 or k % 64:
             raise arg_error(func, "b", f"N <= {n_max}, N % 8 == 0 and K % 64 == 0 on {profile.name}",
                             f"N = {n}, K = {k}")
@@ -607,26 +613,18 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     ranges = _split_ranges(k, 64, splits)
     # Note: a split with no K block (num_splits > K / 64) stores the empty sum 0 here; the device
     # kernel stores an accumulator it never cleared.
-    want_acc, want_S = trace.wants()
-    sq_res = [core.scaled_matmul(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]),
-                                 core.Epilogue(fm.F32), fp32_block=profile.fp32_block, want_acc=want_acc,
-                                 want_S=want_S) for k0, k1 in ranges]
-    sq = [r.out[:, 0] for r in sq_res]
-    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.Epilogue(fm.F32),
+    # sqr_sum: one float32 GEMM per split against a row of ones, into a (splits, M, 1) buffer
+    sq_out = np.empty((splits, m, 1), np.float32)
+    sq_tasks = [Task(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.OutputStage(fm.F32), (s,))
+                for s, (k0, k1) in enumerate(ranges)]
+    sq_col = execute(func, sq_out, sq_tasks, record_trace=False)
+    # the second output's accumulator and error scale, for the golden workflow
+    extra = {f"sqr_sum.{key}": (arr[0, :, 0] if num_splits is None else arr[:, :, 0])
+             for key, arr in (("acc", sq_col.acc), ("S", sq_col.S)) if arr is not None}
+    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.OutputStage(fm.F32),
                   (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
-    execute(func, D, tasks)
-    cap = trace.active()
-    if cap is not None and cap.records:
-        # the second output's accumulator and error scale, for the golden workflow
-        for key, part in (("acc", [r.acc for r in sq_res]), ("S", [r.S for r in sq_res])):
-            if all(p is not None for p in part):
-                arr = np.stack([p[:, 0] for p in part])  # type: ignore[index]
-                cap.records[-1].extra[f"sqr_sum.{key}"] = arr[0] if num_splits is None else arr
-    if num_splits is None:
-        S[...] = sq[0]
-    else:
-        for s, v in enumerate(sq):
-            S[s] = v
+    execute(func, D, tasks, extra=extra)
+    S[...] = sq_out[0, :, 0] if num_splits is None else sq_out[:, :, 0]
 
 
 def _hc_prenorm_cuda(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:

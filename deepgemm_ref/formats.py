@@ -1,7 +1,8 @@
 """Element and scale formats as data, casts with named policies, and bit packing.
 
 One :class:`Format` record per format (``BF16``, ``F32``, ``E4M3``, ``E5M2``, ``E2M1``, ``UE8M0``)
-holds its bit layout, bias, range and specials.  Every cast exists twice:
+holds its bit layout, bias and specials as keyword fields; its range (``max``, ``min_normal``,
+``min_subnormal``) and special codes are derived from them.  Every cast exists twice:
 
 * a slow scalar version (:func:`encode_scalar`) that works on exact rationals and *is* the
   specification, and
@@ -16,6 +17,10 @@ Float64 inputs are never narrowed with ``astype`` (numerics decision D1): they a
 rounded to float32 with round-to-odd, which keeps enough information for one correct
 rounding to any format of at most 22 significand bits, and only then cast.
 UE8M0 bytes are always built with integer bit operations (decision D5).
+
+The round-to-odd steps and the error-free transformations (``f64_to_f32_round_odd``,
+``dd_to_f64_round_odd``, ``two_sum``, ``two_prod``) live in :mod:`deepgemm_ref.exact` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import DGArgumentError
+from .exact import dd_to_f64_round_odd, f64_to_f32_round_odd, two_prod, two_sum
 
 __all__ = [
     "Format",
@@ -70,62 +76,116 @@ __all__ = [
 Rounding = Literal["rne", "ties_toward_zero"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Format:
-    """A binary floating-point element or scale format, described as data.
+    """A binary floating-point element or scale format, described as data (gfloat's record).
 
-    ``max``, ``min_normal`` and ``min_subnormal`` are exact (powers of two written with
-    ``float.fromhex``).  ``nan_code`` is the canonical positive NaN code this package writes
-    (``None`` where the format has no NaN); ``inf_code`` likewise.
+    The primitive fields say how the bits are read; every other fact (width, largest finite
+    value, smallest normal and subnormal, the special codes) is derived from them, exactly.
+
+    exponent_bits, mantissa_bits, bias: the usual fields; a normal value with exponent field
+                    ``E`` and mantissa field ``M`` is ``2^(E - bias) (1 + M 2^-mantissa_bits)``.
+    signed:         one sign bit in front (sign-magnitude).
+    has_inf:        IEEE-style specials: the all-ones exponent field holds +-inf (mantissa 0) and
+                    NaN (otherwise).  Without it, ``has_nan`` formats keep one NaN magnitude, the
+                    all-ones code ("fn" formats: E4M3, UE8M0) and every other code is finite.
+    has_nan:        the format can hold NaN.
+    has_subnormals: exponent field 0 holds subnormals ``M 2^(1 - bias - mantissa_bits)`` (and
+                    zero); without it (UE8M0) field 0 is the normal value ``2^-bias`` and there
+                    is no zero.
+    storage:        the ml_dtypes / NumPy dtype that holds one element.
     """
 
     name: str
-    bits: int
     exponent_bits: int
     mantissa_bits: int
     bias: int
     signed: bool
-    max: float
-    min_normal: float
-    min_subnormal: float | None
     has_inf: bool
     has_nan: bool
-    has_negative_zero: bool
-    nan_code: int | None
-    inf_code: int | None
-    storage: np.dtype  # the ml_dtypes / numpy dtype that holds one element per byte(s)
+    has_subnormals: bool = True
+    storage: np.dtype
+
+    @property
+    def bits(self) -> int:
+        """Width of one code."""
+        return int(self.signed) + self.exponent_bits + self.mantissa_bits
 
     @property
     def code_dtype(self) -> np.dtype:
         """Unsigned integer dtype that holds one code."""
-        return np.dtype({4: np.uint8, 8: np.uint8, 16: np.uint16, 32: np.uint32}[self.bits])
+        return np.dtype({4: np.uint8, 8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[self.bits])
 
     @property
     def sign_bit(self) -> int:
         return 1 << (self.bits - 1) if self.signed else 0
 
     @property
+    def has_zero(self) -> bool:
+        return self.has_subnormals
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.signed and self.has_zero
+
+    @property
     def min_exponent(self) -> int:
-        """Exponent of the smallest normal number (1 - bias)."""
-        return 1 - self.bias
+        """Exponent of the smallest normal number (``1 - bias``; ``-bias`` without subnormals)."""
+        return 1 - self.bias if self.has_subnormals else -self.bias
+
+    @property
+    def _top_field(self) -> int:
+        return (1 << self.exponent_bits) - 1
+
+    @property
+    def max(self) -> float:
+        """The largest finite value, exactly."""
+        m, top = self.mantissa_bits, self._top_field
+        if self.has_inf or (self.has_nan and m == 0):  # the all-ones field is special
+            return math.ldexp(2.0 - math.ldexp(1.0, -m), top - 1 - self.bias)
+        if self.has_nan:  # "fn": only the all-ones code is NaN
+            return math.ldexp(2.0 - math.ldexp(1.0, 1 - m), top - self.bias)
+        return math.ldexp(2.0 - math.ldexp(1.0, -m), top - self.bias)
+
+    @property
+    def min_normal(self) -> float:
+        return math.ldexp(1.0, self.min_exponent)
+
+    @property
+    def min_subnormal(self) -> float | None:
+        return math.ldexp(1.0, 1 - self.bias - self.mantissa_bits) if self.has_subnormals else None
+
+    @property
+    def nan_code(self) -> int | None:
+        """The canonical positive NaN code this package writes (the quiet NaN; None without NaN)."""
+        if not self.has_nan:
+            return None
+        if self.has_inf:
+            return (self._top_field << self.mantissa_bits) | (1 << (self.mantissa_bits - 1))
+        return (1 << (self.exponent_bits + self.mantissa_bits)) - 1
+
+    @property
+    def inf_code(self) -> int | None:
+        """The +inf code (None without infinities)."""
+        return self._top_field << self.mantissa_bits if self.has_inf else None
 
     def __repr__(self) -> str:
         return f"Format({self.name})"
 
 
-BF16 = Format("bf16", 16, 8, 7, 127, True, float.fromhex("0x1.fep127"), 2.0**-126, 2.0**-133,
-              True, True, True, 0x7FC0, 0x7F80, np.dtype(ml_dtypes.bfloat16))
-F32 = Format("f32", 32, 8, 23, 127, True, float.fromhex("0x1.fffffep127"), 2.0**-126, 2.0**-149,
-             True, True, True, 0x7FC00000, 0x7F800000, np.dtype(np.float32))
-E4M3 = Format("e4m3", 8, 4, 3, 7, True, 448.0, 2.0**-6, 2.0**-9,
-              False, True, True, 0x7F, None, np.dtype(ml_dtypes.float8_e4m3fn))
-E5M2 = Format("e5m2", 8, 5, 2, 15, True, 57344.0, 2.0**-14, 2.0**-16,
-              True, True, True, 0x7E, 0x7C, np.dtype(ml_dtypes.float8_e5m2))
-E2M1 = Format("e2m1", 4, 2, 1, 1, True, 6.0, 1.0, 0.5,
-              False, False, True, None, None, np.dtype(ml_dtypes.float4_e2m1fn))
+BF16 = Format(name="bf16", exponent_bits=8, mantissa_bits=7, bias=127, signed=True, has_inf=True, has_nan=True,
+              storage=np.dtype(ml_dtypes.bfloat16))
+F32 = Format(name="f32", exponent_bits=8, mantissa_bits=23, bias=127, signed=True, has_inf=True, has_nan=True,
+             storage=np.dtype(np.float32))
+E4M3 = Format(name="e4m3", exponent_bits=4, mantissa_bits=3, bias=7, signed=True, has_inf=False, has_nan=True,
+              storage=np.dtype(ml_dtypes.float8_e4m3fn))
+E5M2 = Format(name="e5m2", exponent_bits=5, mantissa_bits=2, bias=15, signed=True, has_inf=True, has_nan=True,
+              storage=np.dtype(ml_dtypes.float8_e5m2))
+E2M1 = Format(name="e2m1", exponent_bits=2, mantissa_bits=1, bias=1, signed=True, has_inf=False, has_nan=False,
+              storage=np.dtype(ml_dtypes.float4_e2m1fn))
 # UE8M0: unsigned, no mantissa, no zero and no infinity; byte b is 2^(b - 127), byte 255 is NaN.
-UE8M0 = Format("ue8m0", 8, 8, 0, 127, False, 2.0**127, 2.0**-127, None,
-               False, True, False, 0xFF, None, np.dtype(ml_dtypes.float8_e8m0fnu))
+UE8M0 = Format(name="ue8m0", exponent_bits=8, mantissa_bits=0, bias=127, signed=False, has_inf=False, has_nan=True,
+               has_subnormals=False, storage=np.dtype(ml_dtypes.float8_e8m0fnu))
 
 FORMATS: dict[str, Format] = {f.name: f for f in (BF16, F32, E4M3, E5M2, E2M1, UE8M0)}
 
@@ -207,10 +267,14 @@ def _table(fmt: Format) -> np.ndarray:
 def decode(codes: npt.ArrayLike, fmt: Format) -> np.ndarray:
     """Decode integer codes (any integer dtype; only the low ``fmt.bits`` bits are read) to float64."""
     c = np.asarray(codes)
+    # Widening is exact; a signalling NaN comes back as a quiet NaN of the same sign, which
+    # raises the "invalid" flag: not an error here (NaN in, NaN out).
     if fmt is F32:
-        return c.astype(np.uint32).view(np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return c.astype(np.uint32).view(np.float32).astype(np.float64)
     if fmt is BF16:
-        return c.astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return c.astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
     mask = (1 << fmt.bits) - 1
     return _table(fmt)[c.astype(np.int64) & mask]
 
@@ -303,99 +367,8 @@ def _overflow_code(fmt: Format, policy: CastPolicy, negative: bool) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Round-to-odd and double-double helpers (version-independent correct rounding)
+# Correct rounding of float64 and double-double values (round-to-odd lives in .exact)
 # ----------------------------------------------------------------------------------------------
-
-def _step_to_odd(r: np.ndarray, exact: np.ndarray, udtype: type) -> np.ndarray:
-    """Given r = RNE(exact) in a narrower type, return round-to-odd(exact) in that type."""
-    rb = np.ascontiguousarray(r).view(udtype).copy()
-    inexact = r.astype(np.float64) != exact
-    fix = inexact & ((rb & 1) == 0) & np.isfinite(r)
-    if np.any(fix):
-        up = exact > r.astype(np.float64)
-        neg = (rb >> (8 * r.itemsize - 1)) == 1
-        # For a positive r, +1 on the bits moves away from zero; for a negative r, toward zero.
-        inc = np.where(up != neg, 1, -1)
-        rb = np.where(fix, (rb.astype(np.int64) + inc).astype(udtype), rb)
-    return rb.view(r.dtype).reshape(r.shape)
-
-
-_LOW29 = np.uint64((1 << 29) - 1)
-_F32_NORMAL_MIN_EXP = 1023 - 126
-_F32_NORMAL_MAX_EXP = 1023 + 127
-
-
-def f64_to_f32_round_odd(x: npt.ArrayLike) -> np.ndarray:
-    """float64 -> float32 with round-to-odd.
-
-    An inexact result has an odd last bit, so a later RNE rounding to any format with at most
-    22 significand bits equals the single correct rounding of ``x`` (24 >= p + 2).
-    Fast path (float32-normal magnitudes and zeros): truncate the float64 significand to 24 bits
-    and set its last bit if anything was cut off; the result is a float32 value exactly.
-    """
-    x = np.ascontiguousarray(x, dtype=np.float64)
-    bits = x.view(np.uint64)
-    exp = (bits >> np.uint64(52)) & np.uint64(0x7FF)
-    trunc = (bits & ~_LOW29) | (((bits & _LOW29) != 0).astype(np.uint64) << np.uint64(29))
-    r = trunc.view(np.float64).astype(np.float32)
-    fast = ((exp >= _F32_NORMAL_MIN_EXP) & (exp <= _F32_NORMAL_MAX_EXP)) | (x == 0)
-    if not fast.all():
-        slow = ~fast
-        xs = x[slow]
-        with np.errstate(over="ignore"):
-            rs = xs.astype(np.float32)
-        r[slow] = _step_to_odd(rs, xs, np.uint32)
-    return r
-
-
-def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Knuth's TwoSum: s + e == a + b exactly, s = fl(a + b)."""
-    s = a + b
-    bb = s - a
-    e = (a - (s - bb)) + (b - bb)
-    return s, e
-
-
-_SPLITTER = 134217729.0  # 2^27 + 1
-
-
-def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    c = _SPLITTER * a
-    hi = c - (c - a)
-    return hi, a - hi
-
-
-def two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dekker's TwoProduct (Veltkamp split, no FMA): p + e == a * b exactly, p = fl(a * b).
-
-    Exact unless an operand exceeds 2^996 in magnitude or the product underflows.
-    """
-    p = a * b
-    ah, al = _split(a)
-    bh, bl = _split(b)
-    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    return p, e
-
-
-def dd_to_f64_round_odd(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """The double-double hi + lo rounded to float64 with round-to-odd.
-
-    Where lo is zero the value is hi itself, signed zero included (-0 + +0 would give +0).  Where
-    hi is not finite it is the value as well: hi is then the IEEE result of the operation that
-    made the pair (an overflow, inf + finite, inf - inf), and lo is an artefact of TwoSum /
-    TwoProduct (NaN from inf - inf), not part of the value."""
-    hi, lo = np.asarray(hi, np.float64), np.asarray(lo, np.float64)
-    if not np.any(lo):
-        return hi.copy()
-    s, e = two_sum(hi, lo)
-    sb = s.view(np.uint64).copy()
-    fix = (e != 0) & ((sb & 1) == 0) & np.isfinite(s)
-    if np.any(fix):
-        neg = (sb >> np.uint64(63)) == 1
-        inc = np.where((e > 0) != neg, 1, -1)
-        sb = np.where(fix, (sb.astype(np.int64) + inc).astype(np.uint64), sb)
-    return np.where((lo == 0) | ~np.isfinite(hi), hi, sb.view(np.float64))
-
 
 def round_f64(x: npt.ArrayLike, fmt: Format, policy: CastPolicy = IEEE_RNE) -> np.ndarray:
     """Correctly round float64 values to ``fmt`` (bf16, f32, fp8 or fp4); returns ``fmt.storage``."""

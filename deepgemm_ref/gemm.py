@@ -27,30 +27,37 @@ from typing import Any
 
 import numpy as np
 
-from . import core, trace
+from . import core, dryrun, trace
 from . import formats as fm
-from ._args import (
+from .api import profiled
+from .errors import arg_error
+from .executor import Task, execute
+from .profiles import get_profile
+from .toolkit.args import (
     BF16,
     E4M3,
     F32,
-    I8,
-    OperandSpec,
-    ab_operand,
     as_array,
     as_pair,
+    ceil_div,
     check_compiled_dims,
-    check_out,
-    elem_stride,
-    major_of,
-    make_operand,
-    resolve_c,
+    transposed,
+    transposed_pair,
 )
-from .api import profiled
-from .epilogue import Alpha, Epilogue, FP8Quantization, Identity
-from .errors import DGArgumentError, arg_error
-from .layout import sf_values
-from .profiles import Profile, get_profile
-from .quant import ceil_div
+from .toolkit.operands import (
+    OUT_DTYPES,
+    OUT_FORMAT,
+    ab_operand,
+    alpha_of,
+    ascend_recipes,
+    bf16_operands,
+    check_ascend_mix,
+    cuda_recipes,
+    recipes,
+    resolve_scales,
+)
+from .toolkit.outputs import check_out, check_written, resolve_c, shares_memory
+from .toolkit.sizes import check_matmul
 
 __all__ = [
     "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
@@ -60,11 +67,7 @@ __all__ = [
     "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
     "aclnn_bf16_gemm_nt", "aclnn_bf16_gemm_nn", "aclnn_bf16_gemm_tn", "aclnn_bf16_gemm_tt",
     "aclnn_fp8_fp4_gemm_nt", "aclnn_fp8_fp4_gemm_nn", "aclnn_fp8_fp4_gemm_tn", "aclnn_fp8_fp4_gemm_tt",
-    "GemmRequest", "run_gemm", "resolve_scales",
 ]
-
-_OUT_DTYPES = (BF16, F32)
-_OUT_FORMAT = {BF16: fm.BF16, F32: fm.F32}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,65 +75,21 @@ _OUT_FORMAT = {BF16: fm.BF16, F32: fm.F32}
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class GemmRequest:
-    """A validated GEMM ready for the core: operands, epilogue, and where the result goes."""
+class _Gemm:
+    """A validated dense GEMM: the one task and the array its result goes into."""
 
-    func: str
-    a: core.Operand
-    b: core.Operand
     d: np.ndarray  # the caller's output (a view), written at the end
-    epilogue: core.Epilogue
-    c_target: np.ndarray | None = None  # ACLNN addmm writes into c instead of d
+    task: Task
 
 
-def run_gemm(req: GemmRequest, *, record: bool = True) -> core.MatmulResult:
-    """Call the core, write the result into the caller's buffer (only after success), and report
-    the accumulator and error scale to an active ``trace.capture``."""
-    want_acc, want_S = trace.wants()
-    res = core.scaled_matmul(req.a, req.b, req.epilogue, fp32_block=get_profile().fp32_block,
-                             want_acc=want_acc, want_S=want_S)
-    target = req.d if req.c_target is None else req.c_target
-    target[...] = res.out
-    if record:
-        trace.record(req.func, acc=res.acc, acc_lo=res.acc_lo, S=res.S, stats=res.stats)
-    return res
+def _gemm(d: np.ndarray, a: core.Operand, b: core.Operand, out: core.OutputStage) -> _Gemm:
+    dryrun.stop()  # validated: a dry run ends here
+    return _Gemm(d, Task(a, b, out, (slice(None),)))
 
 
-def _transpose_pair(x: Any, func: str, arg: str) -> tuple[Any, Any]:
-    if not isinstance(x, (tuple, list)) or len(x) != 2:
-        raise arg_error(func, arg, "a (data, scale factor) pair", f"{type(x).__name__}")
-    data = as_array(x[0], func, f"{arg}[0]")
-    sf = as_array(x[1], func, f"{arg}[1]", allow_none=True)
-    assert data is not None
-    if data.ndim != 2:
-        raise arg_error(func, f"{arg}[0]", "a 2-D array", data)
-    return data.T, (None if sf is None else sf.T)
-
-
-def _alpha_of(func: str, alpha: Any, epilogue: Any) -> float | None:
-    """The float32 alpha from ``alpha=`` or an ``Alpha`` epilogue (at most one of them)."""
-    if alpha is not None and epilogue is not None:
-        raise arg_error(func, "epilogue", "at most one of epilogue and alpha", f"both (alpha={alpha!r}, {epilogue!r})")
-    if epilogue is not None:
-        if isinstance(epilogue, FP8Quantization):
-            raise arg_error(func, "epilogue", "Identity() or Alpha(alpha) (FP8Quantization needs an FP8 d, which "
-                            "only the batched FP8 GEMM accepts)", repr(epilogue))
-        if not isinstance(epilogue, Epilogue):
-            raise arg_error(func, "epilogue", "an epilogue object (Identity, Alpha)", repr(epilogue))
-        if isinstance(epilogue, Alpha):
-            alpha = epilogue.alpha
-        elif not isinstance(epilogue, Identity):  # pragma: no cover - no other subclasses
-            raise arg_error(func, "epilogue", "Identity() or Alpha(alpha)", repr(epilogue))
-    if alpha is None:
-        return None
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating)) or not np.isfinite(alpha):
-        raise arg_error(func, "alpha", "a finite float", repr(alpha))
-    # The kernel multiplies in float32: a value that overflows float32 would be an infinite alpha.
-    with np.errstate(over="ignore"):
-        a32 = np.float32(alpha)
-    if not np.isfinite(a32):
-        raise arg_error(func, "alpha", "a finite float32 value (|alpha| < 3.4028236e38)", repr(alpha))
-    return float(a32)
+def _run(func: str, g: _Gemm) -> None:
+    """Execute the task into ``g.d`` (written only after success); the record has no defined mask."""
+    execute(func, g.d, [g.task], defined=None)
 
 
 def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
@@ -141,167 +100,13 @@ def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> t
         return True, None
     c_val, _same = resolve_c(c, d, func)
     if k == 0:
+        dryrun.stop()  # validated: a dry run writes nothing
         if c_val is not None:
             d[...] = c_val
         else:
             d[...] = np.zeros((), d.dtype)
         return True, None
     return False, c_val
-
-
-def _recipe3(func: str, arg: str, r: Any) -> tuple[int, int, int] | None:
-    return _recipe(func, arg, r, 3)  # type: ignore[return-value]
-
-
-def _recipe(func: str, arg: str, r: Any, n: int) -> tuple[int, ...] | None:
-    if r is None:
-        return None
-    if not isinstance(r, (tuple, list)) or len(r) != n or not all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in r
-    ):
-        raise arg_error(func, arg, f"None or a tuple of {n} positive ints", repr(r))
-    return tuple(int(v) for v in r)
-
-
-def _ue8m0_bytes_of_f32(func: str, arg: str, sf: np.ndarray) -> np.ndarray:
-    """float32 scales that must be powers of two (or 0) -> their UE8M0 bytes, same shape."""
-    # Note: the devices trap inside the kernel on such scales; we raise the argument error first.
-    bits = np.ascontiguousarray(sf).view(np.uint32)
-    bad = (bits & np.uint32(0x807FFFFF)) != 0
-    if np.any(bad):
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise arg_error(
-            func, arg,
-            "float32 scales that are non-negative powers of two (the target packs their exponent byte; "
-            "the device kernel traps otherwise); quantise with use_ue8m0=True",
-            f"{float(sf[idx])!r} at index {idx}",
-        )
-    return (bits >> np.uint32(23)).astype(np.uint8)
-
-
-def _check_cuda_int_sf_layout(func: str, arg: str, sf: np.ndarray, mn: int, groups: int | None) -> None:
-    """sm100 already-packed INT SFs must be in the MN-major TMA-aligned layout (spec 3.3 item 2)."""
-    from .quant import align
-
-    if groups is not None and sf.ndim == 3 and elem_stride(sf, -3) != elem_stride(sf, -1) * sf.shape[-1]:
-        raise arg_error(func, arg, "packed SFs with stride(-3) == stride(-1) * size(-1)", sf)
-    if not (elem_stride(sf, -2) == 1 or mn == 1) or (sf.shape[-1] > 1 and elem_stride(sf, -1) != align(mn, 4)):
-        raise arg_error(
-            func, arg,
-            f"packed UE8M0 SFs in the MN-major TMA-aligned layout (stride(-2) == 1, stride(-1) == {align(mn, 4)}); "
-            "use transform_sf_into_required_layout", sf,
-        )
-
-
-def _check_sm90_sfb(func: str, arg: str, sf: np.ndarray, groups: int | None) -> None:
-    rows, cols = sf.shape[-2:]
-    if groups is not None and elem_stride(sf, -3) != rows * cols:
-        raise arg_error(func, arg, "SM90 per-block SFB with stride(-3) == size(-2) * size(-1)", sf)
-    row_major = elem_stride(sf, -1) == 1 and elem_stride(sf, -2) == cols
-    col_major = elem_stride(sf, -1) == rows and elem_stride(sf, -2) == 1
-    if not (row_major or col_major or rows == 1 or cols == 1):
-        raise arg_error(func, arg, "an SM90 per-block SFB, contiguous or contiguous after transposing the last "
-                        "two dims", sf)
-
-
-def resolve_scales(
-    func: str, arg: str, sf: np.ndarray | None, mn: int, k: int, gran_mn: int, gran_k: int,
-    groups: int | None, profile: Profile, *, is_b: bool, disable_ue8m0_cast: bool = False,
-) -> np.ndarray:
-    """Validate one SF tensor as the active target would, and return its canonical scales.
-
-    Returns float64 (G?, mn, ceil(k / gran_k)): the value the hardware multiplies by.
-    """
-    if sf is None:
-        raise arg_error(func, arg, "a scale-factor array", "None")
-    if profile.is_ascend:
-        if gran_k != 32:
-            raise arg_error(func, "recipe", "gran_k 32 (DeepGEMM-Ascend's MX GEMMs scale every 32 K elements)",
-                            f"gran_k {gran_k}")
-        if gran_mn & (gran_mn - 1) or gran_mn > 128:
-            raise arg_error(func, "recipe", "a power-of-two gran_mn <= 128", f"gran_mn {gran_mn}")
-        if sf.dtype == F32:
-            if disable_ue8m0_cast:
-                raise arg_error(func, "disable_ue8m0_cast", "False: float32 SFs must be converted into UE8M0", "True")
-            sf = _ue8m0_bytes_of_f32(func, arg, sf)
-        elif sf.dtype != np.int16:
-            raise arg_error(func, arg, "float32 (powers of two) or int16 packed UE8M0 pairs", sf)
-        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
-    if profile.arch_major == 9:
-        if sf.dtype != F32:
-            raise arg_error(func, arg, "float32 SFs on sm90", sf)
-        if gran_k != 128:
-            raise arg_error(func, "recipe", "gran_k 128 on sm90 (Unknown SF transformation)", f"gran_k {gran_k}")
-        if gran_mn == 128:
-            _check_sm90_sfb(func, arg, sf, groups)
-        elif gran_mn != 1:
-            raise arg_error(func, "recipe", "gran_mn 1 or 128 on sm90", f"gran_mn {gran_mn}")
-        if gran_mn == 128 and not is_b:
-            raise arg_error(func, "recipe", "per-token SFA (gran_m 1) on sm90", f"gran_m {gran_mn}")
-        return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
-    # sm100
-    if gran_k not in (32, 128):
-        raise arg_error(func, "recipe", "gran_k 32 or 128 on sm100", f"gran_k {gran_k}")
-    if sf.dtype == F32:
-        if disable_ue8m0_cast:
-            raise DGArgumentError(
-                f"{func}: {arg}: Unsupported architecture or scaling factor types: sm100 kernels need UE8M0 "
-                "scales, and disable_ue8m0_cast=True keeps them float32"
-            )
-        sf = _ue8m0_bytes_of_f32(func, arg, sf)
-    elif sf.dtype == np.int32:
-        if gran_mn != 1:
-            raise arg_error(func, "recipe", "gran_mn 1 for packed int32 SFs", f"gran_mn {gran_mn}")
-        _check_cuda_int_sf_layout(func, arg, sf, mn, groups)
-    else:
-        raise arg_error(func, arg, "float32 (powers of two) or int32 packed UE8M0 SFs on sm100", sf)
-    return np.asarray(sf_values(sf, mn, k, gran_mn, gran_k, groups, func=func, arg=arg))
-
-
-def _cuda_recipes(
-    func: str, sfa: np.ndarray | None, sfb: np.ndarray | None, recipe: Any, recipe_a: Any, recipe_b: Any,
-    profile: Profile,
-) -> tuple[int, int, int, int, tuple[int, int, int] | None]:
-    """DeepGEMM's transform_sf_pair recipe rules -> (gran_m, gran_k_a, gran_n, gran_k_b, recipe)."""
-    r3 = _recipe3(func, "recipe", recipe)
-    ra = _recipe(func, "recipe_a", recipe_a, 2)
-    rb = _recipe(func, "recipe_b", recipe_b, 2)
-    if ra is None and r3 is None:
-        sfa_t = None if sfa is None else sfa.dtype
-        sfb_t = None if sfb is None else sfb.dtype
-        if profile.arch_major == 9:
-            if sfa_t != F32 or sfb_t != F32:
-                raise arg_error(func, "b", "float32 SFA and SFB for the sm90 default recipe", f"{sfa_t} and {sfb_t}")
-            r3 = (1, 128, 128)
-        else:
-            if sfb_t not in (F32, np.dtype(np.int32)):
-                raise arg_error(func, "b", "float32 or int32 SFB for the sm100 default recipe", f"{sfb_t}")
-            r3 = (1, 128, 128) if sfb_t == F32 else (1, 1, 128)
-    if (ra is None) != (rb is None):
-        raise arg_error(func, "recipe_a", "recipe_a and recipe_b given together", f"recipe_a={ra}, recipe_b={rb}")
-    if (ra is None) == (r3 is None):
-        raise arg_error(func, "recipe", "either recipe or the (recipe_a, recipe_b) pair, not both", f"recipe={r3}")
-    if r3 is not None:
-        return r3[0], r3[2], r3[1], r3[2], r3
-    assert ra is not None and rb is not None
-    return ra[0], ra[1], rb[0], rb[1], None
-
-
-def _ascend_recipes(func: str, recipe: Any, recipe_a: Any, recipe_b: Any) -> tuple[int, int, int, int]:
-    """DeepGEMM-Ascend: default (1, 1, 32); recipe_a / recipe_b may be given alone; gran_k equal."""
-    r3 = _recipe3(func, "recipe", recipe)
-    ra = _recipe(func, "recipe_a", recipe_a, 2)
-    rb = _recipe(func, "recipe_b", recipe_b, 2)
-    if r3 is not None and (ra is not None or rb is not None):
-        raise arg_error(func, "recipe", "either recipe or recipe_a / recipe_b, not both", f"recipe={r3}")
-    if r3 is not None:
-        ga, gka, gb, gkb = r3[0], r3[2], r3[1], r3[2]
-    else:
-        ga, gka = ra if ra is not None else (1, 32)
-        gb, gkb = rb if rb is not None else (1, 32)
-    if gka != gkb:
-        raise arg_error(func, "recipe_b", f"the same gran_k as recipe_a ({gka})", f"gran_k {gkb}")
-    return ga, gka, gb, gkb
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,41 +116,33 @@ def _ascend_recipes(func: str, recipe: Any, recipe_a: Any, recipe_b: Any) -> tup
 def _fp8_fp4_request(
     func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
     compiled_dims: Any, disable_ue8m0_cast: Any, alpha: Any, epilogue: Any,
-) -> GemmRequest | None:
+) -> _Gemm | None:
     """Validate an NT FP8/FP4 GEMM for the active profile; None when there is nothing to compute."""
     profile = get_profile()
+    rules = profile.rules
     check_compiled_dims(func, compiled_dims)
     A, sfa = as_pair(a, func, "a", sf_optional=True)
     B, sfb = as_pair(b, func, "b", sf_optional=True)
     dd = as_array(d, func, "d")
-    assert dd is not None
-    alpha_f = _alpha_of(func, alpha, epilogue)
-    if profile.is_ascend:
-        if dd.dtype not in _OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype before anything else
-            raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
-        sa, sb = ab_operand(A, func, "a"), ab_operand(B, func, "b")
-        if sa.is_fp4 and not sb.is_fp4:
-            raise arg_error(func, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) operands "
-                            "(Unsupported operand dtypes)", "FP4 A with FP8 B")
-    else:
-        allowed = (E4M3,) if profile.arch_major == 9 else (E4M3, I8)
-        sa = ab_operand(A, func, "a", allowed=allowed)
-        sb = ab_operand(B, func, "b", allowed=allowed)
-        if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
-            raise arg_error(func, "a" if sa.major != "K" else "b", "K-major operands on sm90",
-                            f"{'a' if sa.major != 'K' else 'b'} is MN-major")
+    alpha_f = alpha_of(func, alpha, epilogue)
+    if rules.out_dtype_first and dd.dtype not in OUT_DTYPES:  # DeepGEMM-Ascend asserts d's dtype first
+        raise arg_error(func, "d", "dtype bfloat16 or float32", dd)
+    sa = ab_operand(A, func, "a", allowed=rules.fp8_dtypes)
+    sb = ab_operand(B, func, "b", allowed=rules.fp8_dtypes)
+    if rules.operand_mix:
+        check_ascend_mix(func, sa, sb)
+    if rules.fp8_k_major_only and (sa.major != "K" or sb.major != "K"):
+        raise arg_error(func, "a" if sa.major != "K" else "b", f"K-major operands on {profile.name}",
+                        f"{'a' if sa.major != 'K' else 'b'} is MN-major")
     m, k, n = sa.mn, sa.k, sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", f"K = {sb.k} ({B.shape} {B.dtype})")
-    check_out(dd, func, (m, n), _OUT_DTYPES)
+    check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
         raise arg_error(func, "disable_ue8m0_cast", "a bool", repr(disable_ue8m0_cast))
     # Validate recipes and SFs before the early return touches d.
-    if profile.is_ascend:
-        ga, gka, gb, gkb = _ascend_recipes(func, recipe, recipe_a, recipe_b)
-        r3 = None
-    else:
-        ga, gka, gb, gkb, r3 = _cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+    ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     c_arr = as_array(c, func, "c", allow_none=True)
     if c_arr is not None:
         resolve_c(c_arr, dd, func)  # validation only
@@ -355,21 +152,20 @@ def _fp8_fp4_request(
                                   disable_ue8m0_cast=bool(disable_ue8m0_cast))
         scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
                                   disable_ue8m0_cast=bool(disable_ue8m0_cast))
-        if profile.arch_major == 9 and not profile.is_ascend:
+        if rules.fp8_1d2d:  # gran_n 1 runs the 1D1D kernel, otherwise the 1D2D one
             gran_n = gb
             if gran_n == 1 and (c_arr is None or dd.dtype != F32):
-                raise arg_error(func, "d", "float32 d with c for the sm90 1D1D kernel (recipe gran_n 1)",
+                raise arg_error(func, "d", f"float32 d with c for the {profile.name} 1D1D kernel (recipe gran_n 1)",
                                 f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
             if gran_n != 1 and (c_arr is not None or dd.dtype != BF16):
-                raise arg_error(func, "d", "bfloat16 d without c for the sm90 1D2D kernel",
+                raise arg_error(func, "d", f"bfloat16 d without c for the {profile.name} 1D2D kernel",
                                 f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
-        _ = r3
     done, c_val = _early_return(func, m, n, k, dd, c_arr)
     if done:
         return None
     assert scales_a is not None and scales_b is not None
-    ep = core.Epilogue(_OUT_FORMAT[dd.dtype], alpha_f, c_val)
-    return GemmRequest(func, make_operand(sa, scales_a, gka), make_operand(sb, scales_b, gkb), dd, ep)
+    return _gemm(dd, sa.operand(scales_a, gka), sb.operand(scales_b, gkb),
+                 core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val))
 
 
 def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -382,13 +178,13 @@ def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
              recipe_b: Any = None, compiled_dims: str = cd, disable_ue8m0_cast: bool = False,
              alpha: float | None = None, epilogue: Any = None) -> None:
         if layout[0] == "t":
-            a = _transpose_pair(a, name, "a")
+            a = transposed_pair(a, name, "a", (0, 1))
         if layout[1] == "n":
-            b = _transpose_pair(b, name, "b")
+            b = transposed_pair(b, name, "b", (0, 1))
         req = _fp8_fp4_request(name, a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
                                disable_ue8m0_cast, alpha, epilogue)
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -437,26 +233,27 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     A, sfa = as_pair(a, func, "a")
     B, sfb = as_pair(b, func, "b")
     dd = as_array(d, func, "d")
-    assert dd is not None
     sa = ab_operand(A, func, "a", allowed=(E4M3,))
     sb = ab_operand(B, func, "b", allowed=(E4M3,))
-    if profile.arch_major == 9 and (sa.major != "K" or sb.major != "K"):
-        raise arg_error(func, "a", "K-major operands on sm90", "an MN-major operand")
+    if profile.rules.fp8_k_major_only and (sa.major != "K" or sb.major != "K"):
+        raise arg_error(func, "a", f"K-major operands on {profile.name}", "an MN-major operand")
     m, k, n = sa.mn, sa.k, sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", B)
     if left + right == 0 or n % (left + right):
         raise arg_error(func, "head_splits", f"left + right dividing N = {n}", repr(head_splits))
     heads = n // (left + right)
-    out_dtypes = (BF16,) if profile.arch_major == 9 else _OUT_DTYPES
-    check_out(dd, func, (m, n + heads * mid), out_dtypes)
+    out_dtypes = (BF16,) if profile.rules.fp8_1d2d else OUT_DTYPES  # the 1D2D kernel writes bf16
+    check_out(dd, func, (m, n + heads * mid), out_dtypes,
+              inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if n == 0 or k == 0:
         raise arg_error(func, "b", "N > 0 and K > 0", B)
-    ga, gka, gb, gkb, _ = _cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
+    ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
     if gka != 128 or gkb != 128:
         raise arg_error(func, "recipe", "gran_k 128 for both SFs", f"({gka}, {gkb})")
-    if profile.arch_major == 9 and gb == 1:
-        raise arg_error(func, "recipe", "the 1D2D recipe (gran_n != 1) on sm90", repr(recipe))
+    if profile.rules.fp8_1d2d and gb == 1:
+        raise arg_error(func, "recipe", f"the 1D2D recipe (gran_n != 1) on {profile.name}", repr(recipe))
     scales_a = resolve_scales(func, "a[1]", sfa, m, k, ga, gka, None, profile, is_b=False,
                               disable_ue8m0_cast=bool(disable_ue8m0_cast))
     scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
@@ -466,21 +263,21 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
     cols = np.arange(n)
     out_cols = cols + (cols + right) // (left + right) * mid
     full = np.empty((m, n), dd.dtype)
-    req = GemmRequest(func, make_operand(sa, scales_a, gka), make_operand(sb, scales_b, gkb), full,
-                      core.Epilogue(_OUT_FORMAT[dd.dtype]))
-    res = run_gemm(req, record=False)
+    task = Task(sa.operand(scales_a, gka), sb.operand(scales_b, gkb), core.OutputStage(OUT_FORMAT[dd.dtype]),
+                (slice(None),))
+    col = execute(func, full, [task], record_trace=False)
     dd[:, out_cols] = full
     if trace.active() is not None:
         defined = np.zeros(dd.shape, bool)
         defined[:, out_cols] = True
         acc = S = None
-        if res.acc is not None:
+        if col.acc is not None:
             acc = np.zeros(dd.shape)
-            acc[:, out_cols] = res.acc
-        if res.S is not None:
+            acc[:, out_cols] = col.acc
+        if col.S is not None:
             S = np.zeros(dd.shape)
-            S[:, out_cols] = res.S
-        trace.record(func, acc=acc, S=S, defined=defined, stats=res.stats)
+            S[:, out_cols] = col.S
+        trace.record(func, acc=acc, S=S, defined=defined, stats=col.stats)
 
 
 fp8_gemm_nt_skip_head_mid = profiled(
@@ -494,31 +291,32 @@ fp8_gemm_nt_skip_head_mid = profiled(
 # ----------------------------------------------------------------------------------------------
 
 def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any, epilogue: Any,
-                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel") -> GemmRequest | None:
+                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel", c_written: bool = False
+                  ) -> _Gemm | None:
+    """Validate a BF16 (or unscaled) NT GEMM; None when there is nothing to compute.  ``c_written``:
+    a separate ``c`` is also written (ACLNN's in-place addmm), so it is checked as an output."""
     check_compiled_dims(func, compiled_dims)
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
     dd = as_array(d, func, "d")
-    assert A is not None and B is not None and dd is not None
-    for name, x in (("a", A), ("b", B)):
-        if x.ndim != 2:
-            raise arg_error(func, name, "a 2-D array", x)
-        if x.dtype not in dtypes:
-            raise arg_error(func, name, "dtype " + " or ".join(str(t) for t in dtypes), x)
-        major_of(x, func, name)
+    bf16_operands(func, (("a", A, 2), ("b", B, 2)), dtypes)
     if A.dtype != B.dtype:
         raise arg_error(func, "b", f"dtype {A.dtype} (a's dtype)", B)
-    alpha_f = _alpha_of(func, alpha, epilogue)
+    alpha_f = alpha_of(func, alpha, epilogue)
     m, k = A.shape
     n, k2 = B.shape
     if k2 != k:
         raise arg_error(func, "b", f"shape (N, {k}) to match a", B)
-    check_out(dd, func, (m, n), _OUT_DTYPES)
+    check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", m, n, k)
+    if c_written and c is not None:
+        ca = as_array(c, func, "c")
+        if not shares_memory(ca, dd):  # c is d is in-place; any other overlap is refused with c's checks
+            check_written(ca, func, "c", inputs=(("a", A), ("b", B)))
     done, c_val = _early_return(func, m, n, k, dd, c)
     if done:
         return None
-    ep = core.Epilogue(_OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode)
-    return GemmRequest(func, core.Operand(A), core.Operand(B), dd, ep)
+    return _gemm(dd, core.Operand(A), core.Operand(B), core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode))
 
 
 def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -528,11 +326,11 @@ def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
 
     def impl(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = cd,
              alpha: float | None = None, epilogue: Any = None) -> None:
-        a2 = _t(a, name, "a") if layout[0] == "t" else a
-        b2 = _t(b, name, "b") if layout[1] == "n" else b
+        a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
+        b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
         req = _bf16_request(name, a2, b2, d, c, compiled_dims, alpha, epilogue)
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -544,14 +342,6 @@ def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
         + ("    alpha and epilogue are DeepGEMM-Ascend's trailing parameters, also accepted here.\n" if cuda else "")
     )
     return impl
-
-
-def _t(x: Any, func: str, arg: str) -> np.ndarray:
-    xa = as_array(x, func, arg)
-    assert xa is not None
-    if xa.ndim != 2:
-        raise arg_error(func, arg, "a 2-D array", xa)
-    return xa.T
 
 
 def _profiled_bf16(layout: str) -> Any:
@@ -573,14 +363,14 @@ def _make_cublaslt(layout: str) -> Callable[..., None]:
     name = f"cublaslt_gemm_{layout}"
 
     def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
-        a2 = _t(a, name, "a") if layout[0] == "t" else a
-        b2 = _t(b, name, "b") if layout[1] == "n" else b
+        a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
+        b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
         # cuBLASLt's FP32 epilogue adds C once: out(acc + C) with a single rounding.  FP8 inputs
         # are unscaled (DeepGEMM's tests call it with raw FP8 data for timing).
         # Note: float32 inputs are rejected: cuBLASLt computes them in TF32, not emulated here.
         req = _bf16_request(name, a2, b2, d, c, "", None, None, dtypes=(BF16, E4M3), c_mode="fused")
         if req is not None:
-            run_gemm(req)
+            _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -594,20 +384,20 @@ def _make_aclnn_bf16(layout: str) -> Callable[..., None]:
     name = f"aclnn_bf16_gemm_{layout}"
 
     def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
-        a2 = _t(a, name, "a") if layout[0] == "t" else a
-        b2 = _t(b, name, "b") if layout[1] == "n" else b
-        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused")
+        a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
+        b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
+        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused", c_written=True)
         if req is None:
             return
-        if c is not None and req.epilogue.c is not None:
+        c_val = req.task.output.c if req.task.output is not None else None
+        if c is not None and c_val is not None:
             ca = as_array(c, name, "c")
-            assert ca is not None
             if not np.shares_memory(ca, req.d):
                 # DeepGEMM-Ascend copies c into d, then runs aclnnInplaceAddmm on c: d keeps the
                 # old c and the result lands in c (its tests always pass c = d).
-                req.d[...] = req.epilogue.c
-                req.c_target = ca
-        run_gemm(req)
+                req.d[...] = c_val
+                req.d = ca
+        _run(name, req)
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -628,13 +418,13 @@ def _aclnn_fp8_bytes(func: str, arg: str, sf: np.ndarray | None, mn: int, k: int
     if sf.ndim != 2 or tuple(sf.shape) != want:
         raise arg_error(func, arg, f"shape {want} = (mn, ceil(k / 32))", sf)
     if sf.dtype == F32:
-        bits = np.ascontiguousarray(sf).view(np.uint32)
+        bits = sf.view(np.uint32)  # shape checked above; a view with any strides
         if np.any(bits >> np.uint32(31)):
             raise arg_error(func, arg, "non-negative float32 scales", sf)
         # The port floors a non-power-of-two float32 scale to its exponent byte (no check).
         return (bits >> np.uint32(23)).astype(np.uint8)
     if sf.dtype.itemsize == 1 and sf.dtype.kind in "uV" or str(sf.dtype) == "float8_e8m0fnu":
-        return np.ascontiguousarray(sf).view(np.uint8)
+        return sf.view(np.uint8)
     raise arg_error(func, arg, "float32, float8_e8m0fnu or uint8 scales", sf)
 
 
@@ -644,9 +434,9 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
     def impl(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
              recipe_b: Any = None, disable_ue8m0_cast: bool = False) -> None:
         if layout[0] == "t":
-            a = _transpose_pair(a, name, "a")
+            a = transposed_pair(a, name, "a", (0, 1))
         if layout[1] == "n":
-            b = _transpose_pair(b, name, "b")
+            b = transposed_pair(b, name, "b", (0, 1))
         A, sfa = as_pair(a, name, "a")
         B, sfb = as_pair(b, name, "b")
         dd = as_array(d, name, "d")
@@ -662,10 +452,11 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         m, k, n = sa.mn, sa.k, sb.mn
         if sb.k != k:
             raise arg_error(name, "b", f"K = {k} (from a)", B)
-        check_out(dd, name, (m, n), _OUT_DTYPES)
+        check_out(dd, name, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+        check_matmul(name, "a", m, n, k)
         if k % 64:
             raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
-        ga, gka, gb, gkb = _ascend_recipes(name, recipe, recipe_a, recipe_b)
+        ga, gka, gb, gkb = ascend_recipes(name, None, None, recipe, recipe_a, recipe_b, get_profile())
         if (ga, gka, gb, gkb) != (1, 32, 1, 32):
             raise arg_error(name, "recipe", "(1, 1, 32): the only group size ACLNN accepts", repr(recipe))
         bytes_a = _aclnn_fp8_bytes(name, "a[1]", sfa, m, k)
@@ -674,9 +465,9 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         done, c_val = _early_return(name, m, n, k, dd, c_arr)
         if done:
             return
-        ep = core.Epilogue(_OUT_FORMAT[dd.dtype], None, c_val, "rounded")
-        run_gemm(GemmRequest(name, make_operand(sa, fm.ue8m0_decode(bytes_a), 32),
-                             make_operand(sb, fm.ue8m0_decode(bytes_b), 32), dd, ep))
+        out = core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val, "rounded")
+        _run(name, _gemm(dd, sa.operand(fm.ue8m0_decode(bytes_a), 32),
+                          sb.operand(fm.ue8m0_decode(bytes_b), 32), out))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -713,5 +504,3 @@ aclnn_fp8_fp4_gemm_nt: Any = globals()["aclnn_fp8_fp4_gemm_nt"]
 aclnn_fp8_fp4_gemm_nn: Any = globals()["aclnn_fp8_fp4_gemm_nn"]
 aclnn_fp8_fp4_gemm_tn: Any = globals()["aclnn_fp8_fp4_gemm_tn"]
 aclnn_fp8_fp4_gemm_tt: Any = globals()["aclnn_fp8_fp4_gemm_tt"]
-
-_ = OperandSpec

@@ -14,10 +14,11 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import config, profiles
+from . import profiles
 from .api import profiled
 from .errors import DGArgumentError
 
+# --- generated from deepgemm_ref._exports.TABLE: do not edit by hand ---
 __all__ = [
     "set_num_sms",
     "get_num_sms",
@@ -41,7 +42,9 @@ __all__ = [
     "ASCEND_NPU_ARCH",
     "reset_runtime",
     "runtime_state",
+    "restore_runtime",
 ]
+# --- end of generated block ---
 
 #: CANN's Bisheng target for Ascend 950PR/950DT is ``dav-3510``; ``get_npu_arch()`` reports it.
 ASCEND_NPU_ARCH = 3510
@@ -81,13 +84,11 @@ def reset_runtime() -> None:
         _state = RuntimeState()
 
 
-def _restore(token: RuntimeState) -> None:
+def restore_runtime(state: RuntimeState) -> None:
+    """Put back settings saved with :func:`runtime_state` (``deepgemm_ref.numerics`` scoping)."""
     global _state
     with _lock:
-        _state = token
-
-
-config.register_state(runtime_state, _restore)
+        _state = state
 
 
 def _int_arg(func: str, arg: str, v: Any) -> int:
@@ -222,13 +223,11 @@ def _get_mk_alignment_ascend() -> int:
 
 def _theoretical_cuda(expected_m: int | None = None) -> int:
     """The alignment DeepGEMM's kernels would pick: 128 on sm90; on sm100 224, shrunk by 32 while
-    it stays above 32 and at least ``expected_m``."""
-    if profiles.get_profile().arch_major == 9:
-        return 128
-    v = 224
-    if expected_m is not None:
-        while v > 32 and v - 32 >= expected_m:
-            v -= 32
+    it stays above 32 and at least ``expected_m`` (the profile's ``theoretical_mk_alignment``)."""
+    v, step = profiles.get_profile().rules.theoretical_mk_alignment
+    if expected_m is not None and step:
+        while v > 32 and v - step >= expected_m:
+            v -= step
     return v
 
 
@@ -259,7 +258,8 @@ get_theoretical_mk_alignment_for_contiguous_layout = profiled(
 
 def current_mk_alignment() -> int:
     """The alignment in force for the active profile (for the kernels and layout helpers)."""
-    return ASCEND_MK_ALIGNMENT if profiles.get_profile().is_ascend else _state.mk_alignment
+    fixed = profiles.get_profile().rules.fixed_mk_alignment
+    return _state.mk_alignment if fixed is None else fixed
 
 
 # --- DeepGEMM-Ascend additions --------------------------------------------------------------------

@@ -29,8 +29,10 @@ EXTRAS = ("numerics", "set_numerics", "get_numerics", "reset_numerics", "Limited
           "get_profile", "DGArgumentError", "DGUtilityError", "mega.EmulatedGroup", "mega.mega_moe_dispatch",
           "mega.mega_moe_grouped_gemm", "mega.swiglu_apply_weight_to_fp8", "mega.mega_moe_combine",
           "mega.inverse_transform_weights_for_mega_moe")
-EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.formats", "deepgemm_ref.trace", "deepgemm_ref.mega",
-                 "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe")
+EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.executor", "deepgemm_ref.toolkit", "deepgemm_ref.exact",
+                 "deepgemm_ref.certified", "deepgemm_ref.formats", "deepgemm_ref.settings", "deepgemm_ref.trace",
+                 "deepgemm_ref.mega", "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe",
+                 "deepgemm_ref.dryrun", "deepgemm_ref.namespace", "deepgemm_ref.testing.npu_shim")
 
 
 def _sig(obj: object) -> str:

@@ -70,13 +70,9 @@ def quantise_group(values: list[float], divisor: int, use_ue8m0: bool, division:
     return sf, scaled
 
 
-class _F64Format:
-    pass
-
-
 # float64 rounding for the float64-input path (torch keeps the product in float64)
-_F64 = fm.Format("f64", 64, 11, 52, 1023, True, float.fromhex("0x1.fffffffffffffp1023"), 2.0**-1022,
-                 2.0**-1074, True, True, True, 0x7FF8000000000000, 0x7FF0000000000000, np.dtype(np.float64))
+_F64 = fm.Format(name="f64", exponent_bits=11, mantissa_bits=52, bias=1023, signed=True, has_inf=True, has_nan=True,
+                 storage=np.dtype(np.float64))
 
 
 def e4m3_code(v: float) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 
 import ml_dtypes
@@ -16,7 +15,6 @@ import deepgemm_ref as dg
 from deepgemm_ref import formats as fm
 from deepgemm_ref import trace
 from deepgemm_ref.errors import DGArgumentError
-from deepgemm_ref.names import reference_entries
 
 from . import reference as ref
 
@@ -40,28 +38,6 @@ def _rand(shape, seed, scale=1.0):
 
 def _f64(x):
     return x.astype(np.float64)
-
-
-# ---------------------------------------------------------------------------------------------
-# signatures
-# ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("arch,target", [("sm90", "deepgemm"), ("sm100", "deepgemm"), ("ascend950", "deepgemm-ascend")])
-def test_signatures_match_reference(arch, target):
-    names = {"einsum", "fp8_einsum", "tf32_hc_prenorm_gemm"}
-    seen = set()
-    with dg.numerics(arch=arch):
-        for e in reference_entries(target):
-            if e.name not in names or e.module != "deep_gemm":
-                continue
-            seen.add(e.name)
-            params = list(inspect.signature(getattr(E, e.name)).parameters.values())
-            assert [p.name for p in params] == [q["name"] for q in e.params], e.name
-            for p, q in zip(params, e.params, strict=True):
-                assert p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
-                want = inspect.Parameter.empty if q["default"] is None else q["default"]
-                assert (p.default if p.default is inspect.Parameter.empty else repr(p.default)) == want, (e.name, p.name)
-    assert seen == names
 
 
 # ---------------------------------------------------------------------------------------------

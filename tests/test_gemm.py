@@ -258,112 +258,8 @@ def test_k_not_multiple_of_block(out_dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# accumulation models
+# accumulation models (the core's own tests are in tests/test_core.py)
 # ---------------------------------------------------------------------------------------------
-
-def test_fp32_model_within_bound_and_deterministic():
-    m, n, k = 16, 24, 1024
-    x, w = _rand((m, k), 30), _rand((n, k), 31)
-    qa, sa = _fp8(x, 128)
-    qb, sb = _fp8(w, 128)
-    a = core.Operand(qa, sa.astype(np.float64), 128)
-    b = core.Operand(qb, sb.astype(np.float64), 128)
-    exact = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="exact", want_acc=True, want_S=True)
-    r1 = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="fp32", fp32_block=128, want_acc=True)
-    r2 = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="fp32", fp32_block=128, want_acc=True)
-    assert np.array_equal(_codes(r1.out), _codes(r2.out))
-    nb = k // 128
-    u = 2.0**-24
-    n_ops = 2 * nb + 1  # block rounding, then per block one fused multiply-add
-    bound = n_ops * u / (1 - n_ops * u) * exact.S
-    assert np.all(np.abs(r1.acc - exact.acc) <= bound)
-    assert np.mean(_codes(r1.out) != _codes(exact.out)) < 0.2  # mostly equal; differences are real rounding
-
-
-def test_fp32_model_prescaled_path_equals_the_general_one():
-    """sm90 (scales applied by a float32 promotion multiply): the fp32 model's fast path
-    (operands scaled before the block GEMMs) gives the bytes of the per-block
-    f32(f32(sa sb) * partial) path, including scales near the float32 range's ends, overflow to
-    inf and FP4 operands; the general path is forced with prescale=False."""
-    rng = np.random.default_rng(77)
-    fast = 0
-    with dg.numerics(arch="sm90"):
-        for _ in range(150):
-            m, n, k = int(rng.integers(1, 7)), int(rng.integers(1, 7)), int(rng.integers(1, 300))
-            blk = int(rng.choice([32, 128]))
-
-            def operand(rows: int, k: int = k, blk: int = blk) -> core.Operand:
-                if rng.random() < 0.5:
-                    v = rng.standard_normal((rows, k)) * np.exp2(rng.integers(-12, 9, (rows, k)))
-                    vals, codes = v.clip(-448, 448).astype(E4M3), None
-                else:
-                    vals, codes = rng.integers(0, 16, (rows, k)).astype(np.uint8), fm.E2M1
-                lo, hi = sorted(rng.integers(-127, 128, 2) if rng.random() < 0.5 else rng.integers(-20, 10, 2))
-                return core.Operand(vals, np.exp2(rng.integers(lo, hi + 1, (rows, -(-k // blk)))), blk, codes)
-
-            a, b = operand(m), operand(n)
-            fast += core._prescaled_fp32_ok(a, b)
-            for out in (fm.BF16, fm.F32):
-                r1 = core._fp32_model(a, b, core.Epilogue(out), 128)
-                r2 = core._fp32_model(a, b, core.Epilogue(out), 128, prescale=False)
-                assert r1.out.tobytes() == r2.out.tobytes()
-                assert np.array_equal(r1.acc, r2.acc, equal_nan=True)
-    assert 0 < fast < 150  # both paths are exercised
-
-
-@pytest.mark.parametrize("arch", ["sm100", "ascend950"])
-def test_fp32_model_with_mma_block_scaling_against_rationals(arch):
-    """sm100 and ascend950 apply UE8M0 block scales inside the MMA: each block partial is
-    RN_f32(exact block sum * 2^(ea + eb)), then added in float32 in K order.  Scale products far
-    beyond float32's range (2^70 * 2^70 on a zero block, 2^-120 * 2^-120) stay finite and exact
-    where a float32 scale product would give NaN or flush to zero (genuine overflow of a block
-    partial still gives inf)."""
-    rng = np.random.default_rng(5)
-    k, blk = 96, 32
-    vals_a = rng.standard_normal((3, k)).clip(-448, 448).astype(E4M3)
-    vals_b = rng.standard_normal((2, k)).clip(-448, 448).astype(E4M3)
-    vals_a[0, 32:64] = 0  # a zero block under a huge scale product
-    ea = np.array([[70, 70, 0], [-120, -3, 5], [10, 127, -127]])
-    eb = np.array([[70, 70, 1], [-120, 2, -9]])
-    a = core.Operand(vals_a, np.exp2(ea.astype(np.float64)), blk)
-    b = core.Operand(vals_b, np.exp2(eb.astype(np.float64)), blk)
-    with dg.numerics(arch=arch):
-        res = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="fp32", fp32_block=blk, want_acc=True)
-    fa, fb = vals_a.astype(np.float64), vals_b.astype(np.float64)
-    for i in range(3):
-        for j in range(2):
-            acc = np.float32(0)
-            for q in range(k // blk):
-                ks = slice(q * blk, (q + 1) * blk)
-                exact = ref.exact_dot(fa[i, ks], fb[j, ks]) * ref.F(2) ** int(ea[i, q] + eb[j, q])
-                part = np.float32(fm.decode_scalar(fm.encode_scalar(exact, fm.F32, fm.IEEE_RNE), fm.F32))
-                acc = np.float32(acc + part)
-            assert np.float32(res.acc[i, j]).tobytes() == acc.tobytes(), (i, j)
-    assert not np.isnan(res.acc).any()  # a float32 scale product inf times a zero block gave NaN
-
-
-def test_limited_model_loses_bits_and_is_deterministic():
-    m, n, k = 8, 8, 512
-    x, w = _rand((m, k), 32), _rand((n, k), 33)
-    qa, sa = _fp8(x, 128)
-    qb, sb = _fp8(w, 128)
-    a = core.Operand(qa, sa.astype(np.float64), 128)
-    b = core.Operand(qb, sb.astype(np.float64), 128)
-    exact = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model="exact", want_acc=True, want_S=True)
-    lim = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model=dg.Limited(13, 128), want_acc=True)
-    lim2 = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model=dg.Limited(13, 128), want_acc=True)
-    wide = core.scaled_matmul(a, b, core.Epilogue(fm.F32), model=dg.Limited(40, 128), want_acc=True)
-    assert np.array_equal(lim.acc, lim2.acc)
-    err13 = np.abs(lim.acc - exact.acc) / exact.S
-    err40 = np.abs(wide.acc - exact.acc) / exact.S
-    assert err13.max() > 2.0**-16 and err13.max() < 2.0**-8
-    assert err40.max() < 2.0**-20
-    # truncation is biased toward zero for all-positive data
-    pos = core.Operand(np.abs(qa.astype(np.float32)).astype(E4M3), sa.astype(np.float64), 128)
-    pex = core.scaled_matmul(pos, pos, core.Epilogue(fm.F32), model="exact", want_acc=True)
-    plim = core.scaled_matmul(pos, pos, core.Epilogue(fm.F32), model=dg.Limited(13, 128), want_acc=True)
-    assert np.all(plim.acc <= pex.acc)
-
 
 def test_numerics_option_selects_model():
     x, w = _rand((4, 256), 34), _rand((4, 256), 35)
@@ -409,31 +305,6 @@ def test_four_layouts_agree(shape, seed, out_dtype):
         assert np.array_equal(o, outs[1])
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(-30, 30), st.integers(0, 1))
-def test_scaling_one_block_scales_its_contribution(seed, e, blk):
-    """Multiplying one scale block by 2^e multiplies exactly that block's contribution."""
-    m, n, k = 3, 4, 256
-    x, w = _rand((m, k), seed), _rand((n, k), seed + 7)
-    qa, sa = _fp8(x, 128)
-    qb, sb = _fp8(w, 128)
-    a = core.Operand(qa, sa.astype(np.float64), 128)
-    b = core.Operand(qb, sb.astype(np.float64), 128)
-    sa2 = sa.astype(np.float64).copy()
-    sa2[:, blk] *= 2.0**e
-    a2 = core.Operand(qa, sa2, 128)
-    ep = core.Epilogue(fm.F32)
-    out2 = _codes(core.scaled_matmul(a2, b, ep).out)
-    av = _fp8_vals(qa, sa, 128)
-    bv = _fp8_vals(qb, sb, 128)
-    in_blk = (np.arange(k) // 128) == blk
-    for i in range(m):
-        for j in range(n):
-            acc = ref.exact_dot(av[i], bv[j])
-            part = ref.exact_dot(av[i][in_blk], bv[j][in_blk])
-            assert out2[i, j] == ref.ref_epilogue(acc + (ref.F(2) ** e - 1) * part, fm.F32)
-    del a
-
-
 @given(dims, st.integers(0, 2**31 - 1))
 def test_user_form_and_required_layout_same_bytes(shape, seed):
     m, n, k = shape
@@ -476,7 +347,7 @@ def test_alpha_and_c_formulas(shape, seed, alpha):
             # exact acc is certified in float64 here, so the formula can be evaluated on it
             a = core.Operand(qa, dg.layout.sf_values(sa, m, k, 1, 32, func="t", arg="a"), 32)
             b = core.Operand(qb, dg.layout.sf_values(sb, n, k, 1, 32, func="t", arg="b"), 32)
-            acc = core.scaled_matmul(a, b, core.Epilogue(fm.F32), want_acc=True).acc
+            acc = core.scaled_matmul(a, b, core.OutputStage(fm.F32), want_acc=True).acc
             z = fm.round_f64(np.float64(np.float32(alpha)) * acc if False else acc, fm.F32)
             z = fm.round_dd(*fm.two_prod(np.float64(np.float32(alpha)), acc), fm.F32).astype(np.float64)
             if out_dtype is BF16:
@@ -533,11 +404,11 @@ def test_c_epilogue_overflow_and_infinite_c_follow_ieee():
     # the rational specification used by the last-resort tier
     acc = ref.F(2) ** 129
     for out, c, want in ((fm.BF16, 1.0, 0x7F80), (fm.F32, np.inf, 0x7F800000)):
-        ep = core.Epilogue(out, None, np.array([[c]], np.float64))
+        ep = core.OutputStage(out, None, np.array([[c]], np.float64))
         assert int(ep.apply_exact(acc, 0, 0)) == want
-    ep = core.Epilogue(fm.F32, 2.0, np.array([[1.0]], np.float64))
+    ep = core.OutputStage(fm.F32, 2.0, np.array([[1.0]], np.float64))
     assert int(ep.apply_exact(acc, 0, 0)) == 0x7F800000
-    ep = core.Epilogue(fm.BF16, None, np.array([[-np.inf]], np.float64))
+    ep = core.OutputStage(fm.BF16, None, np.array([[-np.inf]], np.float64))
     assert np.isnan(fm.decode_scalar(int(ep.apply_exact(acc, 0, 0)), fm.BF16))
 
 
@@ -577,30 +448,10 @@ def test_alpha_times_infinite_accumulator_and_signed_zeros():
     assert _codes(d16)[0, 0] == 0x8000
     # the rational specification
     zero = ref.F(0)
-    assert int(core.Epilogue(fm.F32, -1.0).apply_exact(zero, 0, 0)) == 0x80000000
-    ep = core.Epilogue(fm.BF16, None, np.array([[-0.0]]))
+    assert int(core.OutputStage(fm.F32, -1.0).apply_exact(zero, 0, 0)) == 0x80000000
+    ep = core.OutputStage(fm.BF16, None, np.array([[-0.0]]))
     assert int(ep.apply_exact(-ref.F(2) ** -134, 0, 0)) == 0x8000
     assert int(ep.apply_exact(ref.F(2) ** -134, 0, 0)) == 0x0000  # -0 + +0 = +0
-
-
-@pytest.mark.parametrize("arch", ["sm100", "ascend950"])
-def test_fp32_model_nan_in_one_row_leaves_the_others_alone(arch):
-    """MMA block scaling with a NaN element elsewhere: the other rows keep their exact scaled
-    values (a float32 scale product 2^140 used to turn their zero blocks into NaN)."""
-    k = 128
-    a = np.zeros((2, k), np.float32)
-    a[0, 0] = 2.0**-9
-    a[1, 5] = np.nan
-    b = np.zeros((1, k), np.float32)
-    b[0, 0] = 2.0**-9
-    sa = np.full((2, k // 32), 2.0**70)
-    sb = np.full((1, k // 32), 2.0**70)
-    A = core.Operand(a.astype(E4M3), sa, 32)
-    B = core.Operand(b.astype(E4M3), sb, 32)
-    with dg.numerics(arch=arch):
-        res = core.scaled_matmul(A, B, core.Epilogue(fm.F32), model="fp32", fp32_block=32)
-    out = np.asarray(res.out, np.float32)
-    assert out[0, 0] == np.float32(2.0**122) and np.isnan(out[1, 0])
 
 
 def test_zero_k_copies_c_or_zeroes():
@@ -659,11 +510,11 @@ def test_profile_matrix():
         with pytest.raises(DGArgumentError, match="gran_k 32"):
             dg.fp8_fp4_gemm_nt(a, b, d, recipe=(1, 1, 128))
         with pytest.raises(DGArgumentError, match="not provided"):
-            dg.fp8_gemm_nt_skip_head_mid(a, b, d, (128, 64, 128))
+            gemm.fp8_gemm_nt_skip_head_mid(a, b, d, (128, 64, 128))
         with pytest.raises(DGArgumentError, match="Unsupported operand dtypes"):
             dg.fp8_fp4_gemm_nt(p4a, _fp8(_rand((3, 256), 1), 32), d)
     with pytest.raises(DGArgumentError, match="not provided"):
-        dg.aclnn_bf16_gemm_nt(np.zeros((2, 2), BF16), np.zeros((2, 2), BF16), np.zeros((2, 2), BF16))
+        gemm.aclnn_bf16_gemm_nt(np.zeros((2, 2), BF16), np.zeros((2, 2), BF16), np.zeros((2, 2), BF16))
 
 
 def test_skip_head_mid():

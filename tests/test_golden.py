@@ -213,7 +213,7 @@ def test_float32_accumulation_in_any_order_passes(bundle):
         acc_dev = (acc64 + noise).astype(np.float32).astype(np.float64)
         ep_desc = case.entry["check"]["epilogue"]
         c = case.inputs().get(ep_desc["c"]) if ep_desc["c"] else None
-        ep = core.Epilogue(fm.BF16 if g["d"].dtype == BF16 else fm.F32, ep_desc["alpha"], c, ep_desc["c_mode"])
+        ep = core.OutputStage(fm.BF16 if g["d"].dtype == BF16 else fm.F32, ep_desc["alpha"], c, ep_desc["c_mode"])
         dev = ep.apply(acc_dev, 0, acc_dev.shape[0]).view(g["d"].dtype)
         rep = _check_one(bundle, case_id, dev)
         assert rep.status in ("pass", "warn") and rep.failed == 0, case_id

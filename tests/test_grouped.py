@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import ml_dtypes
@@ -16,7 +15,6 @@ from deepgemm_ref import formats as fm
 from deepgemm_ref import grouped as G
 from deepgemm_ref import trace
 from deepgemm_ref.errors import DGArgumentError
-from deepgemm_ref.names import reference_entries
 
 from . import reference as ref
 
@@ -106,30 +104,6 @@ def _quant(arch, x, w, fp4_b=False):
 # names and signatures
 # ---------------------------------------------------------------------------------------------
 
-NAMES = ["m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
-         "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
-         "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous",
-         "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
-         "m_grouped_bf16_gemm_nt_masked", "bf16_m_grouped_gemm_nt_masked",
-         "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
-
-
-@pytest.mark.parametrize("arch,target", [("sm90", "deepgemm"), ("sm100", "deepgemm"), ("ascend950", "deepgemm-ascend")])
-def test_signatures_match_reference(arch, target):
-    kinds = {"positional_or_keyword": inspect.Parameter.POSITIONAL_OR_KEYWORD}
-    seen = set()
-    with dg.numerics(arch=arch):
-        for e in reference_entries(target):
-            if e.name not in NAMES or e.module != "deep_gemm":
-                continue
-            seen.add(e.name)
-            params = list(inspect.signature(getattr(G, e.name)).parameters.values())
-            assert [p.name for p in params] == [q["name"] for q in e.params], e.name
-            for p, q in zip(params, e.params, strict=True):
-                assert p.kind == kinds[q["kind"]], (e.name, p.name)
-                want = inspect.Parameter.empty if q["default"] is None else q["default"]
-                assert (p.default if p.default is inspect.Parameter.empty else repr(p.default)) == want, (e.name, p.name)
-    assert seen == (set(NAMES) if target == "deepgemm" else {n for n in NAMES if "masked" not in n})
 
 
 def test_aliases_are_the_same_objects():

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import trace
 from .._parallel import single_threaded_blas
-from ..config import numerics
+from ..settings import numerics
 from .bundle import BundleError
 from .cases import FAMILIES, ArgRef, BuiltCase, Family, family_for, family_of
 

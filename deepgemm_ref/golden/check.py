@@ -153,7 +153,7 @@ def _histogram(d: np.ndarray) -> dict[str, int]:
 
 
 def _interval_codes(
-    ep: core.Epilogue, y: np.ndarray, y_lo: np.ndarray | None, E: np.ndarray
+    ep: core.OutputStage, y: np.ndarray, y_lo: np.ndarray | None, E: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Output values of the epilogue at the two ends of [y - E, y + E] (float64, lo <= hi)."""
     yy = y if y_lo is None else y + y_lo
@@ -201,7 +201,7 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
         return ok, ok, special_bad, finite, np.where(finite & ~ok, np.inf, 0.0)
     assert fmt is not None
     c_arr = blk["c"]
-    ep = core.Epilogue(fmt, ep_desc.get("alpha"), c_arr, ep_desc.get("c_mode", "kernel"))
+    ep = core.OutputStage(fmt, ep_desc.get("alpha"), c_arr, ep_desc.get("c_mode", "kernel"))
     y = blk["acc"].astype(np.float64)
     y_lo = blk["acc_lo"]
     S = blk["S"].astype(np.float64)
@@ -216,7 +216,7 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
         hard = soft.copy()
         outside = np.nonzero(finite & ~soft)
         if outside[0].size:
-            sub_ep = core.Epilogue(ep.out, ep.alpha, None if c_arr is None else c_arr[outside], ep.c_mode)
+            sub_ep = core.OutputStage(ep.out, ep.alpha, None if c_arr is None else c_arr[outside], ep.c_mode)
             hlo, hhi = _interval_codes(sub_ep, y[outside], None if y_lo is None else y_lo[outside],
                                        E_hard_all[outside])
             dv = d_vals[outside]
@@ -368,7 +368,7 @@ class _ElementBounds:
         c_abs = np.abs(c.astype(np.float64)) if c is not None else 0.0
         E, E_hard = error_bounds(S, None if S_hard is None else S_hard.astype(np.float64), y, c_abs, self.check,
                                  self.options, self.n, self.u_acc)
-        ep = core.Epilogue(self.fmt, self.ep_desc.get("alpha"), c, self.ep_desc.get("c_mode", "kernel"))
+        ep = core.OutputStage(self.fmt, self.ep_desc.get("alpha"), c, self.ep_desc.get("c_mode", "kernel"))
         y_lo = at("acc_lo")
         lo, hi = _interval_codes(ep, y, y_lo, E)
         hlo, hhi = _interval_codes(ep, y, y_lo, E_hard)

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import numerics
 from ..errors import DGArgumentError
 from ..interop import from_numpy, to_numpy
+from ..settings import numerics
 from . import safetensors as st
 from .bundle import BundleError, CaseData, load_bundle
 from .call import entry_family, fresh_outputs, run_case_call

@@ -91,8 +91,8 @@ from ._buffer import (
     get_symm_buffer_size_for_mega_moe,
     get_token_alignment_for_mega_moe,
 )
-from ._group import EmulatedGroup, EmulatedRank
-from ._kernels import bf16_mega_moe, fp8_fp4_mega_moe
+from ._group import EmulatedRank
+from ._kernels import EmulatedGroup, bf16_mega_moe, fp8_fp4_mega_moe
 from ._layout import BLOCK_N
 from ._stages import (
     MegaMoEDispatch,

@@ -12,7 +12,9 @@ import numpy as np
 from ..api import profiled
 from ..errors import arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
-from ._group import EmulatedGroup, resolve_group
+from ..toolkit.args import align
+from ..toolkit.sizes import check_alloc, size_arg
+from ._group import GroupRegistry, resolve_group
 from ._layout import TOKEN_ALIGNMENT, BufferLayout, alloc_bytes, ascend_layout, cuda_layout, make_views, ring_limit
 
 __all__ = [
@@ -24,17 +26,10 @@ __all__ = [
 ]
 
 _ASCEND_MISSING = "DeepGEMM-Ascend has no {what} (port 1.10: the ring size is derived internally)"
+_SIZE_ARGS = "num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden"
 _UPSTREAM_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "l1_acts", "l1_acts_sf", "l2_acts", "l2_acts_sf")
 _ASCEND_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "shared_l1_acts", "shared_l1_acts_sf", "shared_l2_acts",
                  "shared_l2_acts_sf", "l1_acts", "l1_acts_sf", "l2_acts", "l2_acts_sf", "expert_recv_count")
-
-
-def _int(func: str, arg: str, v: Any, minimum: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise arg_error(func, arg, "an int", repr(v))
-    if minimum is not None and v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(v))
-    return int(v)
 
 
 def _str(func: str, arg: str, v: Any) -> str:
@@ -59,9 +54,9 @@ def _get_ring_limit_for_mega_moe(num_max_tokens_per_rank: int, num_experts_per_r
     T (``num_max_tokens_per_rank``) must be a multiple of 384.
     """
     func = "get_ring_limit_for_mega_moe"
-    return ring_limit(func, _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                      _int(func, "num_experts_per_rank", num_experts_per_rank, 1),
-                      _int(func, "num_topk", num_topk, 1), _int(func, "num_ranks", num_ranks, 1))
+    return ring_limit(func, size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                      size_arg(func, "num_experts_per_rank", num_experts_per_rank, 1),
+                      size_arg(func, "num_topk", num_topk, 1), size_arg(func, "num_ranks", num_ranks, 1))
 
 
 def _slicer(layout: BufferLayout, names: tuple[str, ...], func: str) -> Callable[[Any], tuple[Any, ...]]:
@@ -84,11 +79,13 @@ def _get_symm_buffer_size_cuda(num_ranks: int, num_experts: int, num_max_tokens_
     """(num_bytes, slicer): the slicer maps an int8 buffer to (x, x_sf, topk_idx, topk_weights,
     l1_acts, l1_acts_sf, l2_acts, l2_acts_sf) (x_sf and the SF views are None for bf16xbf16)."""
     func = "get_symm_buffer_size_for_mega_moe"
-    layout = cuda_layout(func, _int(func, "num_ranks", num_ranks, 1), _int(func, "num_experts", num_experts, 1),
-                         _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                         _int(func, "num_topk", num_topk, 1), _int(func, "hidden", hidden, 1),
-                         _int(func, "intermediate_hidden", intermediate_hidden, 1), _str(func, "mma_type", mma_type),
-                         _str(func, "activation", activation), _int(func, "num_ring_tokens", num_ring_tokens, 0))
+    layout = cuda_layout(func, size_arg(func, "num_ranks", num_ranks, 1),
+                         size_arg(func, "num_experts", num_experts, 1),
+                         size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                         size_arg(func, "num_topk", num_topk, 1), size_arg(func, "hidden", hidden, 1),
+                         size_arg(func, "intermediate_hidden", intermediate_hidden, 1),
+                         _str(func, "mma_type", mma_type),
+                         _str(func, "activation", activation), size_arg(func, "num_ring_tokens", num_ring_tokens, 0))
     return layout.num_bytes, _slicer(layout, _UPSTREAM_VIEWS, func)
 
 
@@ -99,11 +96,13 @@ def _get_symm_buffer_size_ascend(num_ranks: int, num_experts: int, num_max_token
     (x, x_sf, topk_idx, topk_weights, shared_l1_acts, shared_l1_acts_sf, shared_l2_acts,
     shared_l2_acts_sf, l1_acts, l1_acts_sf, l2_acts, l2_acts_sf, expert_recv_count)."""
     func = "get_symm_buffer_size_for_mega_moe"
-    layout = ascend_layout(func, _int(func, "num_ranks", num_ranks), _int(func, "num_experts", num_experts),
-                           _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank),
-                           _int(func, "num_topk", num_topk), _int(func, "hidden", hidden),
-                           _int(func, "intermediate_hidden", intermediate_hidden), _str(func, "mma_type", mma_type),
-                           _str(func, "activation", activation), _int(func, "num_shared_experts", num_shared_experts))
+    layout = ascend_layout(func, size_arg(func, "num_ranks", num_ranks, None),
+                           size_arg(func, "num_experts", num_experts, None),
+                           size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, None),
+                           size_arg(func, "num_topk", num_topk, None), size_arg(func, "hidden", hidden, None),
+                           size_arg(func, "intermediate_hidden", intermediate_hidden, None),
+                           _str(func, "mma_type", mma_type), _str(func, "activation", activation),
+                           size_arg(func, "num_shared_experts", num_shared_experts, None))
     return layout.num_bytes, _slicer(layout, _ASCEND_VIEWS, func)
 
 
@@ -115,7 +114,7 @@ class _Handle:
     """The symmetric-memory handle: ``buffer_ptrs`` lists every rank's buffer address (0 for a rank
     that has no buffer yet); DeepGEMM-Ascend's handle also carries ``buffer``."""
 
-    def __init__(self, group: EmulatedGroup, buffer: np.ndarray) -> None:
+    def __init__(self, group: GroupRegistry, buffer: np.ndarray) -> None:
         self._group = group
         self.buffer = buffer
 
@@ -160,7 +159,7 @@ class SymmBuffer(metaclass=_SymmBufferType):
     the shared-expert views, the ring scratch, the ``expert_recv_count`` (R, E_l) int32 property and
     ``num_bytes`` (port 1.10).
 
-    ``group`` is an :class:`EmulatedGroup` rank view (or any one-rank group).  Buffers above 64 MiB
+    ``group`` is an :class:`GroupRegistry` rank view (or any one-rank group).  Buffers above 64 MiB
     are anonymous memory maps: untouched pages cost nothing.
     """
 
@@ -172,23 +171,25 @@ class SymmBuffer(metaclass=_SymmBufferType):
     num_topk: int
     hidden: int
     intermediate_hidden: int
-    _registry: EmulatedGroup
+    _registry: GroupRegistry
     _rank: int
     _layout: BufferLayout
     _mma: str
     _target: str
 
-    def _setup(self, registry: EmulatedGroup, rank: int, layout: BufferLayout, mma: str, target: str,
+    def _setup(self, registry: GroupRegistry, rank: int, layout: BufferLayout, mma: str, target: str,
                buffer: np.ndarray | None = None, handle: Any = None) -> None:
         self._registry, self._rank, self._layout, self._mma, self._target = registry, rank, layout, mma, target
         if buffer is None:
+            check_alloc("SymmBuffer", _SIZE_ARGS, layout.num_bytes, f"the symmetric buffer ({layout.num_bytes} bytes, "
+                        "pages mapped on first touch)", lazy=True)
             buffer = alloc_bytes(layout.num_bytes)  # zero-filled, as DeepGEMM's buffer.zero_()
             handle = _Handle(registry, buffer)
         # Note: the buffer and its views are NumPy arrays (ml_dtypes dtypes), not CUDA / NPU tensors;
         # buffers above 64 MiB are anonymous memory maps (zero pages until touched).
         self.buffer = buffer
         self.handle = handle
-        registry._buffers[rank] = self
+        registry.register_buffer(rank, self)
         for name, view in make_views(buffer, layout).items():
             setattr(self, "_expert_recv_count" if name == "expert_recv_count" else name, view)
 
@@ -221,12 +222,12 @@ class _CudaSymmBuffer(SymmBuffer):
         self.intermediate_hidden = intermediate_hidden
         self.num_ring_tokens = num_ring_tokens
         registry, rank = resolve_group(func, group)
-        layout = cuda_layout(func, registry.size(), _int(func, "num_experts", num_experts, 1),
-                             _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                             _int(func, "num_topk", num_topk, 1), _int(func, "hidden", hidden, 1),
-                             _int(func, "intermediate_hidden", intermediate_hidden, 1),
+        layout = cuda_layout(func, registry.size(), size_arg(func, "num_experts", num_experts, 1),
+                             size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                             size_arg(func, "num_topk", num_topk, 1), size_arg(func, "hidden", hidden, 1),
+                             size_arg(func, "intermediate_hidden", intermediate_hidden, 1),
                              _str(func, "mma_type", mma_type), activation,
-                             _int(func, "num_ring_tokens", num_ring_tokens, 0))
+                             size_arg(func, "num_ring_tokens", num_ring_tokens, 0))
         self._setup(registry, rank, layout, mma_type, "deepgemm")
 
     def destroy(self) -> None:
@@ -261,11 +262,11 @@ class _AscendSymmBuffer(SymmBuffer):
         self.mma_type = mma_type
         self.activation = activation
         registry, rank = resolve_group(func, group)
-        layout = ascend_layout(func, registry.size(), _int(func, "num_experts", num_experts),
-                               _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank),
-                               _int(func, "num_topk", num_topk), _int(func, "hidden", hidden),
-                               _int(func, "intermediate_hidden", intermediate_hidden), mma_type, activation,
-                               _int(func, "num_shared_experts", num_shared_experts))
+        layout = ascend_layout(func, registry.size(), size_arg(func, "num_experts", num_experts, None),
+                               size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, None),
+                               size_arg(func, "num_topk", num_topk, None), size_arg(func, "hidden", hidden, None),
+                               size_arg(func, "intermediate_hidden", intermediate_hidden, None), mma_type, activation,
+                               size_arg(func, "num_shared_experts", num_shared_experts, None))
         if base is None:
             self._setup(registry, rank, layout, mma_type, "deepgemm-ascend")
             return
@@ -300,7 +301,7 @@ class _AscendSymmBuffer(SymmBuffer):
 
 
 def _same_group(a: Any, b: Any) -> bool:
-    # Note: DeepGEMM-Ascend requires ``base.group is group``; rank views of one EmulatedGroup are
+    # Note: DeepGEMM-Ascend requires ``base.group is group``; rank views of one GroupRegistry are
     # fresh objects, so equal views (same group, same rank) count as the same group.
     return a is b or (a is not None and a == b)
 
@@ -320,15 +321,15 @@ def _get_symm_buffer_for_mega_moe(group: Any, num_experts: int, num_max_tokens_p
     func = "get_symm_buffer_for_mega_moe"
     registry, _ = resolve_group(func, group)
     size = registry.size()
-    t = _int(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
-    t = -(-t // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT
-    e = _int(func, "num_experts", num_experts, 1)
-    k = _int(func, "num_topk", num_topk, 1)
+    t = size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
+    t = align(t, TOKEN_ALIGNMENT)
+    e = size_arg(func, "num_experts", num_experts, 1)
+    k = size_arg(func, "num_topk", num_topk, 1)
     lo, hi = ring_limit(func, t, e // size, k, size)
     if t >= 6144:
-        ring = -(-(768 * 1024) // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT
+        ring = align(768 * 1024, TOKEN_ALIGNMENT)
     else:
-        ring = ring_limit(func, -(-4096 // TOKEN_ALIGNMENT) * TOKEN_ALIGNMENT, 432 // 72, 6, 72)[1]
+        ring = ring_limit(func, align(4096, TOKEN_ALIGNMENT), 432 // 72, 6, 72)[1]
     ring = min(max(ring, lo), hi)
     if use_fp8_dispatch is not None:
         if use_fp8_dispatch != (str(mma_type).split("x")[0] == "fp8"):

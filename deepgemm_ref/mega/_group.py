@@ -1,6 +1,7 @@
-"""An expert-parallel process group emulated inside one process.
+"""An expert-parallel process group emulated inside one process: the registry of its ranks.
 
-``EmulatedGroup(size)`` holds one registry shared by its rank views ``group.rank(r)``; a rank view
+A :class:`GroupRegistry` (public as :class:`deepgemm_ref.mega.EmulatedGroup`, which adds the
+kernels' ``bind``) is shared by its rank views ``group.rank(r)``; a rank view
 is what DeepGEMM's mega-MoE code expects of a ``torch.distributed`` process group (``size()``,
 ``rank()``, ``barrier()``).  Every :class:`SymmBuffer` made on a rank view registers itself as
 that rank's symmetric buffer, so one process holds every rank's buffer.
@@ -25,14 +26,15 @@ from ..errors import arg_error
 if TYPE_CHECKING:  # pragma: no cover
     from ._buffer import SymmBuffer
 
-__all__ = ["EmulatedGroup", "EmulatedRank", "resolve_group"]
+__all__ = ["GroupRegistry", "EmulatedRank", "resolve_group"]
 
 
-class EmulatedGroup:
-    """``size`` EP ranks in one process; ``rank(r)`` gives rank r's process-group view.
+class GroupRegistry:
+    """``size`` EP ranks in one process: every rank's symmetric buffer, binding and pending call.
 
-    >>> group = EmulatedGroup(8)
-    >>> buffers = [get_symm_buffer_for_mega_moe(group.rank(r), 32, 384, 6, 512, 512) for r in range(8)]
+    A plain registry: it stores what the buffers and the kernels put into it and decides nothing
+    (validation and computation are the kernels'; :class:`deepgemm_ref.mega.EmulatedGroup` is
+    this registry with the kernels' ``bind``).  ``rank(r)`` gives rank r's process-group view.
     """
 
     def __init__(self, size: int, *, collective: bool = True) -> None:
@@ -58,6 +60,32 @@ class EmulatedGroup:
         """The symmetric buffer most recently made for ``rank`` (None before the first)."""
         return self._buffers[rank]
 
+    def register_buffer(self, rank: int, buffer: SymmBuffer) -> None:
+        """Record ``buffer`` as rank ``rank``'s symmetric buffer."""
+        self._buffers[rank] = buffer
+
+    def binding(self, rank: int) -> Any:
+        """Rank ``rank``'s most recent validated call or binding (None before the first)."""
+        return self._bound.get(rank)
+
+    def set_binding(self, rank: int, call: Any) -> None:
+        """Record a validated call (or binding) of rank ``rank``."""
+        self._bound[rank] = call
+
+    def unbound_ranks(self) -> list[int]:
+        """Ranks without a call or binding yet."""
+        return [r for r in range(self._size) if r not in self._bound]
+
+    def join(self, rank: int, call: Any) -> dict[int, Any] | None:
+        """Add rank ``rank``'s call to the pending collective: every rank's call once the last one
+        joined (the collective then starts afresh), else None."""
+        self._pending[rank] = call
+        if len(self._pending) < self._size:
+            return None
+        calls = dict(self._pending)
+        self._pending.clear()
+        return calls
+
     def pending_ranks(self) -> list[int]:
         """Ranks whose kernel call waits for the rest of the collective."""
         return sorted(self._pending)
@@ -67,25 +95,14 @@ class EmulatedGroup:
         self._pending.clear()
         self._bound.clear()
 
-    def bind(self, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int, *,
-             shared_l1_weights: Any = None, shared_l2_weights: Any = None,
-             activation_clamp: float | None = None, fast_math: bool = True) -> None:
-        """Record rank ``rank``'s expert weights and token count for ``collective=False`` calls of
-        other ranks (validated like a kernel call against the rank's registered buffer, under the
-        active profile; weights in the layout the kernels take)."""
-        from ._kernels import bind_rank
-
-        bind_rank(self, rank, l1_weights, l2_weights, num_tokens, shared_l1_weights, shared_l2_weights,
-                  activation_clamp, fast_math)
-
     def __repr__(self) -> str:
         return f"EmulatedGroup(size={self._size}, collective={self.collective})"
 
 
 class EmulatedRank:
-    """One rank's view of an :class:`EmulatedGroup` (``size()``, ``rank()``, ``barrier()``)."""
+    """One rank's view of a group (``size()``, ``rank()``, ``barrier()``)."""
 
-    def __init__(self, group: EmulatedGroup, rank: int) -> None:
+    def __init__(self, group: GroupRegistry, rank: int) -> None:
         self.group = group
         self._rank = rank
 
@@ -108,7 +125,7 @@ class EmulatedRank:
         return f"EmulatedRank({self._rank} of {self.group.size()})"
 
 
-def resolve_group(func: str, group: Any) -> tuple[EmulatedGroup, int]:
+def resolve_group(func: str, group: Any) -> tuple[GroupRegistry, int]:
     """(registry, rank) of a ``group`` argument: an EmulatedRank, or any single-rank group."""
     if isinstance(group, EmulatedRank):
         return group.group, group.rank()
@@ -120,7 +137,7 @@ def resolve_group(func: str, group: Any) -> tuple[EmulatedGroup, int]:
         except Exception:  # pragma: no cover - foreign objects
             n, r = -1, -1
         if n == 1 and r == 0:
-            return EmulatedGroup(1), 0
+            return GroupRegistry(1), 0
     # Note: multi-rank groups must be EmulatedGroup rank views; a real torch.distributed group is
     # accepted only with one rank (everything runs in this process).
     raise arg_error(func, "group", "deepgemm_ref.mega.EmulatedGroup(size).rank(r), or a one-rank process group",

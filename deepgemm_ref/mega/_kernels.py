@@ -3,32 +3,43 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
+from .. import dryrun, trace
 from .. import formats as fm
-from .. import trace
-from .._args import as_array, as_pair, elem_stride
-from .._args import is_contiguous as _contiguous
 from ..api import profiled
-from ..config import get_numerics
 from ..errors import arg_error
+from ..executor import active_accumulation
 from ..profiles import get_profile
 from ..runtime import get_num_sms
+from ..toolkit.args import (
+    BF16,
+    E4M3,
+    I8,
+    I16,
+    I32,
+    align,
+    as_array,
+    as_pair,
+    bool_arg,
+    ceil_div,
+    elem_stride,
+    is_contiguous,
+    packed_fp4,
+)
+from ..toolkit.outputs import check_written
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
-from ._group import EmulatedGroup
+from ._group import GroupRegistry
 from ._layout import BLOCK_N
 from ._pipeline import ExpertWeights, PipelineConfig, RankOptions, RankTokens, run
 from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
 
-__all__ = ["fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
+__all__ = ["EmulatedGroup", "fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-I8, I16, I32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 _ASCEND_NUM_CORES = 32
 Kind = Literal["fp8", "bf16"]
 
@@ -40,7 +51,7 @@ class _RankCall:
     func: str
     kind: Kind
     target: str
-    registry: EmulatedGroup
+    registry: GroupRegistry
     rank: int
     buffer: SymmBuffer
     num_tokens: int
@@ -79,12 +90,6 @@ def _clamp(func: str, activation_clamp: Any) -> float | None:
     return c
 
 
-def _bool(func: str, arg: str, v: Any) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise arg_error(func, arg, "a bool", repr(v))
-    return bool(v)
-
-
 def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> SymmBuffer:
     if not isinstance(sym_buffer, cls):
         what = "a DeepGEMM-Ascend SymmBuffer" if cls is _AscendSymmBuffer else "a DeepGEMM SymmBuffer"
@@ -100,13 +105,12 @@ def _buffer(func: str, sym_buffer: Any, cls: type[SymmBuffer], kind: str) -> Sym
 
 def _y(func: str, y: Any, buf: SymmBuffer) -> np.ndarray:
     ya = as_array(y, func, "y")
-    assert ya is not None
     t, h = buf.num_max_tokens_per_rank, buf.hidden
     if ya.ndim != 2 or ya.shape[0] > t or ya.shape[1] != h:
         raise arg_error(func, "y", f"a 2-D (N, hidden = {h}) array with N <= num_max_tokens_per_rank = {t}", ya)
     # Note: DeepGEMM does not check y's dtype, width or contiguity (the kernel writes bf16 rows at
     # stride hidden); the emulator requires what the kernel assumes.  DeepGEMM-Ascend checks it.
-    if ya.dtype != BF16 or not _contiguous(ya) or not ya.flags.writeable:
+    if ya.dtype != BF16 or not is_contiguous(ya) or not ya.flags.writeable:
         raise arg_error(func, "y", "a contiguous, writeable bfloat16 array", ya)
     return ya
 
@@ -115,10 +119,40 @@ def _stats(func: str, stats: Any, num_local_experts: int) -> np.ndarray | None:
     s = as_array(stats, func, "cumulative_local_expert_recv_stats", allow_none=True)
     if s is None:
         return None
-    if s.dtype != I32 or s.size != num_local_experts or not _contiguous(s) or not s.flags.writeable:
+    if s.dtype != I32 or s.size != num_local_experts or not is_contiguous(s) or not s.flags.writeable:
         raise arg_error(func, "cumulative_local_expert_recv_stats",
                         f"a contiguous, writeable int32 array of {num_local_experts} elements", s)
     return s.reshape(-1)
+
+
+_STATS = "cumulative_local_expert_recv_stats"
+
+
+def _reads(call: _RankCall) -> list[tuple[str, np.ndarray | None]]:
+    """The arrays a rank's call reads: its weights (routed and shared) and its symmetric buffer."""
+    out: list[tuple[str, np.ndarray | None]] = []
+    for prefix, w in (("", call.weights), ("shared_", call.shared)):
+        if w is None:
+            continue
+        paired = isinstance(getattr(w, "s1", None), np.ndarray)
+        for layer in ("1", "2"):
+            name = f"{prefix}l{layer}_weights"
+            out.append((f"{name}[0]" if paired else name, getattr(w, "w" + layer)))
+            if paired:
+                out.append((f"{name}[1]", getattr(w, "s" + layer)))
+    out.append(("sym_buffer", call.buffer.buffer))
+    return out
+
+
+def _check_outputs(call: _RankCall, others: Sequence[_RankCall] = ()) -> None:
+    """y and the stats: written by the collective, so sharing no memory with anything it reads
+    (this call's and ``others``' weights and buffers) or with each other."""
+    reads = _reads(call) + [r for o in others for r in _reads(o)]
+    outs = [(f"y of rank {o.rank}", o.y) for o in others] + [(f"{_STATS} of rank {o.rank}", o.stats) for o in others]
+    if call.y is not None:
+        check_written(call.y, call.func, "y", reads + [(_STATS, call.stats)] + outs)
+    if call.stats is not None:
+        check_written(call.stats, call.func, _STATS, reads + [("y", call.y)] + outs)
 
 
 def _grouped_weight(func: str, arg: str, w: np.ndarray, dtype: np.dtype, dtype_name: str) -> None:
@@ -132,10 +166,10 @@ def _grouped_weight(func: str, arg: str, w: np.ndarray, dtype: np.dtype, dtype_n
 
 def _layout2(func: str, arg: str, sf: np.ndarray, groups: int, mn: int, k: int) -> None:
     """DeepGEMM's check_sf_layout(sf, mn, k, 1, 32, groups, tma_stride_check) for packed int32 SFs."""
-    want = (groups, mn, -(-k // 128))
+    want = (groups, mn, ceil_div(k, 128))
     if sf.dtype != I32 or sf.shape != want:
         raise arg_error(func, arg, f"int32 packed UE8M0 SFs of shape {want} (layout 2)", sf)
-    a4 = -(-mn // 4) * 4
+    a4 = align(mn, 4)
     ok = (elem_stride(sf, -2) == 1 or mn == 1) and (want[2] <= 1 or elem_stride(sf, -1) == a4)
     ok = ok and (groups <= 1 or elem_stride(sf, -3) == elem_stride(sf, -1) * want[2])
     if not ok:
@@ -147,7 +181,7 @@ def _cuda_common(func: str, kind: Kind, sym_buffer: Any, activation: Any, activa
                  fast_math: Any) -> tuple[SymmBuffer, float | None, bool]:
     _activation(func, activation)
     clamp = _clamp(func, activation_clamp)
-    fm_ = _bool(func, "fast_math", fast_math)
+    fm_ = bool_arg(func, "fast_math", fast_math)
     buf = _buffer(func, sym_buffer, _CudaSymmBuffer, "fp8xfp4" if kind == "fp8" else "bf16xbf16")
     return buf, clamp, fm_
 
@@ -165,7 +199,7 @@ def _check_experts(func: str, buf: SymmBuffer, e_l: int, hidden: int, intermedia
 
 
 def _arch_sm100(func: str) -> None:
-    if get_profile().arch_major != 10:
+    if not get_profile().rules.mega_moe:
         raise arg_error(func, "arch", "the sm100 profile (the mega-MoE kernels are SM100 only)",
                         f"profile {get_profile().name!r}")
 
@@ -174,7 +208,7 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1, s1 = as_pair(l1_weights, func, "l1_weights")
     w2, s2 = as_pair(l2_weights, func, "l2_weights")
-    assert s1 is not None and s2 is not None
+    w1, w2 = packed_fp4(w1), packed_fp4(w2)
     for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
         if w.dtype == E4M3:
             # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
@@ -192,9 +226,9 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
         raise arg_error(func, "l2_weights[0]", f"hidden = {h} rows (from l1_weights)", w2)
     if n1 != 2 * i:
         raise arg_error(func, "l1_weights[0]", f"2 * intermediate_hidden = {2 * i} rows (from l2_weights)", w1)
-    if not _contiguous(w1) or not _contiguous(w2):
-        raise arg_error(func, "l1_weights[0]" if not _contiguous(w1) else "l2_weights[0]", "contiguous weights",
-                        w1 if not _contiguous(w1) else w2)
+    if not is_contiguous(w1) or not is_contiguous(w2):
+        raise arg_error(func, "l1_weights[0]" if not is_contiguous(w1) else "l2_weights[0]", "contiguous weights",
+                        w1 if not is_contiguous(w1) else w2)
     _layout2(func, "l1_weights[1]", s1, e_l, 2 * i, h)
     _layout2(func, "l2_weights[1]", s2, e_l, h, i)
     st = _stats(func, stats, e_l)
@@ -214,7 +248,6 @@ def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuf
                        stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1 = as_array(l1_weights, func, "l1_weights")
     w2 = as_array(l2_weights, func, "l2_weights")
-    assert w1 is not None and w2 is not None
     _grouped_weight(func, "l1_weights", w1, BF16, "bfloat16 weights")
     _grouped_weight(func, "l2_weights", w2, BF16, "bfloat16 weights")
     e_l, n1, h = (int(v) for v in w1.shape)
@@ -224,9 +257,9 @@ def _prepare_cuda_bf16(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuf
                         f"{num_tokens} rows")
     if e_l2 != e_l or h2 != h or n1 != 2 * i:
         raise arg_error(func, "l2_weights", f"({e_l}, {h}, {n1 // 2}) to match l1_weights {tuple(w1.shape)}", w2)
-    if not _contiguous(w1) or not _contiguous(w2):
-        raise arg_error(func, "l1_weights" if not _contiguous(w1) else "l2_weights", "contiguous weights",
-                        w1 if not _contiguous(w1) else w2)
+    if not is_contiguous(w1) or not is_contiguous(w2):
+        raise arg_error(func, "l1_weights" if not is_contiguous(w1) else "l2_weights", "contiguous weights",
+                        w1 if not is_contiguous(w1) else w2)
     st = _stats(func, stats, e_l)
     _check_experts(func, buf, e_l, h, i)
     return CudaBf16Weights(w1, w2), st
@@ -236,16 +269,16 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
                     num_local_experts: int | None) -> tuple[np.ndarray, np.ndarray]:
     """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
     w, s = as_pair(pair, func, arg)
-    assert s is not None
     shared = num_local_experts is None
+    w = w if shared else packed_fp4(w)
     lead = () if shared else (num_local_experts,)
     want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
     want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)
     dt = E4M3 if shared else I8
-    if w.dtype != dt or tuple(w.shape) != want_w or not _contiguous(w):
+    if w.dtype != dt or tuple(w.shape) != want_w or not is_contiguous(w):
         raise arg_error(func, f"{arg}[0]", f"contiguous {'float8_e4m3fn' if shared else 'int8 (packed FP4)'} "
                         f"weights of shape {want_w} (transform_weights_for_mega_moe's layout)", w)
-    if s.dtype != I16 or tuple(s.shape) != want_s or not _contiguous(s):
+    if s.dtype != I16 or tuple(s.shape) != want_s or not is_contiguous(s):
         raise arg_error(func, f"{arg}[1]", f"contiguous int16 SFs of shape {want_s}", s)
     return w, s
 
@@ -322,11 +355,12 @@ def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> N
         if _config(calls[r]) != _config(first):
             raise arg_error(func, "sym_buffer", f"every rank's call on the same configuration as rank {ranks[0]} "
                             f"{_config(first)}", f"rank {r}: {_config(calls[r])}")
+    for r in out_ranks:  # every output apart from everything the collective reads, before any work
+        _check_outputs(calls[r], [calls[s] for s in ranks if s != r])
     tokens = [read_tokens(func, calls[r]) for r in ranks]
-    profile = get_profile()
     want_acc, want_S = trace.wants()
-    cfg = PipelineConfig(first.target, first.kind, model=get_numerics().accumulation,  # type: ignore[arg-type]
-                         fp32_block=profile.fp32_block, want_stages=trace.active() is not None,
+    cfg = PipelineConfig(first.target, first.kind, accumulation=active_accumulation(),  # type: ignore[arg-type]
+                         want_stages=trace.active() is not None,
                          want_acc=want_acc, want_S=want_S)
     shared = [calls[r].shared for r in ranks] if first.target == "deepgemm-ascend" else None
     # Note: the ring scratch views (l1_acts, l2_acts and their SFs) are not written: their contents
@@ -366,26 +400,23 @@ def _debug_zero() -> bool:
 
 
 def _submit(call: _RankCall) -> None:
+    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
     # Note: a device call blocks until every rank has joined; here the calls before the last one
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
     reg = call.registry
-    reg._bound[call.rank] = call
+    reg.set_binding(call.rank, call)
     if not reg.collective:
-        missing = [r for r in range(reg.size()) if r not in reg._bound]
+        missing = reg.unbound_ranks()
         if missing:
             raise arg_error(call.func, "sym_buffer", "every other rank's weights and token count (a previous call "
                             "of that rank, or EmulatedGroup.bind) for a collective=False call",
                             f"nothing for ranks {missing}")
-        calls = {r: reg._bound[r] for r in range(reg.size())}
-        _complete(call.func, calls, [call.rank])
+        _complete(call.func, {r: reg.binding(r) for r in range(reg.size())}, [call.rank])
         return
-    reg._pending[call.rank] = call
-    if len(reg._pending) < reg.size():
-        return
-    calls = dict(reg._pending)
-    reg._pending.clear()
-    _complete(call.func, calls, list(range(reg.size())))
+    calls = reg.join(call.rank, call)
+    if calls is not None:
+        _complete(call.func, calls, list(range(reg.size())))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,8 +448,10 @@ def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer:
     weights, stats = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)
-    _submit(_RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                      RankOptions(clamp, fast)))
+    call = _RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                     RankOptions(clamp, fast))
+    _check_outputs(call)
+    _submit(call)
 
 
 def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
@@ -436,8 +469,10 @@ def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: An
     weights, stats = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)
-    _submit(_RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                      RankOptions(clamp, fast)))
+    call = _RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                     RankOptions(clamp, fast))
+    _check_outputs(call)
+    _submit(call)
 
 
 def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
@@ -468,11 +503,13 @@ def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffe
     routed, shared, stats = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
                                             n, cumulative_local_expert_recv_stats)
     clamp = _clamp(func, activation_clamp)
-    _submit(_RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
-                      RankOptions(clamp, True)))
+    call = _RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
+                     RankOptions(clamp, True))
+    _check_outputs(call)
+    _submit(call)
 
 
-def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
+def bind_rank(group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
               shared_l1_weights: Any, shared_l2_weights: Any, activation_clamp: Any, fast_math: Any) -> None:
     """EmulatedGroup.bind: validate like a kernel call against rank ``rank``'s registered buffer."""
     func = "EmulatedGroup.bind"
@@ -486,7 +523,7 @@ def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any,
         raise arg_error(func, "num_tokens", f"0 <= num_tokens <= {buf.num_max_tokens_per_rank}", repr(num_tokens))
     n = int(num_tokens)
     clamp = _clamp(func, activation_clamp)
-    fast = _bool(func, "fast_math", fast_math)
+    fast = bool_arg(func, "fast_math", fast_math)
     if isinstance(buf, _AscendSymmBuffer):
         routed, shared, _ = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
                                             n, None)
@@ -498,7 +535,7 @@ def bind_rank(group: EmulatedGroup, rank: int, l1_weights: Any, l2_weights: Any,
         weights, _ = prep(func, l1_weights, l2_weights, buf, n, None)
         call = _RankCall(func, kind, "deepgemm", group, rank, buf, n, None, weights, None, None,
                          RankOptions(clamp, fast))
-    group._bound[rank] = call
+    group.set_binding(rank, call)
 
 
 _BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xfp4 only)"}
@@ -506,3 +543,25 @@ _BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xf
 fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_fp8_fp4_mega_moe_cuda,
                             deepgemm_ascend=_fp8_fp4_mega_moe_ascend)
 bf16_mega_moe = profiled("bf16_mega_moe", _BF16_MISSING, deepgemm=_bf16_mega_moe_cuda)
+
+
+class EmulatedGroup(GroupRegistry):
+    """``size`` EP ranks in one process; ``rank(r)`` gives rank r's process-group view.
+
+    Kernel calls are collective, as on the devices: with ``collective=True`` (default) a call
+    joins the pending collective and the last rank's call computes and writes every rank's
+    outputs; with ``collective=False`` a call computes its own rank's outputs from the other
+    ranks' most recent calls or :meth:`bind` bindings (see :mod:`deepgemm_ref.mega._group`).
+
+    >>> group = EmulatedGroup(8)
+    >>> buffers = [get_symm_buffer_for_mega_moe(group.rank(r), 32, 384, 6, 512, 512) for r in range(8)]
+    """
+
+    def bind(self, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int, *,
+             shared_l1_weights: Any = None, shared_l2_weights: Any = None,
+             activation_clamp: float | None = None, fast_math: bool = True) -> None:
+        """Record rank ``rank``'s expert weights and token count for ``collective=False`` calls of
+        other ranks (validated like a kernel call against the rank's registered buffer, under the
+        active profile; weights in the layout the kernels take)."""
+        bind_rank(self, rank, l1_weights, l2_weights, num_tokens, shared_l1_weights, shared_l2_weights,
+                  activation_clamp, fast_math)

@@ -33,10 +33,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import arg_error
+from ..toolkit import sizes
+from ..toolkit.args import BF16, E4M3, align, ceil_div
 
 __all__ = [
     "TOKEN_ALIGNMENT",
@@ -64,8 +65,6 @@ _ASCEND_COUNT_ARRIVAL_BIT = 1 << 24
 #: touch, so a multi-GiB symmetric buffer costs only what is written.
 LAZY_THRESHOLD = 64 << 20
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class ViewSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return sizes.nbytes(self.shape, self.dtype.itemsize)
 
 
 @dataclass(frozen=True)
@@ -89,14 +88,6 @@ class BufferLayout:
     num_bytes: int
     views: dict[str, ViewSpec | None]
     num_ring_tokens: int
-
-
-def _align(x: int, a: int) -> int:
-    return -(-x // a) * a
-
-
-def _cdiv(x: int, a: int) -> int:
-    return -(-x // a)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,7 +103,7 @@ def _wave_pool_tokens(func: str, num_ranks: int, num_topk: int, num_max_tokens_p
     if num_experts_per_wave == 1:
         return total
     return min(total * num_experts_per_wave,
-               _align(total * num_topk + num_experts_per_wave * (block_m - 1), block_m))
+               align(total * num_topk + num_experts_per_wave * (block_m - 1), block_m))
 
 
 def ring_limit(func: str, num_max_tokens_per_rank: int, num_experts_per_rank: int, num_topk: int,
@@ -154,10 +145,10 @@ def cuda_layout(func: str, num_ranks: int, num_experts: int, num_max_tokens_per_
     if H <= 0 or I <= 0 or K <= 0 or T <= 0:
         raise arg_error(func, "hidden", "positive hidden, intermediate_hidden, num_topk, num_max_tokens_per_rank",
                         repr((H, I, K, T)))
-    pool = _align(R * T * min(K, E_l) + E_l * (max(CANDIDATE_BLOCK_M) - 1), TOKEN_ALIGNMENT)
+    pool = align(R * T * min(K, E_l) + E_l * (max(CANDIDATE_BLOCK_M) - 1), TOKEN_ALIGNMENT)
     ring_blocks = N // min(CANDIDATE_BLOCK_M)
-    workspace = _align(32 + E * 16 + E_l * 8 + 4 * ring_blocks * 4 + E_l * R * (R * T) * 4 + pool * 12, 16)
-    n_sf = max((N // bm) * _align(bm, 128) for bm in CANDIDATE_BLOCK_M)
+    workspace = align(32 + E * 16 + E_l * 8 + 4 * ring_blocks * 4 + E_l * R * (R * T) * 4 + pool * 12, 16)
+    n_sf = max((N // bm) * align(bm, 128) for bm in CANDIDATE_BLOCK_M)
     if with_sf and (H % 128 or I % 128):
         arg = "hidden" if H % 128 else "intermediate_hidden"
         raise arg_error(func, arg, "a multiple of 128 for fp8xfp4", repr(H if arg == "hidden" else I))
@@ -206,13 +197,13 @@ class _Cursor:
         self.next = 0
 
     def take(self, num_elements: int, stride: int, alignment: int | None = None) -> int:
-        off = _align(self.next, alignment if alignment is not None else stride)
+        off = align(self.next, alignment if alignment is not None else stride)
         self.next = off + num_elements * stride
         return off
 
     def fp8_buffer(self, rows: int, cols: int) -> tuple[int, int]:
         data = self.take(rows * cols, 1, _ASCEND_GM_ALIGN)
-        sf = self.take(rows * _cdiv(cols, 64), 2, _ASCEND_GM_ALIGN)
+        sf = self.take(rows * ceil_div(cols, 64), 2, _ASCEND_GM_ALIGN)
         return data, sf
 
 
@@ -246,9 +237,9 @@ def ascend_layout(func: str, num_ranks: int, num_experts: int, num_max_tokens_pe
     E_l = E // R
     SI = S * I
     num_src_indices = E * T * K
-    padded_shared_rows = _align(T, 256)
-    max_m_blocks = _cdiv(R * T * K, 256) + E_l
-    max_shared_m_blocks = _cdiv(T, 256) if S > 0 else 0
+    padded_shared_rows = align(T, 256)
+    max_m_blocks = ceil_div(R * T * K, 256) + E_l
+    max_shared_m_blocks = ceil_div(T, 256) if S > 0 else 0
     counters_per_stage = max_shared_m_blocks + max_m_blocks
     full_pool_rows = max_m_blocks * 256
     windows = 4 if H // BLOCK_N <= _ASCEND_CORES // 2 else 1
@@ -279,7 +270,7 @@ def ascend_layout(func: str, num_ranks: int, num_experts: int, num_max_tokens_pe
     c.take((K + (S > 0)) * T * H, 2, _ASCEND_GM_ALIGN)  # combine input
     sh_off, sh_sf_off = c.fp8_buffer(padded_shared_rows if S > 0 else 0, SI)
     c.take(T * K, 4, _ASCEND_GM_ALIGN)  # route M-blocks
-    num_bytes = _align(c.next, 2 << 20)
+    num_bytes = align(c.next, 2 << 20)
     i16 = np.dtype(np.int16)
     views: dict[str, ViewSpec | None] = {
         "x": ViewSpec(x_off, (T, H), E4M3),

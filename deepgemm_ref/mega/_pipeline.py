@@ -5,7 +5,7 @@ readers of :mod:`._weights`); the public kernels and stage functions translate l
 
 Per destination rank ``r`` and local expert ``i`` the routed rows are every valid ``(s, t, k)``
 (source rank, token, slot) with ``topk_idx[s][t, k] == r * E_l + i``, in increasing ``(s, t, k)``
-order, and one :func:`core.scaled_matmul` call computes each GEMM on them::
+order, and one executor task (:mod:`deepgemm_ref.executor`) computes each GEMM on them::
 
     h  = bf16( x_s[t] @ W1_i^T )                          (n, 2I): gate = h[:, :I], up = h[:, I:]
     v  = swiglu(gate, up) * w_{s,t,k}                     float32 (n, I)   (see ._swiglu)
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Literal, Protocol
 
-import ml_dtypes
 import numpy as np
 
-from .. import core
+from .. import core, executor
 from .. import formats as fm
+from ..certified import FormatRounding, Points, round_certified
+from ..exact import fraction_sum, two_sum
+from ..toolkit.args import BF16, E4M3
 from . import _swiglu as sw
 
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
     "route",
 ]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
 Target = Literal["deepgemm", "deepgemm-ascend"]
 
 
@@ -95,8 +94,7 @@ class RankOptions:
 class PipelineConfig:
     target: Target
     mode: Literal["fp8", "bf16"]
-    model: Any = "exact"
-    fp32_block: int = 32
+    accumulation: core.Accumulation = field(default_factory=core.Accumulation)
     semantics: Literal["fused", "baseline"] = "fused"
     want_stages: bool = False
     want_acc: bool = False
@@ -104,7 +102,7 @@ class PipelineConfig:
 
     @property
     def exact(self) -> bool:
-        return self.model == "exact"
+        return self.accumulation.model == "exact"
 
 
 @dataclass
@@ -213,25 +211,30 @@ def combine_rows(values: np.ndarray, model: Any,
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
             v = values[:, k, :].astype(np.float64)
-            s = acc + v
-            bb = s - acc
-            exact &= ((acc - (s - bb)) + (v - bb)) == 0  # TwoSum error of this addition
-            acc = s
+            acc, e = two_sum(acc, v)
+            exact &= e == 0
             if S is not None:
                 S += np.abs(v)
-    exact_sums = {}
-    for r, c in np.argwhere(~exact & np.isfinite(acc)):
-        ex = sum((Fraction(float(x)) for x in values[r, :, c].astype(np.float64)), Fraction(0))
-        exact_sums[(int(r), int(c))] = ex
-        acc[r, c] = float(ex)
     if S is not None:
         S *= 1 + 2.0**-50  # an upper bound also where the float64 sum of |terms| rounded
     acc[acc == 0] = 0.0  # an exact zero sum is +0
+    rounding = FormatRounding(fm.BF16)
+
+    def exact_sum(at: Points) -> np.ndarray:
+        codes = np.empty(at[0].size, np.uint16)
+        for p, (r, c) in enumerate(zip(at[0].tolist(), at[1].tolist(), strict=True)):
+            ex = fraction_sum(values[r, :, c].astype(np.float64))
+            acc[r, c] = float(ex) + 0.0  # the nearest float64 (an exact zero sum is +0)
+            codes[p] = rounding.exact(ex)
+        return codes
+
+    # The estimate is exact where every TwoSum error vanished (bound 0); elsewhere the bound is
+    # unknown (inf) and the Fraction sum decides (it also makes ``acc`` the exact sum's nearest
+    # float64 under every model).  Non-finite sums follow IEEE arithmetic.
+    bound = np.where(exact, 0.0, np.inf)
+    codes, _ = round_certified(acc, bound, rounding, final=~np.isfinite(acc), fallback=exact_sum)
     if model == "exact":
-        y = fm.round_f64(acc, fm.BF16)
-        for (r, c), ex in exact_sums.items():
-            y[r, c] = np.array([fm.encode_scalar(ex, fm.BF16, fm.IEEE_RNE)], np.uint16).view(BF16)[0]
-        return y, acc, S
+        return codes.view(BF16), acc, S
     acc32 = np.zeros((n, hdim), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
@@ -244,19 +247,21 @@ def combine_rows(values: np.ndarray, model: Any,
 # ----------------------------------------------------------------------------------------------
 
 def _gemm(tokens: core.Operand, weights: core.Operand, cfg: PipelineConfig, stats: dict[str, int]) -> core.MatmulResult:
-    """``bf16(tokens @ weights^T)`` (rows, N) as one core call.
+    """``bf16(tokens @ weights^T)`` (rows, N): one executor task (the layer's trace record is the
+    collective's, so nothing is recorded here).
 
-    The core is called as ``weights @ tokens^T`` and the result transposed: the core decodes its
-    ``b`` operand whole and streams ``a`` in row chunks, so the large weight matrix is decoded
-    chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all routed rows.  The
-    epilogue (one rounding per element) and the certificates do not depend on the orientation.
+    The task is transposed (:attr:`deepgemm_ref.executor.Task.transposed`): the large weight
+    matrix is decoded chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all
+    routed rows.  The epilogue (one rounding per element) and the certificates do not depend on
+    the orientation.
     """
-    res = core.scaled_matmul(weights, tokens, core.Epilogue(fm.BF16), model=cfg.model, fp32_block=cfg.fp32_block,
-                             want_acc=cfg.want_acc, want_S=cfg.want_S)
-    for key, val in res.stats.items():
+    out = np.empty((tokens.shape[0], weights.shape[0]), BF16)
+    task = executor.Task(tokens, weights, core.OutputStage(fm.BF16), (slice(None),), transposed=True)
+    col = executor.execute("mega_moe", out, [task], accumulation=cfg.accumulation, want=(cfg.want_acc, cfg.want_S),
+                           record_trace=False)
+    for key, val in col.stats.items():
         stats[key] = stats.get(key, 0) + val
-    return core.MatmulResult(res.out.T, None if res.acc is None else res.acc.T, None,
-                             None if res.S is None else res.S.T, res.stats)
+    return core.MatmulResult(out, col.acc, None, col.S, col.stats)
 
 
 def _token_operand(x_all: np.ndarray, sc_all: np.ndarray | None, rows: np.ndarray) -> core.Operand:
@@ -373,7 +378,7 @@ def run(
                 if sf is not None:
                     keep(s, "shared.l2.acts_sf", sf)
                 keep(s, "shared.output", res2.out)
-        y, acc, S = combine_rows(comb[s], cfg.model, want_S=cfg.want_stages)
+        y, acc, S = combine_rows(comb[s], cfg.accumulation.model, want_S=cfg.want_stages)
         result.y[s], result.acc[s] = y, acc
         if S is not None:
             result.S[s] = S

@@ -18,18 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
 from .. import core, trace
 from .. import formats as fm
-from .._args import as_array, as_pair
 from ..api import profiled
-from ..config import get_numerics
 from ..errors import arg_error
+from ..executor import Task, active_accumulation, execute
 from ..interop import caller_kind, from_numpy
-from ..layout import sf_values
+from ..layout import psum_ranges, sf_values
 from ..profiles import get_profile
+from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg, packed_fp4
 from . import _swiglu as sw
 from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
 from ._weights import PlainWeights
@@ -42,9 +41,6 @@ __all__ = [
     "mega_moe_combine",
 ]
 
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-I8 = np.dtype(np.int8)
 
 
 @dataclass
@@ -70,12 +66,6 @@ class MegaMoEDispatch:
     num_topk: int
 
 
-def _int(func: str, arg: str, v: Any, minimum: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(v))
-    return int(v)
-
-
 def _seq(func: str, arg: str, v: Any, n: int | None = None) -> list[Any]:
     if not isinstance(v, (list, tuple)) or (n is not None and len(v) != n):
         raise arg_error(func, arg, "a list with one entry per rank" + (f" ({n})" if n is not None else ""),
@@ -94,11 +84,11 @@ def _packed_mn_major(b: np.ndarray, ascend: bool) -> np.ndarray:
     """UE8M0 bytes (M, G) -> DeepGEMM layout 2 int32 (M, ceil(G / 4)) or Ascend int16 pairs (M, G / 2), MN-major."""
     m, g = b.shape
     per = 2 if ascend else 4
-    cols = -(-g // per)
+    cols = ceil_div(g, per)
     padded = np.zeros((m, cols * per), np.uint8)
     padded[:, :g] = b
     words = fm.pack_ue8m0_int16(padded) if ascend else fm.pack_ue8m0_int32(padded)
-    rows = m if ascend else -(-m // 4) * 4
+    rows = m if ascend else align(m, 4)
     phys = np.zeros((cols, rows), words.dtype)
     phys[:, :m] = words.T
     return phys.T[:m]
@@ -117,14 +107,12 @@ def _tokens(func: str, x: Any, idx: Any, weights: Any, num_experts: int, target:
                 raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
             scales = sf_values(sf, xv.shape[0], xv.shape[1], 1, 32, func=func, arg=f"x[{s}][1]")
         else:
-            xv = as_array(xs[s], func, f"x[{s}]")  # type: ignore[assignment]
-            assert xv is not None
+            xv = as_array(xs[s], func, f"x[{s}]")
             if xv.dtype != BF16 or xv.ndim != 2:
                 raise arg_error(func, f"x[{s}]", "(float8_e4m3fn (N, H), per-32 SF) or bfloat16 (N, H)", xv)
             scales = None
         ia = as_array(idxs[s], func, f"topk_idx[{s}]")
         wa = as_array(ws[s], func, f"topk_weights[{s}]")
-        assert ia is not None and wa is not None
         n = xv.shape[0]
         if ia.ndim != 2 or ia.shape[0] != n or ia.dtype.kind not in "iu":
             raise arg_error(func, f"topk_idx[{s}]", f"an integer ({n}, K) array", ia)
@@ -167,8 +155,8 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
     """
     func = "mega_moe_dispatch"
     target = get_profile().target
-    e = _int(func, "num_experts", num_experts, 1)
-    align = _int(func, "expert_alignment", expert_alignment, 1)
+    e = int_arg(func, "num_experts", num_experts, 1)
+    alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
     tokens = _tokens(func, x, topk_idx, topk_weights, e, target)
     R = len(tokens)
     if e % R:
@@ -179,7 +167,6 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         stats = []
         for r, st in enumerate(_seq(func, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats, R)):
             sa = as_array(st, func, f"cumulative_local_expert_recv_stats[{r}]")
-            assert sa is not None
             if sa.dtype != np.int32 or sa.size != e_l or not sa.flags.writeable:
                 raise arg_error(func, f"cumulative_local_expert_recv_stats[{r}]", f"a writeable int32 ({e_l},) array",
                                 sa)
@@ -196,7 +183,7 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         ends, starts, total = [], [], 0
         for i in range(e_l):
             seg = routes.rows(r * e_l + i)
-            start = -(-total // align) * align
+            start = align(total, alignment)
             starts.append(start)
             total = start + (seg.stop - seg.start)
             ends.append(total)
@@ -232,21 +219,13 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
     return out
 
 
-def _psum_rows(func: str, psum: Any, m: int, groups: int, align: int) -> list[tuple[int, int]]:
+def _psum_rows(func: str, psum: Any, m: int, groups: int, alignment: int) -> list[tuple[int, int]]:
+    """The rows [start_g, end_g) of every group of the dispatch's psum END offsets."""
     arg = "psum_num_recv_tokens_per_expert"
     ends = np.asarray(psum) if isinstance(psum, (list, tuple)) else as_array(psum, func, arg)
-    assert ends is not None
     if ends.ndim != 1 or ends.size != groups or ends.dtype.kind not in "iu":
-        raise arg_error(func, "psum_num_recv_tokens_per_expert", f"an integer ({groups},) array of END rows", ends)
-    out, prev = [], 0
-    for g, end in enumerate(int(v) for v in ends):
-        start = -(-prev // align) * align if g else 0
-        if not start <= end <= m:
-            raise arg_error(func, "psum_num_recv_tokens_per_expert", f"END rows with align(previous end, {align}) "
-                            f"<= end <= {m}", f"{end} for group {g}")
-        out.append((start, end))
-        prev = end
-    return out
+        raise arg_error(func, arg, f"an integer ({groups},) array of END rows", ends)
+    return psum_ranges(func, arg, ends.astype(np.int64), alignment, m, extent_name=f"M = {m} (the rows of a)")
 
 
 def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
@@ -258,10 +237,10 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
        (G, N, K / 2) or float8_e4m3fn (G, N, K), per-32 SF (G, N, ...) in any form) or bfloat16 (G, N, K);
        ``inverse_transform_weights_for_mega_moe`` recovers them from the fused kernel's layout
     psum_num_recv_tokens_per_expert: int (G,) END rows; group g starts at align(end_{g-1}, expert_alignment)
-    Returns bfloat16 (M, N).  One core.scaled_matmul call per non-empty group.
+    Returns bfloat16 (M, N).  One executor task per non-empty group.
     """
     func = "mega_moe_grouped_gemm"
-    align = _int(func, "expert_alignment", expert_alignment, 1)
+    alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
     if isinstance(a, (tuple, list)):
         av, asf = as_pair(a, func, "a")
         if av.dtype != E4M3 or av.ndim != 2 or asf is None:
@@ -269,21 +248,20 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         m, k = av.shape
         a_sc: np.ndarray | None = sf_values(asf, m, k, 1, 32, func=func, arg="a[1]")
     else:
-        av = as_array(a, func, "a")  # type: ignore[assignment]
-        assert av is not None
+        av = as_array(a, func, "a")
         if av.dtype != BF16 or av.ndim != 2:
             raise arg_error(func, "a", "(float8_e4m3fn (M, K), SF) or bfloat16 (M, K)", av)
         m, k = av.shape
         a_sc = None
     if isinstance(b, (tuple, list)):
         bw, bsf = as_pair(b, func, "b")
+        bw = packed_fp4(bw)
         if bw.ndim != 3 or bw.dtype not in (I8, E4M3) or a_sc is None:
             raise arg_error(func, "b", "(int8 packed FP4 or float8_e4m3fn (G, N, K'), SF) with FP8 a", bw)
         kb = bw.shape[2] * (2 if bw.dtype == I8 else 1)
         weights = PlainWeights(bw, bsf, kb)
     else:
-        bw = as_array(b, func, "b")  # type: ignore[assignment]
-        assert bw is not None
+        bw = as_array(b, func, "b")
         if bw.ndim != 3 or bw.dtype != BF16 or a_sc is not None:
             raise arg_error(func, "b", "bfloat16 (G, N, K) with bfloat16 a", bw)
         kb = bw.shape[2]
@@ -291,27 +269,18 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
     if kb != k:
         raise arg_error(func, "b", f"K = {k} (from a)", bw)
     groups, n = int(bw.shape[0]), int(bw.shape[1])
-    segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, align)
-    want_acc, want_S = trace.wants()
+    segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, alignment)
     d = np.zeros((m, n), BF16)
-    acc = np.zeros((m, n)) if want_acc else None
-    S = np.zeros((m, n)) if want_S else None
-    defined = np.zeros((m, n), bool)
-    model = get_numerics().accumulation
+    defined = np.zeros(m, bool)
+    tasks = []
     for g, (r0, r1) in enumerate(segs):
         if r1 <= r0:
             continue
         op_a = core.Operand(av[r0:r1]) if a_sc is None else core.Operand(av[r0:r1], a_sc[r0:r1], 32)
-        # weights as the core's row-chunked operand (see _pipeline._gemm), result transposed
-        res = core.scaled_matmul(weights.operand(g), op_a, core.Epilogue(fm.BF16), model=model,
-                                 fp32_block=get_profile().fp32_block, want_acc=want_acc, want_S=want_S)
-        d[r0:r1] = res.out.T
+        # the weights as the core's row-chunked operand (see executor.Task.transposed)
+        tasks.append(Task(op_a, weights.operand(g), core.OutputStage(fm.BF16), (slice(r0, r1),), transposed=True))
         defined[r0:r1] = True
-        if acc is not None and res.acc is not None:
-            acc[r0:r1] = res.acc.T
-        if S is not None and res.S is not None:
-            S[r0:r1] = res.S.T
-    trace.record(func, acc=acc, S=S, defined=defined)
+    execute(func, d, tasks, defined=defined)
     return from_numpy(d, caller_kind(a))
 
 
@@ -320,7 +289,6 @@ def _avail(func: str, avail_tokens: Any, m: int) -> int:
         return m
     v = as_array(avail_tokens, func, "avail_tokens") if not isinstance(avail_tokens, (int, np.integer)) else \
         np.array([avail_tokens])
-    assert v is not None
     if v.size != 1 or v.dtype.kind not in "iu" or not 0 <= int(v.reshape(-1)[0]) <= m:
         raise arg_error(func, "avail_tokens", f"None or one int in [0, {m}]", v)
     return int(v.reshape(-1)[0])
@@ -356,12 +324,11 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     func = "swiglu_apply_weight_to_fp8"
     kind = caller_kind(x)
     xa = as_array(x, func, "x")
-    assert xa is not None
     if fmt != "e4m3":
         raise arg_error(func, "fmt", "'e4m3'", repr(fmt), utility=True)
     if semantics not in ("fused", "baseline"):
         raise arg_error(func, "semantics", "'fused' or 'baseline'", repr(semantics))
-    gran = _int(func, "num_per_channels", num_per_channels, 1)
+    gran = int_arg(func, "num_per_channels", num_per_channels, 1)
     if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[1] % (2 * gran):
         raise arg_error(func, "x", f"a bfloat16 (M, 2I) array with I a multiple of num_per_channels = {gran}", xa)
     if ue8m0_scale and not (round_scale and use_col_major_scales):
@@ -371,7 +338,6 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     w = None
     if topk_weights is not None:
         w = as_array(topk_weights, func, "topk_weights")
-        assert w is not None
         if w.dtype != np.float32 or w.size != m:
             raise arg_error(func, "topk_weights", f"float32 ({m},)", w)
         w = w.reshape(-1)
@@ -380,8 +346,7 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     rows = _avail(func, avail_tokens, m)
     c = None if clamp_value is None else float(clamp_value)
     profile = get_profile()
-    model = get_numerics().accumulation
-    cfg = PipelineConfig(profile.target, "fp8", model=model, semantics=semantics)
+    cfg = PipelineConfig(profile.target, "fp8", accumulation=active_accumulation(), semantics=semantics)
     opts = RankOptions(c, bool(fast_math))
     v, q8, sf, st = swiglu_stage(xa[:rows], None if w is None else w[:rows], opts, cfg, quantize=False)
     y = np.zeros((m, i), E4M3)
@@ -394,9 +359,9 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     else:
         codes, sff = sw.requantize_float_scale(v, gran)
         y[:rows] = codes.view(E4M3)
-    a4 = -(-m // 4) * 4
+    a4 = align(m, 4)
     if ue8m0_scale:
-        b = np.zeros((m, -(-groups // 4) * 4), np.uint8)
+        b = np.zeros((m, align(groups, 4)), np.uint8)
         b[:rows, :groups] = sfb
         phys = np.zeros((b.shape[1] // 4, a4), np.int32)
         phys[:, :m] = fm.pack_ue8m0_int32(b).T
@@ -448,7 +413,6 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
     xa_list = []
     for r, (xr, h) in enumerate(zip(xs, hs, strict=True)):
         xa = as_array(xr, func, f"x[{r}]")
-        assert xa is not None
         if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[0] != h.src.shape[0] or (hdim is not None and
                                                                                   xa.shape[1] != hdim):
             raise arg_error(func, f"x[{r}]", f"bfloat16 ({h.src.shape[0]}, H) rows in rank {r}'s dispatch order", xa)
@@ -467,11 +431,10 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
     if shared is not None:
         for src, sh in enumerate(shared):
             sa = as_array(sh, func, f"shared_output[{src}]")
-            assert sa is not None
             if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
                 raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
             comb[src][:, k] = sa
-    model = get_numerics().accumulation
+    model = active_accumulation().model
     out = []
     for src in range(R):
         y, acc, S = combine_rows(comb[src], model)

@@ -42,6 +42,7 @@ implementation's bit recipe literally (:func:`requantize`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Literal
@@ -49,6 +50,7 @@ from typing import Literal
 import numpy as np
 
 from .. import formats as fm
+from ..certified import Points, round_certified
 
 __all__ = [
     "EXP_REL_ERR",
@@ -82,19 +84,35 @@ _AMAX_FLOOR = np.uint32(0x38D1B717).view(np.float32)
 # correctly rounded float32 results of transcendental expressions
 # ----------------------------------------------------------------------------------------------
 
-def _certified(v64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(RN_f32(v64), mask of elements whose whole interval v64 * (1 +- CERT_REL) rounds the same).
+class _F32Cast:
+    """float64 -> float32 as the IEEE cast does it (RNE; NaN payloads kept as the cast keeps them)."""
 
-    RN_f32 is monotone, so when both ends of an interval round to the same float32 every real
-    number inside does too.  Non-finite values are passed through (IEEE semantics) and certified.
+    def block(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float32).view(np.uint32)
+
+    def points(self, x: np.ndarray, at: Points) -> np.ndarray:
+        return self.block(x)
+
+
+def _certified(v64: np.ndarray, final: np.ndarray | None,
+               exact: Callable[[int], float]) -> tuple[np.ndarray, int]:
+    """RN_f32 of the reals known to lie within ``v64 * (1 +- CERT_REL)``: (float32 values, fallbacks).
+
+    ``v64`` is flattened; ``exact(i)`` gives the correctly rounded value of element i where the
+    interval straddles a float32 rounding boundary.  Non-finite values (and ``final`` ones) are
+    passed through (IEEE semantics).
     """
-    with np.errstate(over="ignore", invalid="ignore"):
-        r = v64.astype(np.float32)
-        a = np.abs(v64) * CERT_REL
-        lo = (v64 - a).astype(np.float32)
-        hi = (v64 + a).astype(np.float32)
-    ok = (lo.view(np.uint32) == hi.view(np.uint32)) | ~np.isfinite(v64)
-    return r, ok
+    flat = v64.reshape(-1)
+    keep = ~np.isfinite(flat) if final is None else ~np.isfinite(flat) | final.reshape(-1)
+
+    def bound(at: Points | None) -> np.ndarray:
+        return np.abs(flat if at is None else flat[at]) * CERT_REL
+
+    def fallback(at: Points) -> np.ndarray:
+        return np.array([exact(i) for i in at[0].tolist()], np.float32).view(np.uint32)
+
+    codes, pending = round_certified(flat, bound, _F32Cast(), final=keep, fallback=fallback)
+    return codes.view(np.float32).reshape(v64.shape), int(np.count_nonzero(pending))
 
 
 def _rn_f32_fraction(x: Fraction) -> float:
@@ -188,21 +206,19 @@ def swiglu_exact(g: np.ndarray, u: np.ndarray, w: np.ndarray | None) -> tuple[np
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         d = 1.0 + np.exp(-g64)
         v64 = hi / d
-    r, ok = _certified(v64)
     tiny = np.isfinite(v64) & (np.abs(v64) < _TINY)
+    gf, uf = g64.reshape(-1), u64.reshape(-1)
+    wf = None if w64 is None else w64.reshape(-1)
+
+    def exact(j: int) -> float:
+        num = Fraction(float(gf[j])) * Fraction(float(uf[j]))
+        if wf is not None:
+            num *= Fraction(float(wf[j]))
+        return _silu_mul_scalar(float(gf[j]), num)
+
+    r, fallbacks = _certified(v64, tiny, exact)
     r[tiny] = np.copysign(np.float32(0.0), v64[tiny]).astype(np.float32)
-    ok |= tiny
-    bad = np.flatnonzero(~ok)
-    if bad.size:
-        flat = r.reshape(-1)
-        gf, uf = g64.reshape(-1), u64.reshape(-1)
-        wf = None if w64 is None else w64.reshape(-1)
-        for j in bad:
-            num = Fraction(float(gf[j])) * Fraction(float(uf[j]))
-            if wf is not None:
-                num *= Fraction(float(wf[j]))
-            flat[j] = np.float32(_silu_mul_scalar(float(gf[j]), num))
-    return r, {"certified": int(ok.sum()), "exact_fallback": int(bad.size)}
+    return r, {"certified": int(r.size) - fallbacks, "exact_fallback": fallbacks}
 
 
 def exp_neg_f32(g: np.ndarray) -> np.ndarray:
@@ -210,13 +226,9 @@ def exp_neg_f32(g: np.ndarray) -> np.ndarray:
     x = -g.astype(np.float64)
     with np.errstate(over="ignore", under="ignore"):
         e64 = np.exp(x)
-    r, ok = _certified(e64)
-    # exp(x) < 2^-1074 (x < -745): zero in float32 as in float64 (certified by _certified: 0 == 0)
-    bad = np.flatnonzero(~ok)
-    if bad.size:
-        flat, xf = r.reshape(-1), x.reshape(-1)
-        for j in bad:
-            flat[j] = np.float32(_exp_scalar(float(xf[j])))
+    xf = x.reshape(-1)
+    # exp(x) < 2^-1074 (x < -745): zero in float32 as in float64 (a zero bound: certified)
+    r, _ = _certified(e64, None, lambda j: _exp_scalar(float(xf[j])))
     return r
 
 

@@ -1,28 +1,22 @@
 """DeepGEMM's testing helpers (``deep_gemm.testing``), DeepGEMM-Ascend's, and a ULP-distance helper.
 
 ``calc_diff``, ``count_bytes`` and ``assert_bitwise_equal`` keep DeepGEMM's names, signatures
-and results; they accept NumPy arrays and torch CPU tensors.  Timing helpers measure wall-clock
-time on the CPU (there is no device).  DeepGEMM-Ascend's additions (``bench_msprof``,
-``KernelProfile``, ``close_persistent_profiler`` and the ``envs``, ``par_compile``,
-``disable_fallback`` sub-modules) are here too, as is ``bench.suppress_stdout_stderr``.
+and results; they accept NumPy arrays and torch CPU tensors.  Timing helpers (:mod:`.bench`)
+measure wall-clock time on the CPU (there is no device).  DeepGEMM-Ascend's additions
+(``bench_msprof``, ``KernelProfile``, ``close_persistent_profiler`` and the ``bench``, ``envs``,
+``par_compile``, ``disable_fallback`` sub-modules) are here too; :mod:`.npu_shim` maps
+``torch.npu`` to the CPU so that DeepGEMM-Ascend's own test helpers run unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
-import ml_dtypes
-import numpy as np
-
-from ..errors import arg_error
-from ..interop import caller_kind, is_tensor, to_numpy
+from . import numeric, utils  # noqa: F401  (sub-modules)
+from .bench import KernelProfile, bench, bench_kineto, bench_msprof, close_persistent_profiler, empty_suppress
+from .bench import _SuppressStdoutStderr as suppress_stdout_stderr
+from .numeric import assert_bitwise_equal, calc_diff, count_bytes, ulp_distance
+from .utils import get_arch_major, ignore_env, test_filter
 
 __all__ = [
     "calc_diff",
@@ -41,314 +35,14 @@ __all__ = [
     "close_persistent_profiler",
 ]
 
-
-def _as_f64(x: Any, func: str, arg: str) -> np.ndarray:
-    xa = to_numpy(x, func, arg)
-    xa = np.asarray(xa)
-    if xa.dtype.kind not in "fiub" and xa.dtype.itemsize > 2 and xa.dtype != ml_dtypes.bfloat16:
-        raise arg_error(func, arg, "a real numeric array", xa)
-    return xa.astype(np.float64)
-
-
-def calc_diff(x: Any, y: Any) -> Any:
-    """DeepGEMM's similarity metric: ``1 - 2 sum(x y) / sum(x^2 + y^2)`` in float64.
-
-    Equal to ``|x - y|^2 / (|x|^2 + |y|^2)``.  Returns the Python float ``0.0`` when both inputs
-    are all zeros, else a 0-d float64 (a NumPy scalar, or a 0-d tensor for torch inputs).
-    Thresholds used by DeepGEMM's tests: 1e-5 (BF16), 1e-3 (FP8), 1e-2 (one FP4 operand),
-    2e-2 (FP4 x FP4).
-    """
-    xd = _as_f64(x, "calc_diff", "x")
-    yd = _as_f64(y, "calc_diff", "y")
-    denominator = (xd * xd + yd * yd).sum()
-    if denominator == 0:
-        return 0.0
-    sim = 2 * (xd * yd).sum() / denominator
-    result = np.float64(1 - sim)
-    if caller_kind(x, y) == "torch":
-        import torch  # the caller passed a tensor, so torch is already imported
-
-        return torch.tensor(float(result), dtype=torch.float64)
-    return result
-
-
-def count_bytes(*tensors: Any) -> int:
-    """Total bytes of all arrays or tensors given (recursing into tuples and lists; None ignored)."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            if is_tensor(t):
-                total += t.numel() * t.element_size()
-            else:
-                a = np.asarray(t)
-                total += a.size * a.dtype.itemsize
-    return total
-
-
-def _raw_bytes(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-
-
-def assert_bitwise_equal(x: Any, y: Any, label: str = "") -> None:
-    """Assert that ``x`` and ``y`` have equal shapes, dtypes and bytes.
-
-    On a mismatch raises ``AssertionError`` naming the label, the number of bytes and of
-    mismatching bytes, the first mismatching byte, its element index and coordinate, the byte
-    within the element, both byte values and both element values (as DeepGEMM does).
-    """
-    xa = np.asarray(to_numpy(x, "assert_bitwise_equal", "x"))
-    ya = np.asarray(to_numpy(y, "assert_bitwise_equal", "y"))
-    assert xa.shape == ya.shape, f"shape mismatch: {xa.shape} vs {ya.shape}"
-    assert xa.dtype == ya.dtype, f"dtype mismatch: {xa.dtype} vs {ya.dtype}"
-    xb, yb = _raw_bytes(xa), _raw_bytes(ya)
-    if np.array_equal(xb, yb):
-        return
-    mismatch = xb != yb
-    first = int(np.flatnonzero(mismatch)[0])
-    itemsize = xa.dtype.itemsize
-    elem = first // itemsize
-    coord = tuple(int(v) for v in np.unravel_index(elem, xa.shape)) if xa.ndim else ()
-    xv = xa.reshape(-1)[elem]
-    yv = ya.reshape(-1)[elem]
-    raise AssertionError(
-        f"bitwise mismatch{f' ({label})' if label else ''}: "
-        f"num_bytes={mismatch.size}, num_mismatch={int(mismatch.sum())}, "
-        f"first_byte={first}, elem={elem}, coord={coord}, byte_in_elem={first % itemsize}, "
-        f"x_byte={int(xb[first])}, y_byte={int(yb[first])}, x_val={float(xv)!r}, y_val={float(yv)!r}"
-    )
-
-
-def _ordered(bits: np.ndarray, nbits: int) -> np.ndarray:
-    """Map sign-magnitude float bits to integers ordered like the values (+0 and -0 both 0)."""
-    b = bits.astype(np.int64)
-    sign = (b >> (nbits - 1)) & 1
-    mag = b & ((1 << (nbits - 1)) - 1)
-    return np.where(sign == 1, -mag, mag)
-
-
-def ulp_distance(x: Any, y: Any) -> np.ndarray:
-    """Number of representable values between ``x`` and ``y`` (same float dtype), as int64.
-
-    Works for float64, float32, float16, bfloat16 and the ml_dtypes 8-bit floats.  +0 and -0 are
-    0 apart.  Where exactly one side is NaN the distance is ``iinfo(int64).max``; two NaNs are
-    0 apart (NaN is compared by class, never by bits).
-    """
-    xa = np.asarray(to_numpy(x, "ulp_distance", "x"))
-    ya = np.asarray(to_numpy(y, "ulp_distance", "y"))
-    if xa.dtype != ya.dtype:
-        raise arg_error("ulp_distance", "y", f"dtype {xa.dtype} (the dtype of x)", ya)
-    if xa.shape != ya.shape:
-        raise arg_error("ulp_distance", "y", f"shape {xa.shape} (the shape of x)", ya)
-    size = xa.dtype.itemsize
-    if size not in (1, 2, 4, 8) or xa.dtype.kind in "iub":
-        raise arg_error("ulp_distance", "x", "a floating-point dtype", xa)
-    udt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[size]
-    if size == 8:
-        # int64 arithmetic on the ordered bits would overflow for opposite signs; use float64 diff
-        # of the ordered integers split into high and low halves instead.
-        xb = np.ascontiguousarray(xa).view(udt)
-        yb = np.ascontiguousarray(ya).view(udt)
-        ox = _ordered64(xb)
-        oy = _ordered64(yb)
-        dist = np.abs(ox.astype(object) - oy.astype(object)).astype(np.float64)
-        dist = np.minimum(dist, float(np.iinfo(np.int64).max)).astype(np.int64)
-    else:
-        ox = _ordered(np.ascontiguousarray(xa).view(udt), 8 * size)
-        oy = _ordered(np.ascontiguousarray(ya).view(udt), 8 * size)
-        dist = np.abs(ox - oy)
-    xn = np.isnan(xa.astype(np.float64))
-    yn = np.isnan(ya.astype(np.float64))
-    dist = np.where(xn & yn, 0, dist)
-    dist = np.where(xn ^ yn, np.iinfo(np.int64).max, dist)
-    return dist.astype(np.int64)
-
-
-def _ordered64(bits: np.ndarray) -> np.ndarray:
-    sign = (bits >> np.uint64(63)).astype(bool)
-    mag = (bits & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
-    return np.where(sign, -mag, mag)
-
-
-# ----------------------------------------------------------------------------------------------
-# Benchmarking and test-filter helpers with DeepGEMM's names (wall clock on the CPU)
-# ----------------------------------------------------------------------------------------------
-
-# Note: wall-clock timing on the CPU instead of CUDA events with an L2 flush.
-def bench(fn: Callable[[], Any], num_warmups: int = 5, num_tests: int = 10, high_precision: bool = False) -> float:
-    """Seconds per call of ``fn`` (wall clock, median of ``num_tests`` after ``num_warmups``).
-
-    Note: DeepGEMM times CUDA events and flushes the L2 cache; on the CPU we take the median
-    wall-clock time.  ``high_precision`` is accepted for signature compatibility.
-    """
-    for _ in range(num_warmups):
-        fn()
-    times = []
-    for _ in range(max(num_tests, 1)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def bench_kineto(
-    fn: Callable[[], Any],
-    kernel_names: str | tuple[str, ...],
-    num_tests: int = 30,
-    suppress_kineto_output: bool = False,
-    trace_path: str | None = None,
-    flush_l2: bool = True,
-    with_multiple_kernels: bool = False,
-    barrier: Any = None,
-) -> float | tuple[float, ...]:
-    """Seconds per call of ``fn``, reported for each kernel name (a tuple for a tuple of names).
-
-    Note: DeepGEMM reads per-kernel CUDA times from the profiler; the emulator has one "kernel" per
-    call, so every name gets the wall-clock time of the whole call.  With ``DG_USE_NVIDIA_TOOLS``
-    set it returns 1 (or a tuple of 1), as DeepGEMM does.
-    """
-    names = kernel_names if isinstance(kernel_names, tuple) else (kernel_names,)
-    if os.environ.get("DG_USE_NVIDIA_TOOLS"):
-        t = 1.0
-    else:
-        t = bench(fn, num_warmups=1, num_tests=num_tests)
-    return tuple(t for _ in names) if isinstance(kernel_names, tuple) else t
-
-
-@dataclass
-class KernelProfile:
-    """DeepGEMM-Ascend's profile record of one kernel (duration in nanoseconds)."""
-
-    dur_ns: float
-
-
-def bench_msprof(
-    fn: Callable[[], Any],
-    kernel_names: str | tuple[str, ...] | None = None,
-    num_warmups: int = 10,
-    num_tests: int = 30,
-    flush_l2: bool = True,
-    barrier_comm_profiling: bool = False,
-    barrier: Any = None,
-    return_all_kernels: bool = False,
-    suppress_verbose_output: bool = True,
-    backend: str = "persistent",
-) -> Any:
-    """DeepGEMM-Ascend's msprof-based timing, as wall clock: seconds per call for each kernel name.
-
-    ``return_all_kernels=True`` gives ``{"fn": KernelProfile(ns)}``; the profiling options are
-    accepted and have no effect on the CPU.
-    """
-    t = bench(fn, num_warmups=num_warmups, num_tests=num_tests)
-    if return_all_kernels:
-        return {"fn": KernelProfile(t * 1e9)}
-    if kernel_names is None:
-        return t
-    return tuple(t for _ in kernel_names) if isinstance(kernel_names, tuple) else t
-
-
-def close_persistent_profiler() -> None:
-    """Nothing to close on the CPU."""
-    return None
-
-
-@contextlib.contextmanager
-def _suppress_stdout_stderr_ascend(suppress: bool) -> Iterator[None]:
-    """DeepGEMM-Ascend's ``testing.bench.suppress_stdout_stderr(suppress)``."""
-    if not suppress:
-        yield
-        return
-    with suppress_stdout_stderr():
-        yield
-
-
-class empty_suppress:  # noqa: N801 - DeepGEMM's name
-    """A context manager that does nothing (DeepGEMM's ``empty_suppress``)."""
-
-    def __enter__(self) -> empty_suppress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-class suppress_stdout_stderr:  # noqa: N801 - DeepGEMM's name
-    """A context manager that redirects file descriptors 1 and 2 to /dev/null."""
-
-    def __enter__(self) -> suppress_stdout_stderr:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._null = os.open(os.devnull, os.O_WRONLY)
-        self._saved = (os.dup(1), os.dup(2))
-        os.dup2(self._null, 1)
-        os.dup2(self._null, 2)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self._saved[0], 1)
-        os.dup2(self._saved[1], 2)
-        for fd in (*self._saved, self._null):
-            os.close(fd)
-
-
-def get_arch_major() -> int:
-    """The arch major of the active profile (9 for sm90, 10 for sm100; see ``profiles``)."""
-    from ..profiles import get_arch_major as _get
-
-    return _get()
-
-
-def test_filter(condition: Callable[[], bool]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: run the test only if ``condition()``; otherwise print that it was filtered."""
-
-    def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(f)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if condition():
-                return f(*args, **kwargs)
-            print(f"{f.__name__}:")
-            print(f" > Filtered by {condition}")
-            return None
-
-        return wrapper
-
-    return decorator
-
-
-test_filter.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
-
-
-def ignore_env(name: str, condition: Callable[[], bool]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: when ``condition()`` holds, remove env var ``name`` during the call."""
-
-    def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(f)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not condition():
-                return f(*args, **kwargs)
-            with _without_env(name):
-                return f(*args, **kwargs)
-
-        return wrapper
-
-    return decorator
-
-
-@contextlib.contextmanager
-def _without_env(name: str) -> Iterator[None]:
-    saved = os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
-
-
-# DeepGEMM-Ascend's ``deep_gemm.testing.bench`` is a module holding suppress_stdout_stderr(suppress);
-# DeepGEMM's is the function bench (its star import shadows the module).  Both work here.
-bench.suppress_stdout_stderr = _suppress_stdout_stderr_ascend  # type: ignore[attr-defined]
-
-from . import disable_fallback, envs, numeric, par_compile, utils  # noqa: E402, F401  (sub-modules)
+# ``deepgemm_ref.testing.bench`` is DeepGEMM's function ``bench`` (its star import shadows the
+# module); ``from deepgemm_ref.testing.bench import ...`` still imports the module.  The function
+# also carries the module's DeepGEMM-Ascend names, so ``testing.bench.bench_msprof`` and
+# ``testing.bench.suppress_stdout_stderr(False)`` work as with DeepGEMM-Ascend's module.
+# ``testing.suppress_stdout_stderr`` is DeepGEMM's argument-less class.
+for _name in ("bench_msprof", "KernelProfile", "close_persistent_profiler", "suppress_stdout_stderr",
+              "bench_kineto", "empty_suppress"):
+    setattr(bench, _name, getattr(sys.modules[__name__ + ".bench"], _name))
+del _name
+
+from . import disable_fallback, envs, npu_shim, par_compile  # noqa: E402, F401  (sub-modules)

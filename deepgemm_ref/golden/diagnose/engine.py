@@ -422,7 +422,7 @@ def epilogue_values(ep_desc: Mapping[str, Any], acc: np.ndarray, c: np.ndarray |
     x = np.asarray(acc, np.float64).reshape(-1, last)
     cc = None if c is None else np.asarray(c).reshape(-1, last)
     if rounding is None:
-        ep = core.Epilogue(fmt, ep_desc.get("alpha"), cc, ep_desc.get("c_mode", "kernel"))
+        ep = core.OutputStage(fmt, ep_desc.get("alpha"), cc, ep_desc.get("c_mode", "kernel"))
         with np.errstate(over="ignore", invalid="ignore"):
             codes = ep.apply(x, 0, x.shape[0])
         return fm.decode(codes, fmt).astype(_OUT_DTYPE[ep_desc["out"]]).reshape(shape)

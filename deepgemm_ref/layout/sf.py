@@ -47,18 +47,33 @@ for non-negative power-of-two scales.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from . import formats as fm
-from . import profiles, runtime
-from ._args import is_contiguous as _is_contiguous
-from .api import profiled
-from .errors import arg_error
-from .interop import Kind, caller_kind, from_numpy, is_tensor, to_numpy
+from .. import formats as fm
+from .. import profiles, runtime
+from ..api import profiled
+from ..errors import arg_error
+from ..interop import Kind, caller_kind, from_numpy, is_tensor
+from ..toolkit.args import (
+    F32,
+    I16,
+    I32,
+    align,
+    as_array,
+    bool_arg,
+    ceil_div,
+    int_arg,
+    int_tuple,
+    is_contiguous,
+    ks_list,
+    opt_bool_arg,
+    strides,
+)
+from ..toolkit.sizes import check_alloc, nbytes, size_arg
+from .groups import ascend_gap_mask, psum_row_mask
 
 # Note: padding rows and bytes of every built layout are zero (DeepGEMM leaves them uninitialised),
 # and a float32 SF that the device kernels would trap on raises DGArgumentError instead.
@@ -71,12 +86,12 @@ __all__ = [
     "transform_sf_into_required_layout",
     "transform_k_grouped_sf_into_required_layout",
     "sf_values",
+    "check_sf_shape",
     "to_user_form",
+    "pack_k_grouped_ue8m0",
+    "ASCEND_PAIR_K",
 ]
 
-_F32 = np.dtype(np.float32)
-_I32 = np.dtype(np.int32)
-_I16 = np.dtype(np.int16)
 _SIGN_AND_MANTISSA = np.uint32(0x807FFFFF)
 _POW2_EXPECTED = "non-negative powers of two (float32 sign and mantissa bits zero; the device kernel traps otherwise)"
 
@@ -87,54 +102,6 @@ ASCEND_PAIR_K = 64
 # ----------------------------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------------------------
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _align(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-def _int(func: str, arg: str, v: Any, minimum: int | None = 0) -> int:
-    """A Python or NumPy integer (not a bool), at least ``minimum``."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise arg_error(func, arg, "an int", f"{type(v).__name__} {v!r}")
-    if minimum is not None and v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(int(v)))
-    return int(v)
-
-
-def _opt_bool(func: str, arg: str, v: Any) -> bool | None:
-    if v is None or isinstance(v, (bool, np.bool_)):
-        return None if v is None else bool(v)
-    raise arg_error(func, arg, "a bool or None", f"{type(v).__name__} {v!r}")
-
-
-def _bool(func: str, arg: str, v: Any) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise arg_error(func, arg, "a bool", f"{type(v).__name__} {v!r}")
-    return bool(v)
-
-
-def _array(func: str, arg: str, x: Any) -> np.ndarray:
-    a = to_numpy(x, func, arg)
-    if not isinstance(a, np.ndarray):
-        raise arg_error(func, arg, "a NumPy array or torch tensor", a)
-    return a
-
-
-def _strides(a: np.ndarray) -> tuple[int, ...]:
-    """Strides in elements."""
-    return tuple(s // a.itemsize for s in a.strides)
-
-
-def _recipe(func: str, recipe: Any, lengths: tuple[int, ...]) -> tuple[int, ...]:
-    want = " or ".join(f"a {n}-tuple" for n in lengths) + " of positive ints"
-    if not isinstance(recipe, (tuple, list)) or len(recipe) not in lengths:
-        raise arg_error(func, "recipe", want, repr(recipe))
-    return tuple(_int(func, f"recipe[{i}]", g, minimum=1) for i, g in enumerate(recipe))
-
 
 def _exponent_bytes(
     x: np.ndarray,
@@ -180,7 +147,7 @@ def _pack_le(b: np.ndarray, per: int) -> np.ndarray:
     """
     n = b.shape[-1]
     if n % per or not b.flags.c_contiguous:
-        padded = np.zeros(b.shape[:-1] + (_align(n, per),), np.uint8)
+        padded = np.zeros(b.shape[:-1] + (align(n, per),), np.uint8)
         padded[..., :n] = b
         b = padded
     native = np.int32 if per == 4 else np.int16
@@ -196,7 +163,7 @@ def _to_caller(view: np.ndarray, storage: np.ndarray, kind: Kind) -> Any:
     offset = 0
     if view.size:
         offset = (view.__array_interface__["data"][0] - storage.__array_interface__["data"][0]) // view.itemsize
-    return t.as_strided(view.shape, _strides(view), offset)
+    return t.as_strided(view.shape, strides(view), offset)
 
 
 def _batched(a: np.ndarray) -> np.ndarray:
@@ -205,12 +172,12 @@ def _batched(a: np.ndarray) -> np.ndarray:
 
 def _psum_ends(func: str, psum_layout: Any, *, require_1d: bool) -> np.ndarray:
     """The int32 psum end offsets as int64, after the host checks both targets make."""
-    p = _array(func, "psum_layout", psum_layout)
-    if p.dtype != _I32:
+    p = as_array(psum_layout, func, "psum_layout")
+    if p.dtype != I32:
         raise arg_error(func, "psum_layout", "an int32 array", p)
     if require_1d and p.ndim != 1:
         raise arg_error(func, "psum_layout", "a 1-D array", p)
-    if not _is_contiguous(p):
+    if not is_contiguous(p):
         raise arg_error(func, "psum_layout", "a contiguous array", p)
     if p.size == 0:
         raise arg_error(func, "psum_layout", "at least one group", p)
@@ -231,16 +198,16 @@ def _get_tma_aligned_size(x: int, element_size: int, /) -> int:
     ``element_size`` must divide 16 (4 for float32/int32 SFs gives ``align(x, 4)``).
     """
     func = "get_tma_aligned_size"
-    x = _int(func, "x", x)
-    element_size = _int(func, "element_size", element_size, minimum=1)
+    x = size_arg(func, "x", x, minimum=0)
+    element_size = size_arg(func, "element_size", element_size, minimum=1)
     if 16 % element_size:
         raise arg_error(func, "element_size", "a divisor of 16 (TMA needs 16-byte alignment)", repr(element_size))
-    return _align(x, 16 // element_size)
+    return align(x, 16 // element_size)
 
 
 def _float_sf(func: str, sf: Any) -> np.ndarray:
-    a = _array(func, "sf", sf)
-    if a.dtype != _F32:
+    a = as_array(sf, func, "sf")
+    if a.dtype != F32:
         raise arg_error(func, "sf", "a float32 array", a)
     if a.ndim not in (2, 3):
         raise arg_error(func, "sf", "a 2-D (mn, sf_k) or 3-D (num_groups, mn, sf_k) array", a)
@@ -251,14 +218,14 @@ def _mn_major_tma_aligned(func: str, sf_obj: Any, kind: Kind) -> Any:
     sf = _float_sf(func, sf_obj)
     b = _batched(sf)
     g, mn, sf_k = b.shape
-    tma_mn = _align(mn, 4)
-    st = _strides(b)
+    tma_mn = align(mn, 4)
+    st = strides(b)
     if (sf.ndim == 2 or st[0] == tma_mn * sf_k) and st[1] == 1 and st[2] == tma_mn:
         # Already layout 1: no copy.  DeepGEMM returns a 3-D input itself and a view of a 2-D one.
         if sf.ndim == 3:
             return sf_obj
         return sf_obj.unsqueeze(0).squeeze(0) if is_tensor(sf_obj) else sf[np.newaxis][0]
-    storage = np.zeros((g, sf_k, tma_mn), _F32)
+    storage = np.zeros((g, sf_k, tma_mn), F32)
     storage[:, :, :mn] = b.transpose(0, 2, 1)
     view = storage.transpose(0, 2, 1)[:, :mn, :]
     return _to_caller(view[0] if sf.ndim == 2 else view, storage, kind)
@@ -277,25 +244,12 @@ def _get_mn_major_tma_aligned_tensor(sf: Any, /) -> Any:
     return _mn_major_tma_aligned(func, sf, caller_kind(sf))
 
 
-def _psum_valid_rows(ends: np.ndarray, mn: int, alignment: int) -> np.ndarray:
-    """CUDA m-grouped psum layout: row r is valid when some group g has start_g <= r < end_g,
-    start_0 = 0 and start_g = align(end_{g-1}, alignment)."""
-    valid = np.zeros(mn, bool)
-    start = 0
-    for g, end in enumerate(ends.tolist()):
-        if g:
-            start = _align(int(ends[g - 1]), alignment)
-        if start < end:
-            valid[start:min(end, mn)] = True
-    return valid
-
-
 def _pack_int32_mn_major(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """UE8M0 bytes (G, mn, sf_k) -> (storage (G, P, align(mn, 4)), layout-2 view (G, mn, P)) int32."""
     g, mn, sf_k = b.shape
-    p = _cdiv(sf_k, 4)
-    tma_mn = _align(mn, 4)
-    storage = np.zeros((g, p, tma_mn), _I32)
+    p = ceil_div(sf_k, 4)
+    tma_mn = align(mn, 4)
+    storage = np.zeros((g, p, tma_mn), I32)
     storage[:, :, :mn] = _pack_le(b, 4).transpose(0, 2, 1)
     return storage, storage.transpose(0, 2, 1)[:, :mn, :]
 
@@ -304,7 +258,7 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
     sf = _float_sf(func, sf_obj)
     b = _batched(sf)
     g, mn, sf_k = b.shape
-    contiguous = _is_contiguous(b)
+    contiguous = is_contiguous(b)
     keep = None
     if psum_layout is not None:
         if g != 1 or not contiguous:
@@ -314,14 +268,14 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
         if alignment <= 0:
             raise arg_error(func, "psum_layout", "a positive contiguous-layout alignment to place groups",
                             f"get_mk_alignment_for_contiguous_layout() = {alignment}")
-        keep = _psum_valid_rows(ends, mn, alignment)[np.newaxis, :, np.newaxis]
+        keep = psum_row_mask(ends, mn, alignment)[np.newaxis, :, np.newaxis]
     if contiguous:
         # The transpose-and-pack kernel checks every loaded value; batched inputs whose batch
         # size is not a whole number of 16-byte vectors take the PyTorch fallback instead.
         check = not ((mn * sf_k) % 4 and g > 1)
     else:
         check = not (mn % 4 or g > 1)
-        if check and _strides(b)[1:] != (1, mn):
+        if check and strides(b)[1:] != (1, mn):
             raise arg_error(func, "sf", f"a contiguous array or an MN-major one with strides (1, {mn})", sf)
     # Where DeepGEMM takes its PyTorch fallback (check False) it keeps the exponent field
     # without checking it, flooring non-powers of two and dropping a sign bit; so do we.
@@ -352,20 +306,7 @@ def _get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: Any, psum_layout: Any = No
     return _packed_ue8m0(func, sf, psum_layout, caller_kind(sf, psum_layout))
 
 
-def _ks_list(func: str, ks_cpu: Any) -> list[int] | None:
-    if ks_cpu is None:
-        return None
-    ks_cpu = to_numpy(ks_cpu, func, "ks_cpu")
-    if isinstance(ks_cpu, np.ndarray):
-        if ks_cpu.ndim != 1:
-            raise arg_error(func, "ks_cpu", "a list of ints, None or []", ks_cpu)
-        ks_cpu = ks_cpu.tolist()
-    if isinstance(ks_cpu, (str, bytes)) or not isinstance(ks_cpu, Sequence):
-        raise arg_error(func, "ks_cpu", "a list of ints, None or []", f"{type(ks_cpu).__name__} {ks_cpu!r}")
-    return [_int(func, f"ks_cpu[{i}]", k, minimum=None) for i, k in enumerate(ks_cpu)]
-
-
-def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+def pack_k_grouped_ue8m0(
     sf: Any, grouped_layout: Any, ks_cpu: Any, gran_k: int, k_alignment: int, use_psum_layout: bool = False
 ) -> Any:
     """Pack the float32 SFs of a k-grouped operand: SF rows run along K, groups packed compactly.
@@ -388,28 +329,28 @@ def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     """
     func = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
     kind = caller_kind(sf, grouped_layout)
-    gran_k = _int(func, "gran_k", gran_k)
+    gran_k = size_arg(func, "gran_k", gran_k, minimum=0)
     if gran_k not in (32, 128):
         raise arg_error(func, "gran_k", "32 or 128", repr(gran_k))
-    k_alignment = _int(func, "k_alignment", k_alignment, minimum=1)
+    k_alignment = size_arg(func, "k_alignment", k_alignment, minimum=1)
     if k_alignment % 32:
         raise arg_error(func, "k_alignment", "a positive multiple of 32", repr(k_alignment))
-    use_psum_layout = _bool(func, "use_psum_layout", use_psum_layout)
-    a = _array(func, "sf", sf)
-    if a.dtype != _F32 or a.ndim != 2:
+    use_psum_layout = bool_arg(func, "use_psum_layout", use_psum_layout)
+    a = as_array(sf, func, "sf")
+    if a.dtype != F32 or a.ndim != 2:
         raise arg_error(func, "sf", "a 2-D float32 array (sf_rows, mn)", a)
-    if not _is_contiguous(a):
+    if not is_contiguous(a):
         raise arg_error(func, "sf", "a contiguous array", a)
     sf_rows, mn = a.shape
-    gl = _array(func, "grouped_layout", grouped_layout)
+    gl = as_array(grouped_layout, func, "grouped_layout")
     num_groups = gl.size
     if num_groups > 128:
         raise arg_error(func, "grouped_layout", "at most 128 groups", gl)
     if mn % 4:
         raise arg_error(func, "sf", "mn (the last dimension) divisible by 4", a)
-    if gl.dtype != _I32 or not _is_contiguous(gl):
+    if gl.dtype != I32 or not is_contiguous(gl):
         raise arg_error(func, "grouped_layout", "a contiguous int32 array", gl)
-    ks = _ks_list(func, ks_cpu)
+    ks = ks_list(func, ks_cpu)
     synced = bool(ks)
     if synced:
         assert ks is not None
@@ -417,9 +358,9 @@ def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
             raise arg_error(func, "ks_cpu", f"{num_groups} entries (one per group of grouped_layout)", repr(ks))
         if any(k < 0 for k in ks):
             raise arg_error(func, "ks_cpu", "non-negative K sizes", repr(ks))
-        if not use_psum_layout and sum(_cdiv(k, gran_k) for k in ks) != sf_rows:
+        if not use_psum_layout and sum(ceil_div(k, gran_k) for k in ks) != sf_rows:
             raise arg_error(func, "ks_cpu", f"sum(ceil(k / {gran_k})) == {sf_rows} (the SF rows of sf)", repr(ks))
-        packed_rows = sum(_cdiv(k, 4 * gran_k) for k in ks)
+        packed_rows = sum(ceil_div(k, 4 * gran_k) for k in ks)
     else:
         if not use_psum_layout:
             raise arg_error(func, "ks_cpu", "the per-group K sizes (None or [] needs use_psum_layout=True)",
@@ -434,7 +375,7 @@ def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         group_ks = []
         prev_end = 0
         for g, v in enumerate(values):
-            k_g = v - _align(prev_end, k_alignment) if use_psum_layout else v
+            k_g = v - align(prev_end, k_alignment) if use_psum_layout else v
             if k_g < 0:
                 what = "non-negative K sizes"
                 if use_psum_layout:
@@ -442,8 +383,11 @@ def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
                 raise arg_error(func, "grouped_layout", what, f"{values!r} (group {g})")
             group_ks.append(k_g)
             prev_end = v
-        group_rows = [_cdiv(k, gran_k) for k in group_ks]
+        group_rows = [ceil_div(k, gran_k) for k in group_ks]
 
+    # the byte rows, their transpose and the packed int32 result
+    check_alloc(func, "ks_cpu" if synced else "sf", nbytes((packed_rows, mn), 12),
+                f"the packed k-grouped SFs ({packed_rows} packed rows x {mn})")
     byte_rows = np.zeros((4 * packed_rows, mn), np.uint8)
     src = dst = 0
     for g, rows in enumerate(group_rows):
@@ -454,7 +398,7 @@ def _get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         if n_read:
             byte_rows[dst:dst + n_read] = _exponent_bytes(a[src:src + n_read], func, "sf", check=True)
         src += rows
-        dst += 4 * _cdiv(rows, 4)
+        dst += 4 * ceil_div(rows, 4)
     out = np.ascontiguousarray(_pack_le(np.ascontiguousarray(byte_rows.T), 4).T)
     return from_numpy(out, kind)
 
@@ -463,15 +407,15 @@ def _check_sf_layout_cuda(
     func: str, sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None
 ) -> None:
     """DeepGEMM's ``check_sf_layout`` shape checks (spec 3.2)."""
-    if sf.dtype not in (_F32, _I32):
+    if sf.dtype not in (F32, I32):
         raise arg_error(func, "sf", "a float32 or int32 (packed UE8M0) array", sf)
     ndim = 2 + (num_groups is not None)
     if sf.ndim != ndim:
         raise arg_error(func, "sf", f"a {ndim}-D array (num_groups={num_groups})", sf)
-    sf_cols = _cdiv(k, gran_k * (1 if sf.dtype == _F32 else 4))
-    want = ((num_groups,) if num_groups is not None else ()) + (_cdiv(mn, gran_mn), sf_cols)
+    sf_cols = ceil_div(k, gran_k * (1 if sf.dtype == F32 else 4))
+    want = ((num_groups,) if num_groups is not None else ()) + (ceil_div(mn, gran_mn), sf_cols)
     if sf.shape != want:
-        what = "ceil(k / gran_k)" if sf.dtype == _F32 else "ceil(k / (4 * gran_k))"
+        what = "ceil(k / gran_k)" if sf.dtype == F32 else "ceil(k / (4 * gran_k))"
         raise arg_error(func, "sf", f"shape {want} = ((num_groups,) ceil(mn / gran_mn), {what})", sf)
 
 
@@ -504,10 +448,10 @@ def _transform_cuda(
     """
     func = "transform_sf_into_required_layout"
     kind = caller_kind(sf, psum_layout)
-    mn = _int(func, "mn", mn)
-    k = _int(func, "k", k)
-    r = _recipe(func, recipe, (3, 2))
-    sfa = _opt_bool(func, "is_sfa", is_sfa)
+    mn = size_arg(func, "mn", mn, minimum=0)
+    k = size_arg(func, "k", k, minimum=0)
+    r = int_tuple(func, "recipe", recipe, (3, 2))
+    sfa = opt_bool_arg(func, "is_sfa", is_sfa)
     if len(r) == 3:
         if sfa is None:
             raise arg_error(func, "is_sfa", "True or False with a 3-tuple recipe", "None")
@@ -516,17 +460,19 @@ def _transform_cuda(
         if sfa is not None:
             raise arg_error(func, "is_sfa", "None with a 2-tuple recipe (gran_mn, gran_k)", repr(sfa))
         gran_mn, gran_k = r
-    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
-    disable = _bool(func, "disable_ue8m0_cast", disable_ue8m0_cast)
-    a = _array(func, "sf", sf)
+    groups = None if num_groups is None else size_arg(func, "num_groups", num_groups, minimum=0)
+    disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
+    a = as_array(sf, func, "sf")
     _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
-    arch_major = profiles.get_profile().arch_major
-    is_float = a.dtype == _F32
+    sf_rules = profiles.get_profile().rules.scales
+    reads_float = sf_rules.float32 == "float"  # sm90's kernels read float32 SFs as they are
+    reads_packed = sf_rules.packed == I32  # sm100's kernels read layout 2
+    is_float = a.dtype == F32
 
-    if is_float and gran_mn == 1 and gran_k == 128 and (arch_major == 9 or disable):
+    if is_float and gran_mn == 1 and gran_k == 128 and (reads_float or disable):
         return _mn_major_tma_aligned(func, sf, kind)
-    if is_float and gran_mn == 128 and gran_k == 128 and (arch_major == 9 or disable):
-        st, sh = _strides(a), a.shape
+    if is_float and gran_mn == 128 and gran_k == 128 and (reads_float or disable):
+        st, sh = strides(a), a.shape
         if a.size == 0:
             return sf
         if groups is not None and st[0] != sh[1] * sh[2]:
@@ -534,18 +480,22 @@ def _transform_cuda(
         if not ((st[-1] == 1 and st[-2] == sh[-1]) or (st[-1] == sh[-2] and st[-2] == 1)):
             raise arg_error(func, "sf", "a row-major or transposed-contiguous per-block SFB (sm90 1D2D kernel)", a)
         return sf
-    if is_float and gran_k in (32, 128) and arch_major == 10:
+    if is_float and gran_k in (32, 128) and reads_packed:
         if disable:
             raise arg_error(func, "disable_ue8m0_cast",
                             f"False for float32 SFs with recipe {r} on sm100 (the kernels need UE8M0)", "True")
         where = ""
+        b = _batched(a)
+        # the row-broadcast float32 SFs, their exponent bytes and the packed int32 layout
+        check_alloc(func, "mn", nbytes((b.shape[0], align(mn, 4), b.shape[2]), 4 + 1 + 1) + 8 * mn,
+                    f"the packed SF layout of (num_groups, mn, sf_k) = ({b.shape[0]}, {mn}, {b.shape[2]})")
         if gran_mn != 1:
             a = np.ascontiguousarray(a[..., np.arange(mn) // gran_mn, :])
             where = f" of the row-broadcast SFs (row r reads sf row r // {gran_mn})"
         return _packed_ue8m0(func, a, psum_layout, kind, where)
-    if not is_float and gran_mn == 1 and gran_k in (32, 128) and arch_major == 10:
-        st = _strides(a)
-        tma_mn = _align(mn, 4)
+    if not is_float and gran_mn == 1 and gran_k in (32, 128) and reads_packed:
+        st = strides(a)
+        tma_mn = align(mn, 4)
         ok = (st[-2] == 1 or mn == 1) and st[-1] == tma_mn
         if groups is not None:
             ok = ok and st[0] == st[-1] * a.shape[-1]
@@ -565,21 +515,6 @@ def _transform_cuda(
 # DeepGEMM-Ascend (ascend950)
 # ----------------------------------------------------------------------------------------------
 
-def _ascend_gap_mask(ends: np.ndarray, extent: int, granularity: int, alignment: int) -> np.ndarray:
-    """Source entries (rows or columns) between each group's end and the next aligned start.
-
-    In source units s (one per ``granularity`` rows/K elements), group g's tail
-    t = ceil(end_g / granularity) is followed by the gap [t, align(t, alignment // granularity)).
-    Returns a bool mask over [0, extent), True where the entry is kept.
-    """
-    keep = np.ones(extent, bool)
-    step = alignment // granularity
-    for end in ends.tolist():
-        t = _cdiv(end, granularity)
-        keep[t:min(_align(t, step), extent)] = False
-    return keep
-
-
 def _transform_ascend_impl(
     func: str,
     sf_obj: Any,
@@ -595,29 +530,29 @@ def _transform_ascend_impl(
     kind = caller_kind(sf_obj, psum_layout)
     if is_sfa is None:
         raise arg_error(func, "is_sfa", "True or False (DeepGEMM-Ascend asserts it is given)", "None")
-    sfa = _opt_bool(func, "is_sfa", is_sfa)
+    sfa = opt_bool_arg(func, "is_sfa", is_sfa)
     # Note: DeepGEMM-Ascend declares a 3-tuple; a 2-tuple fails pybind's conversion (TypeError there).
-    r = _recipe(func, recipe, (3,))
-    mn = _int(func, "mn", mn)
-    k = _int(func, "k", k)
-    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
-    disable = _bool(func, "disable_ue8m0_cast", disable_ue8m0_cast)
+    r = int_tuple(func, "recipe", recipe, (3,))
+    mn = size_arg(func, "mn", mn, minimum=0)
+    k = size_arg(func, "k", k, minimum=0)
+    groups = None if num_groups is None else size_arg(func, "num_groups", num_groups, minimum=0)
+    disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     gran_mn, gran_k = (r[0] if sfa else r[1]), r[2]
 
-    a = _array(func, "sf", sf_obj)
-    if a.dtype not in (_F32, _I16):
+    a = as_array(sf_obj, func, "sf")
+    if a.dtype not in (F32, I16):
         raise arg_error(func, "sf", "a float32 or int16 (packed UE8M0 pairs) array", a)
     ndim = 2 + (groups is not None)
     if a.ndim != ndim:
         raise arg_error(func, "sf", f"a {ndim}-D array (num_groups={groups})", a)
-    st = _strides(a)
+    st = strides(a)
     # Note: stride checks skip empty arrays, which have nothing to read (NumPy gives a fresh
     # empty array all-zero strides, torch contiguous ones); the same holds for the CUDA checks.
     if a.size and st[-1] != 1 and st[-2] != 1:
         raise arg_error(func, "sf", "stride(-1) == 1 or stride(-2) == 1", a)
-    is_float = a.dtype == _F32
-    sf_cols = _cdiv(k, gran_k if is_float else 2 * gran_k)
-    want = ((groups,) if groups is not None else ()) + (_cdiv(mn, gran_mn), sf_cols)
+    is_float = a.dtype == F32
+    sf_cols = ceil_div(k, gran_k if is_float else 2 * gran_k)
+    want = ((groups,) if groups is not None else ()) + (ceil_div(mn, gran_mn), sf_cols)
     if a.shape != want:
         what = "ceil(k / gran_k)" if is_float else "ceil(k / (2 * gran_k))"
         raise arg_error(func, "sf", f"shape {want} = ((num_groups,) ceil(mn / gran_mn), {what})", a)
@@ -634,7 +569,10 @@ def _transform_ascend_impl(
 
     b = _batched(a)
     g, src_rows, src_cols = b.shape
-    dst_k = _cdiv(src_cols, 2) if is_float else src_cols
+    dst_k = ceil_div(src_cols, 2) if is_float else src_cols
+    # the int16 layout and the row-broadcast pairs it is built from
+    check_alloc(func, "mn", 2 * nbytes((g, dst_k, mn), 2) + 8 * mn,
+                f"the int16 SF layout of (num_groups, mn, ceil(k / 64)) = ({g}, {mn}, {dst_k})")
     keep_rows = keep_cols = None
     if grouping != "none":
         if g != 1:
@@ -653,11 +591,11 @@ def _transform_ascend_impl(
         # int16 copy path ignores the gap flags, so the gap pairs pass through unchanged.
         zero_gaps = is_float or (k_major if grouping == "m" else not k_major)
         if zero_gaps and grouping == "m":
-            keep_rows = _ascend_gap_mask(ends, src_rows, gran_mn, alignment)
+            keep_rows = ascend_gap_mask(ends, src_rows, gran_mn, alignment)
         elif zero_gaps:
-            keep_cols = _ascend_gap_mask(ends, src_cols, 32 if is_float else ASCEND_PAIR_K, alignment)
+            keep_cols = ascend_gap_mask(ends, src_cols, 32 if is_float else ASCEND_PAIR_K, alignment)
 
-    storage = np.zeros((g, dst_k, mn), _I16)
+    storage = np.zeros((g, dst_k, mn), I16)
     if storage.size == 0:  # nothing to launch, so nothing is checked either
         view = storage.transpose(0, 2, 1)
         return _to_caller(view[0] if a.ndim == 2 else view, storage, kind)
@@ -750,7 +688,7 @@ get_mn_major_tma_aligned_packed_ue8m0_tensor = profiled(
 get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor = profiled(
     "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
     _CUDA_ONLY,
-    deepgemm=_get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    deepgemm=pack_k_grouped_ue8m0,
 )
 transform_sf_into_required_layout = profiled(
     "transform_sf_into_required_layout", deepgemm=_transform_cuda, deepgemm_ascend=_transform_ascend
@@ -767,6 +705,41 @@ transform_k_grouped_sf_into_required_layout = profiled(
 _BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e8m0fnu))
 
 
+def check_sf_shape(
+    sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, func: str, arg: str,
+    form: np.dtype | None = None,
+) -> tuple[int, Any]:
+    """Check the shape of any SF form of :func:`sf_values` (nothing is read or copied); returns
+    (SF_K, the unpacker of the form: None for float32 and byte forms).  ``form``: the dtype whose
+    shape rule applies (default sf's own; uint8 for float32 scales read as their exponent bytes)."""
+    form = sf.dtype if form is None else np.dtype(form)
+    ndim = 2 + (num_groups is not None)
+    if sf.ndim != ndim or (num_groups is not None and sf.shape[0] != num_groups):
+        lead = f"({num_groups}, " if num_groups is not None else "("
+        raise arg_error(func, arg, f"a {ndim}-D array {lead}rows, columns)", sf)
+    sf_k = ceil_div(k, gran_k)
+    rows_user = ceil_div(mn, gran_mn)
+    rows, cols = sf.shape[-2:]
+    if form == F32:
+        if (rows, cols) != (rows_user, sf_k):
+            raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
+                            "(ceil(mn / gran_mn), ceil(k / gran_k))", sf)
+        return sf_k, None
+    if form == I32:
+        want_cols, unpack = ceil_div(sf_k, 4), fm.unpack_ue8m0_int32
+    elif form == I16:
+        if gran_k != 32:
+            raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
+        want_cols, unpack = ceil_div(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
+    elif form in _BYTE_DTYPES:
+        want_cols, unpack = sf_k, None
+    else:
+        raise arg_error(func, arg, "float32, int32 (4 UE8M0 per int), int16 (2 UE8M0 per int) or UE8M0 bytes", sf)
+    if rows not in (mn, rows_user) or cols != want_cols:
+        raise arg_error(func, arg, f"{sf.dtype} SFs of shape (..., {mn} or {rows_user}, {want_cols})", sf)
+    return sf_k, unpack
+
+
 def _sf_bytes(
     sf: Any, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, func: str, arg: str
 ) -> tuple[np.ndarray, Kind]:
@@ -776,37 +749,16 @@ def _sf_bytes(
     rows is mn or ceil(mn / gran_mn).
     """
     kind = caller_kind(sf)
-    mn = _int(func, "mn", mn)
-    k = _int(func, "k", k)
-    gran_mn = _int(func, "gran_mn", gran_mn, minimum=1)
-    gran_k = _int(func, "gran_k", gran_k, minimum=1)
-    groups = None if num_groups is None else _int(func, "num_groups", num_groups)
-    a = _array(func, arg, sf)
-    ndim = 2 + (groups is not None)
-    if a.ndim != ndim or (groups is not None and a.shape[0] != groups):
-        lead = f"({groups}, " if groups is not None else "("
-        raise arg_error(func, arg, f"a {ndim}-D array {lead}rows, columns)", a)
-    sf_k = _cdiv(k, gran_k)
-    rows_user = _cdiv(mn, gran_mn)
-    rows, cols = a.shape[-2:]
+    mn = int_arg(func, "mn", mn, minimum=0)
+    k = int_arg(func, "k", k, minimum=0)
+    gran_mn = int_arg(func, "gran_mn", gran_mn, minimum=1)
+    gran_k = int_arg(func, "gran_k", gran_k, minimum=1)
+    groups = None if num_groups is None else int_arg(func, "num_groups", num_groups, minimum=0)
+    a = as_array(sf, func, arg)
+    sf_k, unpack = check_sf_shape(a, mn, k, gran_mn, gran_k, groups, func, arg)
     b = _batched(a)
-    if a.dtype == _F32:
-        if (rows, cols) != (rows_user, sf_k):
-            raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
-                            "(ceil(mn / gran_mn), ceil(k / gran_k))", a)
+    if a.dtype == F32:
         return b, kind
-    if a.dtype == _I32:
-        want_cols, unpack = _cdiv(sf_k, 4), fm.unpack_ue8m0_int32
-    elif a.dtype == _I16:
-        if gran_k != 32:
-            raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
-        want_cols, unpack = _cdiv(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
-    elif a.dtype in _BYTE_DTYPES:
-        want_cols, unpack = sf_k, None
-    else:
-        raise arg_error(func, arg, "float32, int32 (4 UE8M0 per int), int16 (2 UE8M0 per int) or UE8M0 bytes", a)
-    if rows not in (mn, rows_user) or cols != want_cols:
-        raise arg_error(func, arg, f"{a.dtype} SFs of shape (..., {mn} or {rows_user}, {want_cols})", a)
     by = b.view(np.uint8) if unpack is None else unpack(b)[..., :sf_k]
     return by, kind
 
@@ -840,7 +792,7 @@ def sf_values(
     the calling function and argument in errors (DGArgumentError on any shape mismatch).
     """
     data, _ = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
-    vals = data.astype(np.float64) if data.dtype == _F32 else fm.ue8m0_decode(data)
+    vals = data.astype(np.float64) if data.dtype == F32 else fm.ue8m0_decode(data)
     out = np.ascontiguousarray(_broadcast_rows(vals, int(mn), int(gran_mn)))
     return out[0] if num_groups is None else out
 
@@ -867,10 +819,10 @@ def to_user_form(
     block of gran_mn rows.
     """
     data, kind = _sf_bytes(sf, mn, k, gran_mn, gran_k, num_groups, func, arg)
-    if data.shape[1] != _cdiv(int(mn), int(gran_mn)):
+    if data.shape[1] != ceil_div(int(mn), int(gran_mn)):
         data = data[:, :: int(gran_mn), :]
-    if data.dtype == _F32:
-        out = np.array(data, dtype=_F32, order="C", copy=True)  # never alias the caller's array
+    if data.dtype == F32:
+        out = np.array(data, dtype=F32, order="C", copy=True)  # never alias the caller's array
     else:
         out = (data.astype(np.uint32) << np.uint32(23)).view(np.float32)
     return from_numpy(out[0] if num_groups is None else out, kind)

@@ -1,0 +1,328 @@
+"""MQA logits as tasks: the plan, its row groups and key chunks, the exact logits, the outputs.
+
+A validated call becomes a :class:`Plan` (queries, a key source, weights, per-row key ranges and
+output placement, the target's reduction, the accumulation).  :func:`run` cuts it into tasks of
+about :data:`TASK_ELEMENTS` query-head x key products, each one executor task whose dot products
+(:func:`deepgemm_ref.core.dot_products`) its sink finishes:
+
+* exact model: ``z = s_j sum_h w_h r_h`` in float64 with a rigorous bound, then
+  :func:`deepgemm_ref.certified.round_certified` with a Fraction fallback (:func:`_exact_logits`),
+  where ``r_h = relu(x_h)``, or ``bf16(relu(x_h))`` (and ``s_j`` ``bf16(s_j)``) where the target's
+  data flow rounds them (:func:`.reduction.data_flow_roundings`: ascend950, sm100 with bf16
+  weights), each rounded once from the exact dot product;
+* other models: the target's device reduction (:mod:`.reduction`), rounded once.
+
+Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in output column
+``v - shift[i]``.  Memory is bounded: a task's operands exist only while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import partial
+
+import numpy as np
+
+from .. import core, dryrun, trace
+from .. import formats as fm
+from ..certified import FormatRounding, Points, round_certified
+from ..exact import U64, align, gamma
+from ..executor import Collected, Task, execute, record
+from .keys import Keys, KeySource, Queries
+from .reduction import data_flow_roundings, model_logits
+
+__all__ = ["Plan", "TASK_ELEMENTS", "run", "allocate", "range_mask", "clean_columns"]
+
+#: Query-head x key products per task (one ``scaled_matmul`` call); bounds the working memory.
+TASK_ELEMENTS = 1 << 21
+_MIN_KEYS = 256  # smallest key chunk of a task
+_SLACK_KEYS = 256  # keys per row a row group may compute beyond the rows' own ranges
+_CLEAN_BLOCK = 8192  # smxx_clean_logits' column block
+
+
+@dataclass
+class Plan:
+    """A validated MQA-logits call: operands, per-row key ranges, output placement.
+
+    Row i (query token) sees virtual keys [ks[i], ke[i]); key v lands in output column
+    v - shift[i] (shift 0: column = key index; shift ks: compressed / paged indexing).
+    """
+
+    func: str
+    reduction: str  # "sm100", "sm90" or "ascend"
+    queries: Queries
+    keys: KeySource
+    weights: np.ndarray  # (rows, H) float32 or bfloat16 (caller's view, stride(1) == 1)
+    out_fmt: fm.Format
+    ks: np.ndarray  # int64 (rows,)
+    ke: np.ndarray
+    shift: np.ndarray
+    accumulation: core.Accumulation = field(default_factory=core.Accumulation)
+
+    @property
+    def heads(self) -> int:
+        return int(self.queries.data.shape[1])
+
+
+def _row_groups(ks: np.ndarray, ke: np.ndarray, heads: int, budget: int) -> list[tuple[int, int, int, int]]:
+    """Consecutive rows computed together: (r0, r1, k_lo, k_hi) with the union of their key ranges.
+
+    A row joins a group while the group's rows x union span stays within 1.25x the rows' own
+    work (plus ``_SLACK_KEYS`` per row), so unrelated ranges (paged requests) are not crossed.
+    Empty rows take no keys.
+    """
+    rows = ks.size
+    max_rows = max(1, budget // (heads * _MIN_KEYS))
+    groups: list[tuple[int, int, int, int]] = []
+    i = 0
+    ks_l = ks.tolist()
+    ke_l = ke.tolist()
+    while i < rows:
+        lo, hi = (ks_l[i], ke_l[i]) if ke_l[i] > ks_l[i] else (None, None)
+        useful = max(ke_l[i] - ks_l[i], 0)
+        j = i + 1
+        while j < rows and j - i < max_rows:
+            a, b = ks_l[j], ke_l[j]
+            if b > a:
+                nlo = a if lo is None else min(lo, a)
+                nhi = b if hi is None else max(hi, b)
+                nuse = useful + b - a
+                if (j + 1 - i) * (nhi - nlo) > 1.25 * nuse + (j + 1 - i) * _SLACK_KEYS:
+                    break
+                lo, hi, useful = nlo, nhi, nuse
+            j += 1
+        if lo is not None and hi is not None:
+            groups.append((i, j, lo, hi))
+        i = j
+    return groups
+
+
+def _tasks(plan: Plan, budget: int) -> list[tuple[int, int, int, int]]:
+    out = []
+    for r0, r1, lo, hi in _row_groups(plan.ks, plan.ke, plan.heads, budget):
+        n = max(_MIN_KEYS, budget // ((r1 - r0) * plan.heads))
+        for k0 in range(lo, hi, n):
+            out.append((r0, r1, k0, min(hi, k0 + n)))
+    return out
+
+
+def _task(plan: Plan, view: np.ndarray, r0: int, r1: int, k0: int, k1: int) -> Task:
+    """The task of query rows [r0, r1) against virtual keys [k0, k1): the per-head dot products,
+    finished by the sink into logits (exact, or the target's device model) and written to ``view``."""
+    rows, heads, n = r1 - r0, plan.heads, k1 - k0
+    qop = plan.queries.operand(r0, r1)
+    keys = plan.keys.get(k0, k1)
+    w = plan.weights[r0:r1]
+
+    def sink(prod: core.Products, col: Collected) -> dict[str, int]:
+        stats: dict[str, int] = {}
+        keys_at = np.arange(k0, k1)[None, :]
+        needed = (keys_at >= plan.ks[r0:r1, None]) & (keys_at < plan.ke[r0:r1, None])
+        if prod.exact:
+            codes, value = _exact_logits(plan, qop, keys, w, prod.values.reshape(rows, heads, n),
+                                         None if prod.err is None else prod.err.reshape(rows, heads, n), needed, stats)
+        else:
+            x = prod.values.reshape(rows, heads, n)
+            value = model_logits(plan.reduction, x, w, keys.token_scale)
+            codes = fm.round_f64(value, plan.out_fmt).view(plan.out_fmt.code_dtype)
+            stats[str(plan.accumulation.model)] = int(np.count_nonzero(needed))
+        S = None
+        if col.want_S and prod.S is not None:
+            S = _logit_error_scale(prod.S.reshape(rows, heads, n), w, keys.token_scale)
+        acc_out = col.array("acc") if col.want_acc else None
+        S_out = col.array("S") if S is not None else None
+        out_codes = view.view(plan.out_fmt.code_dtype)
+        ks, ke, shift = plan.ks, plan.ke, plan.shift
+        for i in range(rows):
+            g = r0 + i
+            a, b = max(int(ks[g]), k0), min(int(ke[g]), k1)
+            if a >= b:
+                continue
+            c0 = a - int(shift[g])
+            out_codes[g, c0:c0 + b - a] = codes[i, a - k0:b - k0]
+            if acc_out is not None:
+                acc_out[g, c0:c0 + b - a] = value[i, a - k0:b - k0]
+            if S_out is not None and S is not None:
+                S_out[g, c0:c0 + b - a] = S[i, a - k0:b - k0]
+        return stats
+
+    return Task(qop, keys.operand, None, sink=sink)
+
+
+def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | None) -> np.ndarray:
+    """S = |s_j| sum_h |w_h| S_h (rounded up) from the per-head error scales S_h (rows, H, n)."""
+    wa = np.abs(w.astype(np.float64))[:, None, :]
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.matmul(wa, s_heads)[:, 0, :] * (1 + 2 * gamma(s_heads.shape[1] + 2))
+        if kvs is not None:
+            s = s * np.abs(kvs)[None, :] * (1 + 4 * U64)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------
+# the exact model
+# ----------------------------------------------------------------------------------------------
+
+def _exact_logits(plan: Plan, qop: core.Operand, keys: Keys, w: np.ndarray, x: np.ndarray,
+                  x_err: np.ndarray | None, needed: np.ndarray,
+                  stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Correctly rounded codes (rows, n) and float64 values of s_j sum_h w_h relu(x_h).
+
+    x: the core's float64 accumulators (rows, H, n), modified in place (relu); x_err: their
+    rigorous error bounds (0 where the core's exactness certificate holds; None: all exact).  needed: bool
+    (rows, n), the pairs inside their row's key range (only those go to the exact fallback;
+    the others are computed because a row group shares one key span, and are discarded).
+    """
+    rows, heads, n = x.shape
+    kop, kvs = keys.operand, keys.token_scale
+    out = plan.out_fmt
+    flow = data_flow_roundings(plan.reduction, w.dtype)
+    w64 = w.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
+    if flow.head_score is not None:  # r_h = fmt(relu(x_h)), from the exact x_h: part of the golden
+        x = _round_head_scores(qop, kop, x, x_err, needed, flow.head_score, stats)
+        x_err = None
+    if flow.kv_scale is not None and kvs is not None:
+        kvs = fm.round_f64(kvs, flow.kv_scale).astype(np.float64)
+    # The per-head values are exact now or come certified from the core (module docstring, step 1).
+    exact_x = x_err is None or not np.any(x_err)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w2 = np.stack([w64, np.abs(w64)], axis=1)  # (rows, 2, H)
+        ta = np.matmul(w2, x)  # (rows, 2, n): one pass over x
+        t, a = ta[:, 0], ta[:, 1]
+        err = a * (gamma(heads + 2) * (1 + 8 * U64))
+        if not exact_x:
+            # |relu(x^) - relu(x)| <= |x^ - x| <= x_err, weighted by |w| and summed over heads
+            assert x_err is not None
+            err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * gamma(heads + 2))
+        if kvs is not None:
+            z = t * kvs[None, :]
+            e_all = (err * np.abs(kvs)[None, :] + np.abs(z) * U64) * (1 + 8 * U64)
+        else:
+            z = t
+            e_all = err * (1 + 8 * U64)
+        z += 0.0  # the exact value has no sign: a zero logit is +0 (as the devices' +0-seeded sums give)
+        # A floor for an error bound that underflowed; an exact zero (A == 0) keeps E == 0.
+        e_all = np.where((e_all > 0) | (a > 0), e_all + 2.0**-1070, e_all)
+    rounding = FormatRounding(out)
+
+    def exact(at: Points) -> np.ndarray:
+        codes = np.empty(at[0].size, out.code_dtype)
+        for p, (i, j) in enumerate(zip(at[0].tolist(), at[1].tolist(), strict=True)):
+            if x_err is None or not np.any(x_err[i, :, j]):
+                xs = [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
+            else:
+                xs = _exact_head_dots(qop, kop, i, j, heads)
+            v = sum((Fraction(float(w64[i, h])) * xs[h] for h in range(heads)), Fraction(0))
+            if kvs is not None:
+                v *= Fraction(float(kvs[j]))
+            codes[p] = rounding.exact(v)
+            z[i, j] = float(v)
+        return codes
+
+    # Non-finite values follow IEEE arithmetic; pairs outside their row's range are discarded.
+    codes, pending = round_certified(z, e_all, rounding, final=~np.isfinite(z) | ~needed, fallback=exact)
+    n_pending = int(np.count_nonzero(pending))
+    stats["bounded"] = stats.get("bounded", 0) + int(np.count_nonzero(needed)) - n_pending
+    if n_pending:
+        stats["fraction"] = stats.get("fraction", 0) + n_pending
+    return codes, z
+
+
+def _round_head_scores(qop: core.Operand, kop: core.Operand, x: np.ndarray, x_err: np.ndarray | None,
+                       needed: np.ndarray, fmt: fm.Format, stats: dict[str, int]) -> np.ndarray:
+    """``fmt(relu(x_h))`` as float64 (rows, H, n), each rounded once (RNE) from the exact dot product.
+
+    x: the relu'd float64 dot products with their bounds ``x_err`` (None or 0: exact).  Where a
+    bound straddles a rounding boundary of ``fmt`` the score is recomputed with Fractions.
+    """
+    rounding = FormatRounding(fmt)
+    if x_err is None or not np.any(x_err):
+        codes = rounding.block(x)
+    else:
+        rows, heads, n = x.shape
+        dots: dict[tuple[int, int], list[Fraction]] = {}
+
+        def exact(at: Points) -> np.ndarray:
+            codes = np.empty(at[0].size, fmt.code_dtype)
+            for p, (i, h, j) in enumerate(zip(*(a.tolist() for a in at), strict=True)):
+                if (i, j) not in dots:
+                    dots[i, j] = _exact_head_dots(qop, kop, i, j, heads)
+                codes[p] = rounding.exact(dots[i, j][h])
+            return codes
+
+        # Pairs outside their row's range are discarded; non-finite scores follow IEEE arithmetic.
+        final = ~np.isfinite(x) | ~needed[:, None, :]
+        codes, pending = round_certified(x, x_err, rounding, final=final, fallback=exact)
+        if pending.any():
+            stats["head_fraction"] = stats.get("head_fraction", 0) + int(np.count_nonzero(pending))
+    return codes.view(fmt.storage).astype(np.float64)
+
+
+def _exact_head_dots(qop: core.Operand, kop: core.Operand, i: int, j: int, heads: int) -> list[Fraction]:
+    """relu of the exact dot products of query row i's heads with key j (scaled values are exact)."""
+    qv = qop.rows(i * heads, (i + 1) * heads)
+    kv = kop.rows(j, j + 1)[0]
+    kf = [Fraction(float(v)) for v in kv]
+    out = []
+    for h in range(heads):
+        s = sum((Fraction(float(a)) * b for a, b in zip(qv[h], kf, strict=True) if a != 0), Fraction(0))
+        out.append(max(s, Fraction(0)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# output allocation, cleaning, trace
+# ----------------------------------------------------------------------------------------------
+
+def allocate(rows_alloc: int, stride: int, rows: int, width: int, out: fm.Format) -> tuple[np.ndarray, np.ndarray]:
+    """(padded allocation filled with NaN, the (rows, width) view of it; in a dry call on meta
+    tensors the allocation is left untouched: it only gives the returned meta tensor its shape)."""
+    if dryrun.on_meta():
+        alloc = np.empty((rows_alloc, stride), out.storage)
+        return alloc, alloc[:rows, :width]
+    # Note: elements the kernels leave unspecified (uninitialised memory or stray scores on the
+    # device) are NaN here, so that nothing undefined can pass for a value.
+    alloc = np.full((rows_alloc, stride), np.nan, out.storage)
+    return alloc, alloc[:rows, :width]
+
+
+def run(plan: Plan, view: np.ndarray, defined: Callable[[], np.ndarray],
+        cleaned: Callable[[], np.ndarray] | None = None) -> None:
+    """Compute every defined logit of the plan into ``view`` through the executor (tasks built as
+    they run, on the package's thread pool) and report the call to an active trace capture.
+
+    ``defined()`` / ``cleaned()`` give the bool masks (view-shaped) of the elements the kernel's
+    contract defines and of those the clean pass set to -inf.
+    """
+    tasks = [partial(_task, plan, view, *t) for t in _tasks(plan, TASK_ELEMENTS)]
+    col = execute(plan.func, view, tasks, accumulation=plan.accumulation, trace_fill=np.nan, parallel=True,
+                  record_trace=False)
+    if trace.active() is None:
+        return
+    mask = defined()
+    if cleaned is not None:
+        neg = cleaned()
+        if col.acc is not None:
+            col.acc[neg] = -np.inf
+        if col.S is not None:
+            col.S[neg] = 0.0  # written, not computed: no error
+    record(plan.func, col, mask)
+
+
+def range_mask(shape: tuple[int, int], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """bool (rows, width): column c of row i is in [lo[i], hi[i])."""
+    cols = np.arange(shape[1])[None, :]
+    return (cols >= lo[:, None]) & (cols < hi[:, None])
+
+
+def clean_columns(alloc: np.ndarray, seq: int, seq_kv: int, ks: np.ndarray, ke: np.ndarray) -> None:
+    """smxx_clean_logits: -inf at columns [0, ks) and [ke, right) of every row, where the kernel's
+    8192-column blocks stop at min(ceil(seq_kv / 8192) * 8192, row stride) (beyond the view)."""
+    right = min(align(seq_kv, _CLEAN_BLOCK), alloc.shape[1])
+    for i in range(seq):
+        alloc[i, :int(ks[i])] = -np.inf
+        alloc[i, int(ke[i]):right] = -np.inf

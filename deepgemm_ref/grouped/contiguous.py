@@ -1,0 +1,306 @@
+"""m-grouped contiguous GEMMs: the m_indices and psum layouts, FP8 / FP4 and BF16, both targets.
+
+For every row r of a group g (the layout parsers of :mod:`deepgemm_ref.layout.groups`)::
+
+    d[r, :] = out( sum_k A[r, k] sa[r, k // ga] * B[g][:, k] sb[g][:, k // gb] )
+
+validate -> layout plan (:class:`~deepgemm_ref.layout.RowGroups`: runs, defined rows, zero rows)
+-> one task per run -> :func:`~deepgemm_ref.executor.execute`.  See :mod:`deepgemm_ref.grouped`
+for the layouts and the padding policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import core
+from ..api import profiled
+from ..errors import arg_error
+from ..executor import Task, execute
+from ..layout import RowGroups, m_indices_layout, psum_gap_scale_rows, psum_layout
+from ..profiles import Profile, get_profile
+from ..runtime import current_mk_alignment
+from ..toolkit.args import (
+    F32,
+    as_array,
+    as_pair,
+    bool_arg,
+    check_compiled_dims,
+    int32_vector,
+    is_contiguous,
+    transposed,
+    transposed_pair,
+)
+from ..toolkit.operands import (
+    OUT_FORMAT,
+    ab_operand,
+    alpha_of,
+    bf16_operands,
+    check_ascend_mix,
+    recipes,
+    resolve_scales,
+)
+from ..toolkit.outputs import check_out, input_view
+from ..toolkit.sizes import check_matmul, opt_size_arg
+
+__all__ = [
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous",
+]
+
+
+def _alignment(func: str) -> int:
+    v = current_mk_alignment()
+    if v <= 0:
+        raise arg_error(func, "grouped_layout", "a positive contiguous-layout alignment",
+                        f"get_mk_alignment_for_contiguous_layout() = {v}")
+    return v
+
+
+def _m_grouped_common(
+    func: str, profile: Profile, m: int, groups: int, grouped_layout: Any, use_psum_layout: Any,
+    ensure_zero_padding: Any, expected_m: Any,
+) -> RowGroups:
+    psum = bool_arg(func, "use_psum_layout", use_psum_layout)
+    zero_pad = bool_arg(func, "ensure_zero_padding", ensure_zero_padding)
+    exp_m = opt_size_arg(func, "expected_m_for_psum_layout", expected_m, minimum=None)
+    if profile.rules.psum_only:
+        if not psum:
+            raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
+    elif exp_m is not None and not psum:
+        raise arg_error(func, "expected_m_for_psum_layout", "None without use_psum_layout", repr(exp_m))
+    alignment = _alignment(func)
+    if psum:
+        ends = int32_vector(func, "grouped_layout", grouped_layout, groups, "psum end offsets, one per group")
+        # Note: sm100 with ensure_zero_padding=False stores A_gap @ B_g^T into the gap rows up to
+        # align(end_g, 16); here the whole gap keeps the caller's values (spec 16).
+        zero_gaps = zero_pad if profile.rules.zero_psum_gaps is None else profile.rules.zero_psum_gaps
+        return psum_layout(func, ends, m, alignment, ascend=profile.rules.psum_whole_blocks, zero_gaps=zero_gaps)
+    gl = int32_vector(func, "grouped_layout", grouped_layout, m, "m_indices, one per row of a")
+    return m_indices_layout(func, gl, m, groups, alignment)
+
+
+def _check_mnk(func: str, profile: Profile, n: int, k: int, groups: int, B: np.ndarray) -> None:
+    """DeepGEMM asserts N > 0, K > 0 and G > 0; DeepGEMM-Ascend returns early on N == 0 or K == 0."""
+    if groups <= 0:
+        raise arg_error(func, "b", "at least one group", B)
+    if profile.rules.grouped_asserts_nk and (n <= 0 or k <= 0):
+        raise arg_error(func, "b", "N > 0 and K > 0", B)
+
+
+def _m_grouped_early_return(func: str, dd: np.ndarray, layout: RowGroups, m: int, n: int, k: int) -> bool:
+    """M == 0 or N == 0: nothing to do; K == 0 (DeepGEMM-Ascend only): d := 0, all of it (the
+    port's early return clears the whole output)."""
+    if m == 0 or n == 0:
+        execute(func, dd, [], defined=layout.defined)
+        return True
+    if k == 0:
+        execute(func, dd, [], zero=np.ones(m, bool))
+        return True
+    return False
+
+
+def _m_grouped_fp8(
+    func: str, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
+    compiled_dims: Any, disable_ue8m0_cast: Any, use_psum_layout: Any, ensure_zero_padding: Any,
+    expected_m: Any, epilogue: Any,
+) -> None:
+    """m-grouped contiguous FP8/FP4 GEMM (NT after the NN transposition); both targets."""
+    profile = get_profile()
+    check_compiled_dims(func, compiled_dims)
+    A, sfa = as_pair(a, func, "a", sf_optional=True)
+    B, sfb = as_pair(b, func, "b", sf_optional=True)
+    dd = as_array(d, func, "d")
+    rules = profile.rules
+    alpha = alpha_of(func, None, epilogue) if rules.grouped_epilogue else None
+    sa = ab_operand(A, func, "a", allowed=rules.fp8_dtypes)
+    sb = ab_operand(B, func, "b", grouped=True, allowed=rules.fp8_dtypes)
+    if rules.operand_mix:
+        check_ascend_mix(func, sa, sb)
+    if rules.fp8_k_major_only and sb.major != "K":
+        raise arg_error(func, "b", f"a K-major B on {profile.name}", "an MN-major B")
+    if sa.major != "K":
+        raise arg_error(func, "a", "a K-major A", "an MN-major A")
+    m, k = sa.mn, sa.k
+    groups, n = int(sb.groups or 0), sb.mn
+    if sb.k != k:
+        raise arg_error(func, "b", f"K = {k} (from a)", B)
+    reads = (("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb), ("grouped_layout", input_view(grouped_layout)))
+    check_out(dd, func, (m, n), rules.grouped_out_dtypes, inputs=reads)
+    _check_mnk(func, profile, n, k, groups, B)
+    disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
+    layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
+                               expected_m)
+    if _m_grouped_early_return(func, dd, layout, m, n, k):
+        return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
+    ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
+    if rules.fp8_1d2d and gb == 1:
+        # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
+        # (gran_n 1); rejected here instead of computing garbage.
+        raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D grouped kernels",
+                        f"gran_n {gb}")
+    if (rules.psum_sfa_contiguous and layout.ends is not None and sfa is not None and sfa.dtype == F32
+            and ga == 1 and not is_contiguous(sfa)):
+        raise arg_error(func, "a[1]", "a contiguous float32 SFA with the psum layout (the SF packer skips "
+                        "gap rows)", sfa)
+    alignment = _alignment(func)
+    sfa_read = psum_gap_scale_rows(sfa, layout, m, ga, alignment, rules.psum_sf_gaps)
+    scales_a = resolve_scales(func, "a[1]", sfa_read, m, k, ga, gka, None, profile, is_b=False,
+                              disable_ue8m0_cast=disable)
+    scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, groups, profile, is_b=True,
+                              disable_ue8m0_cast=disable)
+    out = OUT_FORMAT[dd.dtype]
+    b_ops: dict[int, core.Operand] = {}
+    tasks = []
+    for g, r0, r1 in layout.runs:
+        if g not in b_ops:
+            b_ops[g] = sb.operand(scales_b, gkb, group=g)
+        tasks.append(Task(sa.operand(scales_a, gka, rows=(r0, r1)), b_ops[g], core.OutputStage(out, alpha),
+                          (slice(r0, r1),)))
+    execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+
+
+def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: Any,
+                    use_psum_layout: Any, ensure_zero_padding: Any, expected_m: Any, epilogue: Any) -> None:
+    """m-grouped contiguous BF16 GEMM (NT after the NN transposition); both targets."""
+    profile = get_profile()
+    check_compiled_dims(func, compiled_dims)
+    A = as_array(a, func, "a")
+    B = as_array(b, func, "b")
+    dd = as_array(d, func, "d")
+    alpha = alpha_of(func, None, epilogue) if profile.rules.grouped_epilogue else None
+    major_a, _ = bf16_operands(func, (("a", A, 2), ("b", B, 3)))
+    if major_a != "K":
+        raise arg_error(func, "a", "a K-major A", "an MN-major A")
+    m, k = A.shape
+    groups, n, k2 = B.shape
+    if k2 != k:
+        raise arg_error(func, "b", f"shape (G, N, {k}) to match a", B)
+    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes,
+              inputs=(("a", A), ("b", B), ("grouped_layout", input_view(grouped_layout))))
+    _check_mnk(func, profile, n, k, groups, B)
+    if k % profile.rules.bf16_k_multiple:
+        raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
+    layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
+                               expected_m)
+    if _m_grouped_early_return(func, dd, layout, m, n, k):
+        return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
+    out = OUT_FORMAT[dd.dtype]
+    tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
+             for g, r0, r1 in layout.runs]
+    execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+
+
+_M_GROUPED_DOC = """{what} m-grouped contiguous GEMM: d[r, :] = out(A[r, :] @ B[g(r)]^T) for every row r of a group.
+
+    a = {a_desc}; b = {b_desc}; d (M, N) {d_desc}, row-major, written in place.
+    grouped_layout: int32 contiguous; m_indices (M,) with -1 padding rows (use_psum_layout=False,
+    DeepGEMM only) or psum END offsets (G,) (use_psum_layout=True; group g owns rows
+    [align(end[g-1], alignment), end[g])); alignment = get_mk_alignment_for_contiguous_layout().
+    {extra}Rows outside the groups follow the module's padding policy (zeros for -1 rows and, when
+    the target stores whole blocks, psum gap rows; everything else untouched).
+"""
+
+_FP8_A = "(A (M, K) float8_e4m3fn or int8 packed FP4 (M, K/2), K-major, sfa)"
+_FP8_B_NT = "(B (G, N, K) or packed FP4, sfb (G, ...))"
+_FP8_B_NN = "(B (G, K, N) or packed FP4, sfb transposed on its last two dims)"
+
+
+def _make_m_grouped_fp8(layout: str, ascend: bool) -> Callable[..., None]:
+    name = f"m_grouped_fp8_fp4_gemm_{layout}_contiguous"
+    nn = layout == "nn"
+
+    def prep(b: Any) -> Any:
+        return transposed_pair(b, name, "b", (1, 2)) if nn else b
+
+    if ascend:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None, recipe_a: Any = None,
+                 recipe_b: Any = None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
+                 use_psum_layout: bool = True, ensure_zero_padding: bool = True,
+                 expected_m_for_psum_layout: int | None = None, epilogue: Any = None) -> None:
+            _m_grouped_fp8(name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
+                           epilogue)
+    elif nn:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None,  # type: ignore[misc]
+                 recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+                 disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                 ensure_zero_padding: bool = True) -> None:
+            _m_grouped_fp8(name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, None, None)
+    else:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None,  # type: ignore[misc]
+                 recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+                 disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                 ensure_zero_padding: bool = True, expected_m_for_psum_layout: int | None = None) -> None:
+            _m_grouped_fp8(name, a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
+                           None)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = _M_GROUPED_DOC.format(
+        what="FP8/FP4", a_desc=_FP8_A, b_desc=_FP8_B_NN if nn else _FP8_B_NT,
+        d_desc="bfloat16 or float32" if ascend else "bfloat16",
+        extra=("Scales as in fp8_fp4_gemm_nt (recipe, recipe_a / recipe_b).  out(x) rounds to d's dtype once; "
+               + ("epilogue=Alpha(alpha) multiplies the float32 accumulator first.\n    " if ascend else "\n    ")),
+    )
+    return impl
+
+
+def _make_m_grouped_bf16(layout: str, ascend: bool) -> Callable[..., None]:
+    name = f"m_grouped_bf16_gemm_{layout}_contiguous"
+    nn = layout == "nn"
+
+    def prep(b: Any) -> Any:
+        return transposed(b, name, "b", (1, 2)) if nn else b
+
+    if ascend:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",
+                 use_psum_layout: bool = True, ensure_zero_padding: bool = True,
+                 expected_m_for_psum_layout: int | None = None, epilogue: Any = None) -> None:
+            _m_grouped_bf16(name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
+                            expected_m_for_psum_layout, epilogue)
+    elif nn:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",  # type: ignore[misc]
+                 use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> None:
+            _m_grouped_bf16(name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
+                            None, None)
+    else:
+        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",  # type: ignore[misc]
+                 use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                 expected_m_for_psum_layout: int | None = None) -> None:
+            _m_grouped_bf16(name, a, b, d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
+                            expected_m_for_psum_layout, None)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = _M_GROUPED_DOC.format(
+        what="BF16", a_desc="A (M, K) bfloat16, K-major",
+        b_desc="B (G, K, N) bfloat16" if nn else "B (G, N, K) bfloat16 (any major; sm90: K % 64 == 0)",
+        d_desc="bfloat16 or float32" if ascend else "bfloat16",
+        extra="float32 accumulation, one rounding to d's dtype" + (
+            "; epilogue=Alpha(alpha) multiplies the float32 accumulator first.\n    " if ascend else ".\n    "),
+    )
+    return impl
+
+
+m_grouped_fp8_fp4_gemm_nt_contiguous = profiled(
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", deepgemm=_make_m_grouped_fp8("nt", False),
+    deepgemm_ascend=_make_m_grouped_fp8("nt", True))
+m_grouped_fp8_fp4_gemm_nn_contiguous = profiled(
+    "m_grouped_fp8_fp4_gemm_nn_contiguous", deepgemm=_make_m_grouped_fp8("nn", False),
+    deepgemm_ascend=_make_m_grouped_fp8("nn", True))
+# Both libraries register the FP8 names as the same Python objects.
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
+m_grouped_bf16_gemm_nt_contiguous = profiled(
+    "m_grouped_bf16_gemm_nt_contiguous", deepgemm=_make_m_grouped_bf16("nt", False),
+    deepgemm_ascend=_make_m_grouped_bf16("nt", True))
+m_grouped_bf16_gemm_nn_contiguous = profiled(
+    "m_grouped_bf16_gemm_nn_contiguous", deepgemm=_make_m_grouped_bf16("nn", False),
+    deepgemm_ascend=_make_m_grouped_bf16("nn", True))
