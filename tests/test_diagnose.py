@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
@@ -233,6 +234,47 @@ def block_table_next_block(q, kv_cache, w, lens, table, *args, **kw):
     return dg.fp8_fp4_paged_mqa_logits(q, kv_cache, w, lens, shifted, *args, **kw)
 
 
+def fp4_swapped_paged_q(q, kv_cache, *args, **kw):
+    return dg.fp8_fp4_paged_mqa_logits((_swap_nibbles_via_codes(q[0]), q[1]), kv_cache, *args, **kw)
+
+
+def paged_unweighted(q, kv_cache, w, *args, **kw):
+    return dg.fp8_fp4_paged_mqa_logits(q, kv_cache, np.ones_like(w), *args, **kw)
+
+
+def _ascend_dequant(codes, pairs):
+    """DeepGEMM-Ascend's MX operand in float64: FP8 codes times the per-32 UE8M0 pair scales."""
+    sc = np.exp2(dg.formats.unpack_ue8m0_int16(pairs).astype(np.float64) - 127)
+    return codes.astype(np.float32).astype(np.float64) * np.repeat(sc, 32, axis=-1)
+
+
+def ascend_mqa_linear_scores(q, kv, w, ks, ke, max_k, **kw):
+    """DeepGEMM-Ascend logits without the ReLU: each head's score rounded to bf16 (the FIXPIPE),
+    the weighted head sum in float64, compressed rows; the kernel's buffer (its row stride) reused."""
+    out = dg.fp8_fp4_mqa_logits(q, kv, w, ks, ke, max_k, **kw)
+    qd = _ascend_dequant(q[0], np.asarray(q[1]).reshape(*q[0].shape[:2], -1))
+    kd = _ascend_dequant(kv[0], kv[1])
+    heads = np.einsum("ihd,td->iht", qd, kd).astype(ml_dtypes.bfloat16).astype(np.float64)
+    full = np.einsum("iht,ih->it", heads, np.asarray(w).astype(np.float64))
+    res = np.full(out.shape, np.nan)
+    for i in range(out.shape[0]):
+        res[i, : ke[i] - ks[i]] = full[i, ks[i]:ke[i]]
+    out[...] = res.astype(out.dtype)
+    return out
+
+
+def ascend_mqa_start_one_past(q, kv, w, ks, ke, *args, **kw):
+    return dg.fp8_fp4_mqa_logits(q, kv, w, np.minimum(ks + 1, ke).astype(ks.dtype), ke, *args, **kw)
+
+
+def ascend_mqa_kv_scale_high(q, kv, w, *args, **kw):
+    """Every UE8M0 byte of the int16 KV scale pairs read one higher."""
+    pairs = np.ascontiguousarray(kv[1]).copy()
+    by = pairs.view(np.uint8)
+    by[by != 0] += 1
+    return dg.fp8_fp4_mqa_logits(q, (kv[0], pairs), w, *args, **kw)
+
+
 def mega_minus1_to_expert0(y, l1, l2, buf, stats, **kw):
     idx = buf.topk_idx
     idx[...] = np.where(np.asarray(idx) < 0, 0, np.asarray(idx))
@@ -330,6 +372,24 @@ BUGS = [
         paged_lens_one_short, {"context_lens": "-1"}),
     Bug("paged_block_table_misread", _spec("paged", "fp8_fp4_paged_mqa_logits"), "fp8_fp4_paged_mqa_logits",
         block_table_next_block, {"read": "shifted_by_one_block"}),
+    # DeepGEMM-Ascend's MQA (per-head bf16 scores in the golden) and the paged FP4 cache.  The
+    # ascend950 MQA check bound (u_acc 2^-8 over n = head_dim + heads, times S = sum_h |w_h| S_h) is
+    # loose: a missing ReLU, a doubled KV scale or a shifted block table fails only a few elements of
+    # a case, or none (then there is nothing to diagnose); these cases fail.
+    Bug("fp4_nibbles_swapped", _spec("fp4paged", "fp8_fp4_paged_mqa_logits", fp4=True), "fp8_fp4_paged_mqa_logits",
+        fp4_swapped_paged_q, {"operand": "q or kv (the same logits)"}),
+    Bug("mqa_weights_missing", _spec("ascw", "fp8_fp4_paged_mqa_logits", "ascend950"), "fp8_fp4_paged_mqa_logits",
+        paged_unweighted),
+    Bug("mqa_relu_missing", _spec("amqar", "fp8_fp4_mqa_logits", "ascend950"), "fp8_fp4_mqa_logits",
+        ascend_mqa_linear_scores),
+    Bug("mqa_kv_range_off_by_one", _spec("asck", "fp8_fp4_mqa_logits", "ascend950"), "fp8_fp4_mqa_logits",
+        ascend_mqa_start_one_past, {"ks": "+1"}),
+    Bug("mqa_kv_range_off_by_one", _spec("ascp", "fp8_fp4_paged_mqa_logits", "ascend950"), "fp8_fp4_paged_mqa_logits",
+        paged_lens_one_short, {"context_lens": "-1"}),
+    Bug("paged_block_table_misread", _spec("apaged", "fp8_fp4_paged_mqa_logits", "ascend950"),
+        "fp8_fp4_paged_mqa_logits", block_table_next_block, {"read": "shifted_by_one_block"}),
+    Bug("ue8m0_off_by_one", _spec("aue", "fp8_fp4_mqa_logits", "ascend950"), "fp8_fp4_mqa_logits",
+        ascend_mqa_kv_scale_high, {"decoded": "one operand read 2x"}),
     Bug("sf_float32_read_as_ue8m0", _spec("f32b", "fp8_gemm_nt", m=64, n=96, k=512), "fp8_gemm_nt",
         float_sfa_as_ue8m0_bytes, {"operand": "a"}),
     Bug("sf_mantissa_dropped", _spec("mant", "fp8_gemm_nt", "sm90", m=48, n=64, k=384, out="f32", c="is_d"),

@@ -460,10 +460,13 @@ def fp4_nibbles_swapped(ctx: CaseContext) -> Iterator[Variant]:
     by_operand: dict[str, dict[str, np.ndarray]] = {}
     for name, operand in tensors.items():
         x = ctx.inputs[name]
-        if name == "kv_cache":  # value bytes only: (blocks, block_kv, 1, D / 2 + 4)
-            dim = int(ctx.params["head_dim"]) // 2
+        if name == "kv_cache":
+            # value bytes only: each block holds its block_kv tokens' D / 2 value bytes first, then
+            # their scales (the (blocks, block_kv, 1, D / 2 + 4) shape is a view of that memory)
+            values = int(ctx.params["block_kv"]) * int(ctx.params["head_dim"]) // 2
             new = np.array(x, copy=True)
-            new[..., :dim] = _swap_nibbles(np.ascontiguousarray(x[..., :dim]))
+            flat = new.reshape(new.shape[0], -1)
+            flat[:, :values] = _swap_nibbles(np.ascontiguousarray(flat[:, :values]))
         else:
             new = _swap_nibbles(x)
         by_operand.setdefault(operand, {})[name] = new
