@@ -572,3 +572,22 @@ def test_catalogue_reference_is_up_to_date():
     r = subprocess.run([sys.executable, str(root / "docs" / "gen_diagnose.py"), "--check"], capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_docs_generator_check_detects_a_stale_page(tmp_path, monkeypatch, capsys):
+    """The ``--check`` the test above relies on fails when the page differs from its generator's text."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "docs"))
+    from _gen import run
+
+    page = tmp_path / "diagnose.md"
+    monkeypatch.setattr(sys, "argv", ["gen", "--check"])
+    assert run(page, lambda: "text\n", "gen") == 1  # missing
+    monkeypatch.setattr(sys, "argv", ["gen"])
+    assert run(page, lambda: "text\n", "gen") == 0 and page.read_text() == "text\n"
+    monkeypatch.setattr(sys, "argv", ["gen", "--check"])
+    assert run(page, lambda: "text\n", "gen") == 0
+    page.write_text("text, edited by hand\n")
+    assert run(page, lambda: "text\n", "gen") == 1
+    assert "out of date" in capsys.readouterr().out
