@@ -591,3 +591,15 @@ def test_docs_generator_check_detects_a_stale_page(tmp_path, monkeypatch, capsys
     page.write_text("text, edited by hand\n")
     assert run(page, lambda: "text\n", "gen") == 1
     assert "out of date" in capsys.readouterr().out
+
+
+def test_a_case_that_only_warns_is_not_diagnosed_and_says_so(tmp_path):
+    """Only failing cases are diagnosed.  DeepGEMM-Ascend's MQA bound is loose: the smoke case's
+    logits without the ReLU stay inside the deterministic bound (they warn)."""
+    bug = Bug("mqa_relu_missing", _spec("ascend950-mqa", "fp8_fp4_mqa_logits", "ascend950"), "fp8_fp4_mqa_logits",
+              ascend_mqa_linear_scores)
+    bundle, out = _inject(tmp_path, bug)
+    [r] = golden.check(bundle, out)
+    assert r.status == "warn" and r.failed == 0 and r.warned > 0
+    [d] = diagnose(bundle, out)
+    assert d.status == "warn" and not d.explanations and "warns" in d.verdict

@@ -81,6 +81,8 @@ class CaseDiagnosis:
     def verdict(self) -> str:
         if self.status == "error":
             return f"cannot diagnose: {self.error}"
+        if self.status == "warn":
+            return "nothing to diagnose (the case warns: outside the probabilistic bound, inside the deterministic one)"
         if self.status != "fail":
             return "nothing to diagnose (the case passes)"
         if self.explained:
