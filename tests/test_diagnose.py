@@ -220,6 +220,25 @@ def mqa_linear_scores(q, kv, w, ks, ke, clean_logits=True, **kw):
     return np.where((t[None] >= ks[:, None]) & (t[None] < ke[:, None]), logits, -np.inf).astype(np.float32)
 
 
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def _fp4_values(packed, sf_words, dim):
+    """Packed E2M1 codes times their per-32 UE8M0 scales (int32 words, 4 bytes each), float64."""
+    v = _E2M1[dg.formats.unpack_fp4(packed)]
+    by = dg.formats.unpack_ue8m0_int32(np.asarray(sf_words)[..., None])[..., : dim // 32]
+    return v * np.repeat(np.exp2(by.astype(np.float64) - 127), 32, axis=-1)
+
+
+def fp4_mqa_linear_scores(q, kv, w, ks, ke, clean_logits=True, **kw):
+    """FP4 logits without the ReLU, decoded from the packed codes and scales by hand."""
+    dim = 2 * kv[0].shape[-1]
+    qd, kd = _fp4_values(q[0], q[1], dim), _fp4_values(kv[0], kv[1], dim)
+    logits = np.einsum("sht,sh->st", np.einsum("shd,td->sht", qd, kd), w.astype(np.float64)).astype(np.float32)
+    t = np.arange(kd.shape[0])
+    return np.where((t[None] >= ks[:, None]) & (t[None] < ke[:, None]), logits, -np.inf).astype(np.float32)
+
+
 def mqa_end_one_past(q, kv, w, ks, ke, *args, **kw):
     return dg.fp8_fp4_mqa_logits(q, kv, w, ks, np.minimum(ke + 1, kv[0].shape[0]).astype(ke.dtype), *args, **kw)
 
@@ -376,6 +395,8 @@ BUGS = [
     # ascend950 MQA check bound (u_acc 2^-8 over n = head_dim + heads, times S = sum_h |w_h| S_h) is
     # loose: a missing ReLU, a doubled KV scale or a shifted block table fails only a few elements of
     # a case, or none (then there is nothing to diagnose); these cases fail.
+    Bug("mqa_relu_missing", _spec("mqar4", "fp8_fp4_mqa_logits", fp4=True), "fp8_fp4_mqa_logits",
+        fp4_mqa_linear_scores),
     Bug("fp4_nibbles_swapped", _spec("fp4paged", "fp8_fp4_paged_mqa_logits", fp4=True), "fp8_fp4_paged_mqa_logits",
         fp4_swapped_paged_q, {"operand": "q or kv (the same logits)"}),
     Bug("mqa_weights_missing", _spec("ascw", "fp8_fp4_paged_mqa_logits", "ascend950"), "fp8_fp4_paged_mqa_logits",
