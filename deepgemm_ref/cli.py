@@ -404,7 +404,8 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
                    help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
                         "case's, 2^-24 for float32)")
     p.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
-    p.add_argument("--case", action="append", help="only this case id (repeatable)")
+    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
+                   help="only these case ids (--case A B, or repeated: --case A --case B)")
     p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                    help="refuse files over SIZE (default: half of this machine's memory)")
 

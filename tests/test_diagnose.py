@@ -525,6 +525,19 @@ def test_diagnose_json_is_strict_and_names_the_best(tmp_path, capsys):
     assert d["explanations"][0]["name"] == "c_missing" and d["verdict"] == "explained by c_missing"
 
 
+def test_diagnose_case_selection_takes_several_ids_per_flag(tmp_path, capsys):
+    specs = [_spec("one", "bf16_gemm_nt", m=48, n=40, k=200, c="separate"),
+             _spec("two", "bf16_gemm_nt", m=32, n=40, k=64, c="separate"),
+             _spec("three", "bf16_gemm_nt", m=16, n=40, k=64, c="separate")]
+    bundle = tmp_path / "bundle"
+    golden.generate(specs, bundle)
+    out = replay_through(bundle, standin("standin_case_selection", bf16_gemm_nt=no_c), tmp_path / "o.safetensors")
+    for argv in (["--case", "one", "three"], ["--case", "one", "--case", "three"]):
+        assert main(["diagnose", str(bundle), "--outputs", str(out), "--json", *argv]) == 1
+        doc = json.loads(capsys.readouterr().out)
+        assert [d["id"] for d in doc] == ["one", "three"] and all(d["best"] == "c_missing" for d in doc)
+
+
 def test_check_diagnose_appends_the_diagnosis(tmp_path, capsys):
     bundle, out = _inject(tmp_path, next(b for b in BUGS if b.entry == "output_transposed"))
     assert main(["check", str(bundle), "--outputs", str(out), "--diagnose", "--quiet"]) == 1
