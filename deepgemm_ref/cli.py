@@ -1,10 +1,10 @@
 """The ``deepgemm-ref`` command.
 
-Exit codes: 0 success; 1 a check found a mismatch (or a missing or failed case), or a replayed
-case failed; 2 a usage, input, specification, manifest, outputs-file or resource error (a
-one-line message naming the file, case and key; never a traceback; ``DEEPGEMM_REF_TRACEBACK=1``
-shows one); 130 / 143 generation interrupted by SIGINT / SIGTERM (finished cases kept, see
-``golden --resume``).
+Exit codes: 0 success; 1 a check found a mismatch (or a missing or failed case), a replayed
+case failed, or diagnose found a failing case (explained or not); 2 a usage, input,
+specification, manifest, outputs-file or resource error (a one-line message naming the file,
+case and key; never a traceback; ``DEEPGEMM_REF_TRACEBACK=1`` shows one); 130 / 143 generation
+interrupted by SIGINT / SIGTERM (finished cases kept, see ``golden --resume``).
 """
 
 from __future__ import annotations
@@ -227,23 +227,99 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 1 if n_fail else 0
 
 
+def _check_options(args: argparse.Namespace) -> Any:
+    from . import golden
+
+    return golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n)
+
+
+def _writable(path: str, flag: str) -> None:
+    """Refuse an output path whose directory is missing or that is a directory (exit 2)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise DGArgumentError(f"{flag} {path}: is a directory")
+    if not os.path.isdir(parent):
+        raise DGArgumentError(f"{flag} {path}: the directory {parent} does not exist")
+
+
+def _replay_errors(outputs: str) -> dict[str, str]:
+    """The failed cases a replay recorded in an outputs file (none for a .npy)."""
+    from .golden.replay import read_replay_record
+
+    return {} if outputs.endswith(".npy") else read_replay_record(outputs)[0]
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
+    import time
+
     from . import golden
     from .golden.check import reports_json
 
-    options = golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n)
-    reports = golden.check(args.bundle, args.outputs, options=options, cases=args.case or None,
-                           progress=_progress("check"), max_memory=args.max_memory)
+    for flag, path in (("--html", args.html), ("--junit", args.junit)):
+        if path:
+            _writable(path, flag)
+    options = _check_options(args)
+    t0 = time.perf_counter()
+    bundle = golden.load_bundle(args.bundle, max_memory=args.max_memory)
+    outputs = golden.load_outputs(args.outputs, max_memory=args.max_memory)
+    errors = _replay_errors(args.outputs)
+    reports = golden.check_outputs(bundle, outputs, options, args.case or None, _progress("check"), errors)
+    seconds = time.perf_counter() - t0
+    diagnoses = None
+    if args.diagnose:
+        from .golden.diagnose import diagnose_outputs
+
+        diagnoses = diagnose_outputs(bundle, outputs, options=options, cases=args.case or None, errors=errors,
+                                     progress=_progress("diagnose"), reports=reports)
     if args.json:
-        print(reports_json(reports))
+        if diagnoses is None:
+            print(reports_json(reports))
+        else:
+            import json
+
+            from .golden.check import strict_json_value
+
+            print(json.dumps({"reports": [r.to_json() for r in reports],
+                              "diagnosis": [strict_json_value(d.to_json()) for d in diagnoses]},
+                             indent=1, allow_nan=False))
     else:
-        print(golden.format_report(reports))
+        print(golden.format_report(reports, quiet=args.quiet))
+        if diagnoses is not None:
+            from .golden.diagnose import format_diagnoses
+
+            print(format_diagnoses(diagnoses, quiet=True))
     if args.plot:
         from .golden.plot import plot_reports
 
         written = plot_reports(reports, args.plot)
         print(f"wrote {len(written)} heatmap(s) under {args.plot}", file=sys.stderr)  # stdout may be JSON
+    if args.junit:
+        from .golden.junit import write_junit
+
+        write_junit(args.junit, reports, bundle_name=os.path.basename(os.path.normpath(args.bundle)),
+                    cases=bundle.cases, seconds=seconds, diagnoses=diagnoses)
+        print(f"wrote the JUnit report {args.junit}", file=sys.stderr)
+    if args.html:
+        from .golden.html import write_html
+
+        write_html(args.html, reports, bundle=args.bundle, outputs=args.outputs, diagnoses=diagnoses,
+                   cases=bundle.cases)
+        print(f"wrote the HTML report {args.html}", file=sys.stderr)
     return 1 if any(r.status == "fail" for r in reports) else 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from . import golden
+    from .golden.diagnose import diagnose_outputs, diagnoses_json, format_diagnoses
+
+    options = _check_options(args)
+    bundle = golden.load_bundle(args.bundle, max_memory=args.max_memory)
+    outputs = golden.load_outputs(args.outputs, max_memory=args.max_memory)
+    errors = _replay_errors(args.outputs)
+    diagnoses = diagnose_outputs(bundle, outputs, options=options, cases=args.case or None, errors=errors,
+                                 progress=_progress("diagnose"))
+    print(diagnoses_json(diagnoses) if args.json else format_diagnoses(diagnoses, quiet=args.quiet))
+    return 1 if any(d.status in ("fail", "error") for d in diagnoses) else 0
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -318,6 +394,22 @@ def _preset_names() -> list[str]:
     return list(PRESETS)
 
 
+def _check_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments check and diagnose share: bundle, outputs, the bound, cases, memory."""
+    p.add_argument("bundle")
+    p.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
+    p.add_argument("--lambda", dest="lam", type=float, default=8.0,
+                   help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
+    p.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
+                   help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
+                        "case's, 2^-24 for float32)")
+    p.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
+    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
+                   help="only these case ids (--case A B, or repeated: --case A --case B)")
+    p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                   help="refuse files over SIZE (default: half of this machine's memory)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgemm-ref", description="DeepGEMM reference emulator and golden values")
     p.add_argument("--version", action="version", version=f"deepgemm-ref {__version__}")
@@ -374,20 +466,24 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_replay)
 
     chk = sub.add_parser("check", help="check a device's outputs against a bundle (exit 1 on mismatch)")
-    chk.add_argument("bundle")
-    chk.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
-    chk.add_argument("--lambda", dest="lam", type=float, default=8.0,
-                     help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
-    chk.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
-                     help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
-                          "case's, 2^-24 for float32)")
-    chk.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
-    chk.add_argument("--case", action="append", help="only this case id (repeatable)")
-    chk.add_argument("--json", action="store_true", help="JSON report")
-    chk.add_argument("--plot", metavar="DIR", help="write a PNG heatmap per case (needs matplotlib)")
-    chk.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
-                     help="refuse files over SIZE (default: half of this machine's memory)")
+    _check_arguments(chk)
+    chk.add_argument("--json", action="store_true", help="JSON report (strict: NaN / infinities as strings)")
+    chk.add_argument("--quiet", action="store_true", help="no line for passing outputs (failures and the summary)")
+    chk.add_argument("--plot", metavar="DIR", help="write a PNG heatmap per failing-capable output (needs matplotlib)")
+    chk.add_argument("--junit", metavar="FILE", help="write JUnit XML, one test case per output (for CI dashboards)")
+    chk.add_argument("--html", metavar="FILE",
+                     help="write one self-contained HTML report (summary, heatmaps, worst elements)")
+    chk.add_argument("--diagnose", action="store_true",
+                     help="also diagnose every failing case (which known port bug explains it; in the text, JSON "
+                          "and HTML reports)")
     chk.set_defaults(func=_cmd_check)
+
+    dia = sub.add_parser("diagnose", help="explain failing cases: rank the known port bugs by how much of the "
+                         "failure each one reproduces")
+    _check_arguments(dia)
+    dia.add_argument("--json", action="store_true", help="JSON (strict: NaN / infinities as strings)")
+    dia.add_argument("--quiet", action="store_true", help="no line for passing cases")
+    dia.set_defaults(func=_cmd_diagnose)
 
     prb = sub.add_parser("probe", help="analyse a device's outputs of the ascend-probes preset")
     prb_sub = prb.add_subparsers(dest="probe_command", required=True)

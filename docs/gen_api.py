@@ -10,7 +10,6 @@ exposes and its docstring (shapes, dtypes, math); the package's own additions fo
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _gen import run  # noqa: E402  (docs/ is the script's directory)
 
 import deepgemm_ref as dg  # noqa: E402
 from deepgemm_ref import names  # noqa: E402
@@ -81,19 +82,7 @@ def generate() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args()
-    text = generate()
-    path = ROOT / "docs" / "api.md"
-    if args.check:
-        if not path.exists() or path.read_text() != text:
-            print("docs/api.md is out of date: run python docs/gen_api.py")
-            return 1
-        return 0
-    path.write_text(text)
-    print(f"wrote {path} ({len(text.splitlines())} lines)")
-    return 0
+    return run(ROOT / "docs" / "api.md", generate, "docs/gen_api.py")
 
 
 if __name__ == "__main__":

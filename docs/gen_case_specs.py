@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from _gen import run  # noqa: E402  (docs/ is the script's directory)
 
 from deepgemm_ref.golden.cases import FAMILIES  # noqa: E402
 from deepgemm_ref.golden.schema import render_markdown  # noqa: E402
@@ -25,18 +26,7 @@ def generate() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args()
-    text = generate()
-    if args.check:
-        if not PATH.exists() or PATH.read_text() != text:
-            print("docs/case-specs.md is out of date: run python docs/gen_case_specs.py")
-            return 1
-        return 0
-    PATH.write_text(text)
-    print(f"wrote {PATH} ({len(text.splitlines())} lines)")
-    return 0
+    return run(PATH, generate, "docs/gen_case_specs.py")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from ..settings import numerics
 from .bundle import BundleError
 from .cases import FAMILIES, ArgRef, BuiltCase, Family, family_for, family_of
 
-__all__ = ["DTYPES", "call_kernel", "run_case_call", "fresh_outputs", "compute_golden", "entry_family",
-           "registered_function", "quiet_float_errors"]
+__all__ = ["DTYPES", "call_kernel", "run_case_call", "fresh_outputs", "compute_golden", "golden_of_call",
+           "entry_family", "registered_function", "quiet_float_errors"]
 
 #: Output dtypes a manifest may name.
 DTYPES: dict[str, Any] = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64,
@@ -75,13 +75,17 @@ def call_kernel(module: Any, function: str, args: list[ArgRef], kwargs: Mapping[
 
 
 def run_case_call(module: Any, entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping[str, ArgRef],
-                  tensors: dict[str, Any], outputs: dict[str, Any]) -> None:
+                  tensors: dict[str, Any], outputs: dict[str, Any],
+                  overrides: Mapping[str, Any] | None = None) -> None:
     """Setup calls, derived inputs, the kernel call (or the family's driver); a returned output
-    lands in ``outputs``."""
+    lands in ``outputs``.  ``overrides``: tensors replaced after the derived inputs are made (what
+    only the kernel sees, e.g. a kernel that misreads an input the schedule was derived from)."""
     for call in entry.get("setup") or []:
         _call_desc(module, call, tensors, outputs)
     for call in entry.get("derived") or []:
         tensors[call["name"]] = _call_desc(module, call, tensors, outputs)
+    if overrides:
+        tensors.update(overrides)
     driver = entry.get("driver")
     if driver:
         fam = FAMILIES.get(driver.get("name"))
@@ -138,27 +142,37 @@ def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, A
     ``defined`` and ``extra.<name>`` (or what the family's finish hook makes of a driver's
     records, e.g. Mega MoE's per-rank stack).
     """
+    return golden_of_call(_entry_of(built), built.args, built.kwargs, built.inputs, built.outputs,
+                          family_for(built.spec))
+
+
+def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping[str, ArgRef],
+                   inputs: Mapping[str, Any], outputs: Mapping[str, Mapping[str, Any]], family: Family, *,
+                   accumulation: Any = "exact",
+                   overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The golden tensors of one call (``entry``: its ``id``, ``function``, ``setup``,
+    ``derived``, ``returns``, ``driver`` and ``profile``) under an accumulation model (default
+    the exact one: :func:`compute_golden`); the diagnosis regenerates mutated calls with it."""
     import deepgemm_ref
 
     # One BLAS thread: stored float64 tensors (acc, S) that no certificate makes exact would
     # otherwise depend on the BLAS thread count (see _parallel.single_threaded_blas).
     # Adversarial and special inputs overflow and make NaN on purpose: those are golden values,
     # not errors, so NumPy's floating-point warnings are off during the call.
-    with single_threaded_blas(), numerics(arch=built.spec.profile, accumulation="exact"), quiet_float_errors():
-        outs = fresh_outputs(built.outputs, built.inputs)
-        tensors = dict(built.inputs)
+    with single_threaded_blas(), numerics(arch=entry["profile"], accumulation=accumulation), quiet_float_errors():
+        outs = fresh_outputs(outputs, inputs)
+        tensors = dict(inputs)
         with trace.capture(want_acc=True, want_S=True) as cap:
-            run_case_call(deepgemm_ref, _entry_of(built), built.args, built.kwargs, tensors, outs)
+            run_case_call(deepgemm_ref, entry, args, kwargs, tensors, outs, overrides)
     golden: dict[str, np.ndarray] = {}
-    for name in built.outputs:
+    for name in outputs:
         golden[name] = np.ascontiguousarray(outs[name])
     stats: dict[str, Any] = {}
-    fam = family_for(built.spec)
-    if cap.records and fam.finish is not None:
-        stats = fam.finish(golden, cap.records, built.inputs)
+    if cap.records and family.finish is not None:
+        stats = family.finish(golden, cap.records, dict(inputs))
     elif cap.records:
         rec = cap.records[-1]
-        main = next(iter(built.outputs))
+        main = next(iter(outputs))
         shape = golden[main].shape
         if rec.acc is not None:
             golden["acc"] = np.ascontiguousarray(rec.acc, np.float64)

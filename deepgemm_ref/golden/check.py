@@ -89,6 +89,8 @@ class CaseReport:
     bound: dict[str, Any] = field(default_factory=dict)
     tiles: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why the case could not be checked (missing, replay failed, no such case)
+    dtype: str = ""  # the output's dtype (numpy name)
+    lead: str | None = None  # what the leading axis of a 3-D output indexes: "group", "rank", "batch"
 
     def to_json(self) -> dict[str, Any]:
         """The report as strict JSON values (non-finite numbers as strings, see
@@ -164,8 +166,25 @@ def _interval_codes(
     return np.minimum(v_lo, v_hi), np.maximum(v_lo, v_hi)
 
 
-def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_desc: dict[str, Any],
-              check: dict[str, Any], options: CheckOptions, n: int,
+def error_bounds(S: np.ndarray, S_hard: np.ndarray | None, y: np.ndarray, c_abs: Any, check: Mapping[str, Any],
+                 options: CheckOptions, n: int, u_acc: float) -> tuple[np.ndarray, np.ndarray]:
+    """(E, E_hard) of the module docstring for error scales ``S`` (``S_hard``: the deterministic
+    bound's, default ``S``), accumulators ``y`` and ``|c|`` (0 without c)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        epi = u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
+    epi = np.where(np.isfinite(epi), epi, 0.0)
+    E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
+    E_hard = _gamma(max(n, 1), u_acc) * (S if S_hard is None else S_hard) + epi
+    return E, E_hard
+
+
+def special_class(v: np.ndarray) -> np.ndarray:
+    """0 for finite values, 1 for NaN, +-2 for +-infinity (float64 input)."""
+    return np.where(np.isnan(v), 1, np.where(np.isinf(v), np.sign(v) * 2, 0))
+
+
+def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_desc: Mapping[str, Any],
+              check: Mapping[str, Any], options: CheckOptions, n: int,
               u_acc: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(soft, hard, special_bad, finite, norm) for a block of rows (see :func:`check_case`)."""
     defined = blk["defined"]
@@ -174,9 +193,7 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
     # specials: NaN / +inf / -inf by class and position
     g_special = ~np.isfinite(g_vals)
     d_special = ~np.isfinite(d_vals)
-    cls_g = np.where(np.isnan(g_vals), 1, np.where(np.isinf(g_vals), np.sign(g_vals) * 2, 0))
-    cls_d = np.where(np.isnan(d_vals), 1, np.where(np.isinf(d_vals), np.sign(d_vals) * 2, 0))
-    special_bad = defined & (g_special | d_special) & (cls_g != cls_d)
+    special_bad = defined & (g_special | d_special) & (special_class(g_vals) != special_class(d_vals))
     finite = defined & ~g_special & ~d_special
     if not interval:
         # No accumulator to bound: bit-exact comparison of the finite defined values.
@@ -189,22 +206,19 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
     y_lo = blk["acc_lo"]
     S = blk["S"].astype(np.float64)
     c_abs = np.abs(c_arr.astype(np.float64)) if c_arr is not None else 0.0
-    with np.errstate(invalid="ignore", over="ignore"):
-        epi = u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
-    epi = np.where(np.isfinite(epi), epi, 0.0)
-    E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
     # A case may record a wider error scale for the deterministic bound (Mega MoE: upstream
     # activation rounding flips, see golden.moe); by default both bounds use S.
-    S_hard = blk["S_hard"].astype(np.float64) if blk.get("S_hard") is not None else S
+    S_hard = blk["S_hard"].astype(np.float64) if blk.get("S_hard") is not None else None
+    E, E_hard_all = error_bounds(S, S_hard, y, c_abs, check, options, n, u_acc)
     with np.errstate(invalid="ignore"):
         lo, hi = _interval_codes(ep, y, y_lo, E)
         soft = finite & (d_vals >= lo) & (d_vals <= hi)
         hard = soft.copy()
         outside = np.nonzero(finite & ~soft)
         if outside[0].size:
-            E_hard = _gamma(max(n, 1), u_acc) * S_hard[outside] + epi[outside]
             sub_ep = core.OutputStage(ep.out, ep.alpha, None if c_arr is None else c_arr[outside], ep.c_mode)
-            hlo, hhi = _interval_codes(sub_ep, y[outside], None if y_lo is None else y_lo[outside], E_hard)
+            hlo, hhi = _interval_codes(sub_ep, y[outside], None if y_lo is None else y_lo[outside],
+                                       E_hard_all[outside])
             dv = d_vals[outside]
             hard[outside] = (dv >= hlo) & (dv <= hhi)
         # Normalised error: distance to the golden output in units of (E + half an output ulp).
@@ -212,6 +226,25 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
                                                              + _ulp_out(g_vals, fmt) / 2), 0.0)
         norm = np.where(finite & (d_vals == g_vals), 0.0, norm)
     return soft, hard, special_bad, finite, norm
+
+
+@dataclass
+class Classification:
+    """Element masks of one checked output (shape of the output): ``soft`` inside the
+    probabilistic bound, ``hard`` inside the deterministic one, ``special_bad`` a NaN / infinity
+    class mismatch, ``finite`` both values finite, ``defined`` checked at all; ``norm`` the
+    normalised error; ``bad`` the failing elements."""
+
+    soft: np.ndarray
+    hard: np.ndarray
+    special_bad: np.ndarray
+    finite: np.ndarray
+    defined: np.ndarray
+    norm: np.ndarray
+
+    @property
+    def bad(self) -> np.ndarray:
+        return self.defined & ((self.finite & ~self.hard) | self.special_bad)
 
 
 def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], check: dict[str, Any],
@@ -222,6 +255,14 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
     golden: ``d`` (or the main output), ``acc``, ``acc_lo``, ``S``, ``defined`` (float64 / bool).
     check:  the manifest's checker parameters (``n``, ``epilogue``, ``c_epi``).
     """
+    return classify_output(case_id, device, golden, check, inputs, options)[0]
+
+
+def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.ndarray], check: Mapping[str, Any],
+                    inputs: Mapping[str, Any], options: CheckOptions, *,
+                    masks_only: bool = False) -> tuple[CaseReport, Classification]:
+    """:func:`check_case` and the element masks behind its counts (``masks_only``: the counts
+    and masks, without the histogram, ``calc_diff``, worst elements and tiles)."""
     gd = golden["main"]
     fmt = _OUT_FMT.get(gd.dtype)
     defined = golden.get("defined")
@@ -251,7 +292,7 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
     finite = np.zeros((total_rows, last), bool)
     norm = np.zeros((total_rows, last))
     step = max(1, (1 << 19) // max(last, 1))
-    floating = gd.dtype.kind not in "iub"  # integer outputs (counters) are compared bitwise only
+    floating = gd.dtype.kind not in "iub" and not masks_only  # integer outputs are compared bitwise only
     hist: dict[str, int] = {}
     sxy = sxx = 0.0
     for r0 in range(0, total_rows, step):
@@ -271,7 +312,7 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
     rep.special_mismatches = int(np.count_nonzero(special_bad))
     if interval:
         rep.bound = {"mode": "interval", "lambda": options.lam, "u_acc": u_acc, "n": n,
-                     "c_epi": check.get("c_epi", 0)}
+                     "c_epi": check.get("c_epi", 0), "S_hard": golden.get("S_hard") is not None}
     else:
         rep.bound = {"mode": "bitwise"}
     # Non-finite values of the same class and position as the golden ones (NaN for NaN, -inf
@@ -290,64 +331,222 @@ def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], 
         # DeepGEMM's calc_diff, 1 - 2 sum(x y) / sum(x^2 + y^2), from the blocks' float64 sums
         rep.calc_diff = 0.0 if sxx == 0 else float(1 - 2 * sxy / sxx)
     bad = defined & ((finite & ~hard) | special_bad)
-    key = np.where(defined, np.where(special_bad, np.inf, norm), -1.0).ravel()
-    top = min(options.worst, key.size)
-    cand = np.argpartition(-key, top - 1)[:top] if top else np.zeros(0, np.int64)
-    order = cand[np.lexsort((cand, -key[cand]))]
-    for flat in order:
-        idx = np.unravel_index(int(flat), gd.shape)
-        if not defined[idx]:
-            break
-        if norm[idx] == 0 and not special_bad[idx]:
-            break
-        rep.worst.append({
-            "index": [int(i) for i in idx],
-            "tile_128x128": [int(idx[-2]) // 128, int(idx[-1]) // 128] if len(idx) >= 2 else [int(idx[0]) // 128],
-            "group": int(idx[0]) if len(idx) == 3 else None,
-            "device": float(device[idx]),
-            "golden": float(gd[idx]),
-            "normalised_error": float(norm[idx]),
-            "status": "fail" if bad[idx] else ("warn" if not soft[idx] else "pass"),
-        })
+    if masks_only:
+        return rep, Classification(soft, hard, special_bad, finite, defined, norm)
+    rep.worst = _worst_elements(device, gd, defined, soft, bad, special_bad, norm, options.worst,
+                                _ElementBounds(fields, fmt, ep_desc, check, options, n, u_acc) if interval else None)
     # per 128x128 tile: worst normalised error and failure counts (for reports and heatmaps)
     if gd.ndim >= 2:
-        rep.tiles = _tile_summary(np.where(defined, norm, 0.0), bad)
-    return rep
+        rep.tiles = _tile_summary(np.where(defined, norm, 0.0), bad, special_bad, defined)
+    return rep, Classification(soft, hard, special_bad, finite, defined, norm)
 
 
-def _tile_summary(norm: np.ndarray, bad: np.ndarray) -> dict[str, Any]:
+class _ElementBounds:
+    """The soft and hard intervals of single elements (the worst-elements table's thresholds)."""
+
+    def __init__(self, fields: dict[str, Any], fmt: fm.Format | None, ep_desc: Mapping[str, Any],
+                 check: Mapping[str, Any], options: CheckOptions, n: int, u_acc: float) -> None:
+        self.fields, self.fmt, self.ep_desc, self.check = fields, fmt, ep_desc, check
+        self.options, self.n, self.u_acc = options, n, u_acc
+
+    def intervals(self, flat: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(soft lo, soft hi, hard lo, hard hi, unit) at the flat element indices: the interval
+        ends as output values and the normalised error's unit ``E |alpha| + ulp / 2``."""
+        assert self.fmt is not None
+        f = self.fields
+        last = f["gd"].shape[-1]
+        rows, cols = np.divmod(flat, last)
+
+        def at(name: str) -> np.ndarray | None:
+            v = f.get(name)
+            return None if v is None else np.asarray(v)[rows, cols]
+
+        y = np.asarray(at("acc"), np.float64)
+        S = np.asarray(at("S"), np.float64)
+        S_hard = at("S_hard")
+        c = at("c")
+        c_abs = np.abs(c.astype(np.float64)) if c is not None else 0.0
+        E, E_hard = error_bounds(S, None if S_hard is None else S_hard.astype(np.float64), y, c_abs, self.check,
+                                 self.options, self.n, self.u_acc)
+        ep = core.OutputStage(self.fmt, self.ep_desc.get("alpha"), c, self.ep_desc.get("c_mode", "kernel"))
+        y_lo = at("acc_lo")
+        lo, hi = _interval_codes(ep, y, y_lo, E)
+        hlo, hhi = _interval_codes(ep, y, y_lo, E_hard)
+        g = np.asarray(at("gd"), np.float64)
+        unit = E * (1 if ep.alpha is None else abs(ep.alpha)) + _ulp_out(g, self.fmt) / 2
+        return lo, hi, hlo, hhi, unit
+
+
+def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, soft: np.ndarray, bad: np.ndarray,
+                    special_bad: np.ndarray, norm: np.ndarray, count: int,
+                    bounds: _ElementBounds | None) -> list[dict[str, Any]]:
+    """The ``count`` worst elements, failures first, then warnings, then passes, each by
+    normalised error; each with the normalised errors at which it would warn and fail (its own
+    thresholds: the distances to the ends of its soft and hard intervals, in the same units)."""
+    if count == 0 or not np.any(defined):
+        return []
+    rank = np.where(bad, 2, np.where(soft | ~defined, 0, 1)).ravel()  # 2 fail, 1 warn, 0 pass
+    key = np.where(defined, np.where(special_bad, np.inf, norm), -1.0).ravel()
+    interesting = np.flatnonzero(defined.ravel() & ((rank > 0) | (key > 0)))
+    if interesting.size == 0:
+        return []
+    # failures first: a fail outranks any warning, a warning any pass
+    score = rank[interesting] * 4.0 + np.arctan(key[interesting])
+    top = min(count, interesting.size)
+    cand = interesting[np.argpartition(-score, top - 1)[:top]]
+    order = cand[np.lexsort((cand, -key[cand], -rank[cand]))]
+    out: list[dict[str, Any]] = []
+    d_all, g_all = device.ravel().astype(np.float64), gd.ravel().astype(np.float64)
+    ends = bounds.intervals(order) if bounds is not None else None
+    for i, flat in enumerate(order):
+        idx = np.unravel_index(int(flat), gd.shape)
+        d, g = float(d_all[flat]), float(g_all[flat])
+        w: dict[str, Any] = {
+            "index": [int(j) for j in idx],
+            "tile_128x128": [int(idx[-2]) // 128, int(idx[-1]) // 128] if len(idx) >= 2 else [int(idx[0]) // 128],
+            "group": int(idx[0]) if len(idx) == 3 else None,
+            "device": d,
+            "golden": g,
+            "normalised_error": float(key[flat]),
+            "status": ("pass", "warn", "fail")[int(rank[flat])],
+        }
+        if special_bad.ravel()[flat]:
+            w["warn_above"] = w["fail_above"] = 0.0
+            w["note"] = "NaN / infinity class mismatch"
+        elif ends is None:  # bitwise: any difference fails
+            w["warn_above"] = w["fail_above"] = 0.0
+        else:
+            lo, hi, hlo, hhi, unit = (float(e[i]) for e in ends)
+            up = d >= g
+            allowed_soft = (hi - g) if up else (g - lo)
+            allowed_hard = (hhi - g) if up else (g - hlo)
+            w["warn_above"] = max(allowed_soft, 0.0) / unit
+            w["fail_above"] = max(allowed_hard, 0.0) / unit
+            w["allowed_error"] = max(allowed_hard, 0.0)
+        w["error"] = abs(d - g) if math.isfinite(d) and math.isfinite(g) else math.inf
+        out.append(w)
+    return out
+
+
+#: Tile edge of the per-tile summaries (DeepGEMM's usual BLOCK_M and BLOCK_N).
+TILE = 128
+
+
+def _tile_summary(norm: np.ndarray, bad: np.ndarray, special_bad: np.ndarray,
+                  defined: np.ndarray | None = None) -> dict[str, Any]:
+    """Per 128x128 tile of the last two axes (per index of the leading axes): the worst
+    normalised error, the failing, special-mismatch and checked element counts."""
     lead = int(np.prod(norm.shape[:-2])) if norm.ndim > 2 else 1
     r, c = norm.shape[-2:]
-    tr, tc = -(-r // 128), -(-c // 128)
-    n2 = norm.reshape(lead, r, c)
-    b2 = bad.reshape(lead, r, c)
-    pad_r, pad_c = tr * 128 - r, tc * 128 - c
-    n2 = np.pad(n2, ((0, 0), (0, pad_r), (0, pad_c)))
-    b2 = np.pad(b2, ((0, 0), (0, pad_r), (0, pad_c)))
-    worst = n2.reshape(lead, tr, 128, tc, 128).max(axis=(2, 4))
-    fails = b2.reshape(lead, tr, 128, tc, 128).sum(axis=(2, 4))
-    return {"shape": [lead, tr, tc], "worst": worst.tolist(), "failed": fails.tolist(),
-            "failing_tiles": int(np.count_nonzero(fails))}
+    tr, tc = -(-r // TILE), -(-c // TILE)
+    pad = ((0, 0), (0, tr * TILE - r), (0, tc * TILE - c))
+
+    def tiles(x: np.ndarray, how: str) -> np.ndarray:
+        t = np.pad(x.reshape(lead, r, c), pad).reshape(lead, tr, TILE, tc, TILE)
+        return t.max(axis=(2, 4)) if how == "max" else t.sum(axis=(2, 4))
+
+    worst = tiles(norm, "max")
+    fails = tiles(bad, "sum")
+    out = {"shape": [lead, tr, tc], "worst": worst.tolist(), "failed": fails.tolist(),
+           "special": tiles(special_bad, "sum").tolist(), "failing_tiles": int(np.count_nonzero(fails)),
+           "tile": [TILE, TILE], "rows": r, "cols": c}
+    if defined is not None:
+        out["checked"] = tiles(defined, "sum").tolist()
+    return out
 
 
-def format_report(reports: list[CaseReport]) -> str:
-    """Human-readable report."""
+def format_power(x: float) -> str:
+    """``2^-24`` for an exact power of two, else a short float."""
+    if x > 0:
+        m, e = math.frexp(x)
+        if m == 0.5:
+            return f"2^{e - 1}"
+    return f"{x:.3g}"
+
+
+def describe_bound(bound: Mapping[str, Any]) -> str:
+    """A report's bound as numbers with the name of their formula (module docstring)."""
+    if bound.get("mode") != "interval":
+        return "bitwise: every checked element must equal the golden value (integer or unbounded output)"
+    text = (f"E = lambda*sqrt(n)*u_acc*S with lambda {format(bound['lambda'], 'g')}, n {bound['n']}, "
+            f"u_acc {format_power(float(bound['u_acc']))}; warn beyond E, fail beyond E_hard = gamma_n(u_acc)*"
+            + ("S_hard (the case's wider error scale)" if bound.get("S_hard") else "S"))
+    if bound.get("c_epi"):
+        text += f"; both plus u_acc*(|c| + |y|)*c_epi with c_epi {bound['c_epi']}"
+    return text
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}" if math.isfinite(x) else str(x)
+
+
+def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
+    rows: list[tuple[str, ...]]
+    if integer:
+        rows = [("index", "device", "golden")]
+        rows += [(str(tuple(w["index"])), _num(w["device"]), _num(w["golden"])) for w in worst]
+        head = "  differing entries:"
+    else:
+        rows = [("status", "index", "tile", "device", "golden", "norm. error", "warns above", "fails above")]
+        for w in worst:
+            rows.append((w["status"], str(tuple(w["index"])), str(tuple(w["tile_128x128"])), _num(w["device"]),
+                         _num(w["golden"]), f"{w['normalised_error']:.3g}", f"{w.get('warn_above', 0.0):.3g}",
+                         f"{w.get('fail_above', 0.0):.3g}" + (f"  {w['note']}" if w.get("note") else "")))
+        head = ("  worst elements, failures first (normalised error |d - golden| / (E + ulp/2) against the values "
+                "at which this element warns and fails):")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [head] + ["    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def _tile_line(r: CaseReport) -> str | None:
+    t = r.tiles
+    if not t or not t.get("failing_tiles"):
+        return None
+    failed = np.asarray(t["failed"])
+    lead, tr, tc = t["shape"]
+    where = []
+    for idx in zip(*np.nonzero(failed), strict=True):
+        g, i, j = (int(v) for v in idx)
+        where.append(f"{r.lead or 'index'} {g} ({i}, {j})" if lead > 1 else f"({i}, {j})")
+    shown = ", ".join(where[:8]) + (f", ... ({len(where) - 8} more)" if len(where) > 8 else "")
+    return f"  {t['tile'][0]}x{t['tile'][1]} tiles with failures: {t['failing_tiles']} of {lead * tr * tc}: {shown}"
+
+
+def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
+    """Human-readable report: one line per passing output (none with ``quiet``), the detail of
+    each warning or failing one, and a summary line."""
     lines = []
     for r in reports:
         if r.error is not None:
             lines.append(f"{r.id}: {r.status.upper()}  {r.error}")
             continue
-        lines.append(f"{r.id}: {r.status.upper()}  checked {r.checked}, passed {r.passed}, warn {r.warned}, "
-                     f"failed {r.failed} (special-value mismatches {r.special_mismatches}), undefined {r.undefined}")
-        lines.append(f"  max normalised error {r.max_normalised_error:.3g}   calc_diff "
-                     f"{r.calc_diff if r.calc_diff is None else format(r.calc_diff, '.3g')}   bound {r.bound}")
+        if r.status == "pass":
+            if not quiet:
+                lines.append(f"{r.id}: PASS  {r.checked} checked, max normalised error {r.max_normalised_error:.3g}")
+            continue
+        integer = np.dtype(r.dtype).kind in "iub" if r.dtype else False
+        special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
+        if r.status == "warn":  # not a failure: one line
+            lines.append(f"{r.id}: WARN  {r.checked} checked, {r.warned} beyond E but within E_hard (consistent "
+                         f"with upstream rounding flips), max normalised error {r.max_normalised_error:.3g}")
+            continue
+        lines.append(f"{r.id}: FAIL  {r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn, "
+                     f"{r.undefined} undefined (not checked)")
+        lines.append(f"  bound: {describe_bound(r.bound)}")
+        stats = []
+        if not integer:
+            stats.append(f"max normalised error {r.max_normalised_error:.3g}")
+        if r.calc_diff is not None:
+            stats.append(f"calc_diff {r.calc_diff:.3g}")
+        if stats:
+            lines.append("  " + ", ".join(stats))
         if r.ulp_histogram:
             lines.append("  ulp distance to golden: " + ", ".join(f"{k}: {v}" for k, v in r.ulp_histogram.items() if v))
-        if r.tiles:
-            lines.append(f"  128x128 tiles with failures: {r.tiles['failing_tiles']}")
-        for w in r.worst:
-            lines.append(f"    {w['status']:4s} at {tuple(w['index'])} (tile {tuple(w['tile_128x128'])}): device "
-                         f"{w['device']!r}, golden {w['golden']!r}, normalised error {w['normalised_error']:.3g}")
+        tile = _tile_line(r)
+        if tile and not integer:
+            lines.append(tile)
+        if r.worst:
+            lines += _worst_table(r.worst, integer)
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
     lines.append(f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
     return "\n".join(lines)
@@ -459,7 +658,10 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
             raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
                               f"expected shape {want.shape} and dtype {want.dtype}")
         g = output_golden(golden, name, main)
-        reports.append(check_case(label(name), dev, g, entry.get("check", {}), inputs, options))
+        rep = check_case(label(name), dev, g, entry.get("check", {}), inputs, options)
+        rep.dtype = str(want.dtype)
+        rep.lead = lead_label(entry) if want.ndim == 3 else None
+        reports.append(rep)
     return reports
 
 
@@ -503,6 +705,18 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
         hlo, hhi = _interval_codes(ep, y, y_lo, np.array([E_hard]))
     return {"pass": (float(lo[0]), float(hi[0])), "warn": (float(hlo[0]), float(hhi[0])), "E": E, "E_hard": E_hard,
             "S": S, "acc": float(y[0]) + (0.0 if y_lo is None else float(y_lo[0]))}
+
+
+def lead_label(entry: Mapping[str, Any]) -> str:
+    """What the leading axis of a case's 3-D outputs indexes."""
+    kernel = str(entry.get("kernel", ""))
+    if "mega_moe" in kernel:
+        return "rank"
+    if "grouped" in kernel:
+        return "group"
+    if "einsum" in kernel:
+        return "batch"
+    return "index"
 
 
 def check(bundle_dir: str | os.PathLike[str], outputs_path: str | os.PathLike[str], *,

@@ -1,0 +1,244 @@
+"""One self-contained HTML report of a check (``deepgemm-ref check --html FILE [--diagnose]``).
+
+A single file to attach to a bug report: no external resource (styles and a few lines of script
+inline, heatmaps as ``data:image/png;base64`` URIs), readable without the script.  It holds the
+bundle and outputs file it came from, a summary table with one row per output (status, counts,
+maximum normalised error, ``calc_diff`` and, with ``--diagnose``, the explaining bug), and for
+every failing or warning output its bound, its heatmap (:mod:`.plot`; without matplotlib a table
+of per-tile failure shares), its worst elements (failures first, each against its own warn /
+fail thresholds) and, with ``--diagnose``, the ranked explanations.  Integer outputs list their
+differing entries instead of a heatmap.  The script filters the table (failures only; also opened as
+``report.html#failures-only``) and marks the page once every image has decoded
+(``body[data-images-loaded]``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from .bundle import atomic_write_text
+from .check import CaseReport, describe_bound
+
+__all__ = ["html_report", "write_html"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; } h3 { font-size: 1em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.status-pass { color: #176117; } .status-warn { color: #8a5a00; } .status-fail, .status-error { color: #b00020; }
+tr.fail td:first-child, tr.error td:first-child { border-left: 4px solid #b00020; }
+tr.warn td:first-child { border-left: 4px solid #d08a00; }
+.meta { color: #555; font-size: 0.9em; }
+.summary { font-size: 1.05em; font-weight: 600; }
+img.heatmap { max-width: 100%; border: 1px solid #ddd; }
+table.tiles td { width: 1.2em; height: 1.2em; padding: 0; }
+.explains { font-weight: 600; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+"""
+
+_SCRIPT = """
+(function () {
+  var rows = Array.prototype.slice.call(document.querySelectorAll('#outputs tbody tr'));
+  var box = document.getElementById('failures-only');
+  if (window.location.hash === '#failures-only') { box.checked = true; }
+  function apply() {
+    var shown = 0;
+    rows.forEach(function (r) {
+      r.hidden = box.checked && (r.dataset.status === 'pass' || r.dataset.status === 'warn');
+      if (!r.hidden) { shown += 1; }
+    });
+    document.body.dataset.visibleRows = String(shown);
+  }
+  box.addEventListener('change', apply);
+  apply();
+  var imgs = Array.prototype.slice.call(document.images);
+  function mark() {
+    document.body.dataset.imagesLoaded = String(imgs.filter(function (i) {
+      return i.complete && i.naturalWidth > 0; }).length);
+  }
+  imgs.forEach(function (i) { i.addEventListener('load', mark); });
+  window.addEventListener('load', mark);
+  mark();
+  document.body.dataset.ready = '1';
+})();
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _anchor(report_id: str) -> str:
+    return "detail-" + "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in report_id)
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    if x is None:
+        return ""
+    return format(float(x), fmt)
+
+
+def _tile_table(r: CaseReport) -> str:
+    """A per-tile failure-share table (the heatmap without matplotlib)."""
+    t = r.tiles
+    lead, tr, tc = t["shape"]
+    failed = np.asarray(t["failed"], float).reshape(lead, tr, tc)
+    checked = np.asarray(t.get("checked", np.full_like(failed, 128 * 128)), float).reshape(lead, tr, tc)
+    special = np.asarray(t.get("special", np.zeros_like(failed)), float).reshape(lead, tr, tc)
+    parts = []
+    for g in range(min(lead, 16)):
+        head = f"<h3>{_e(r.lead or 'index')} {g}</h3>" if lead > 1 else ""
+        cells = []
+        for i in range(min(tr, 64)):
+            row = []
+            for j in range(min(tc, 64)):
+                if checked[g, i, j] == 0:
+                    row.append('<td style="background:#d0d0d0" title="no checked element"></td>')
+                    continue
+                share = failed[g, i, j] / checked[g, i, j]
+                level = int(255 - 200 * share ** 0.5)
+                mark = "&#x2716;" if special[g, i, j] else ""
+                row.append(f'<td style="background:rgb(255,{level},{level})" title="tile ({i}, {j}): '
+                           f'{int(failed[g, i, j])} of {int(checked[g, i, j])} failing">{mark}</td>')
+            cells.append("<tr>" + "".join(row) + "</tr>")
+        parts.append(head + '<table class="tiles">' + "".join(cells) + "</table>")
+    return ('<p>Failure share per 128x128 tile (matplotlib is not installed; darker = more failing elements, '
+            '&#x2716; = a NaN / infinity class mismatch).</p>' + "".join(parts))
+
+
+def _heatmap(r: CaseReport) -> str:
+    from .plot import can_plot, heatmap_png
+
+    if not can_plot(r):
+        return ""
+    try:
+        png = heatmap_png(r)
+    except Exception:  # no matplotlib (DGArgumentError) or a drawing problem: the table instead
+        return _tile_table(r)
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="heatmap" alt="heatmap of {_e(r.id)}" src="data:image/png;base64,{data}">'
+
+
+def _worst(r: CaseReport) -> str:
+    if not r.worst:
+        return ""
+    integer = bool(r.dtype) and np.dtype(r.dtype).kind in "iub"
+    if integer:
+        head = "<tr><th>index</th><th>device</th><th>golden</th></tr>"
+        rows = "".join(f"<tr><td>{_e(tuple(w['index']))}</td><td class=num>{_e(w['device'])}</td>"
+                       f"<td class=num>{_e(w['golden'])}</td></tr>" for w in r.worst)
+        return f"<h3>Differing entries</h3><table class=worst>{head}{rows}</table>"
+    head = ("<tr><th>status</th><th>index</th><th>tile</th><th>device</th><th>golden</th><th>normalised error</th>"
+            "<th>warns above</th><th>fails above</th><th>note</th></tr>")
+    rows = "".join(
+        f"<tr class={_e(w['status'])}><td class=status-{_e(w['status'])}>{_e(w['status'])}</td>"
+        f"<td>{_e(tuple(w['index']))}</td><td>{_e(tuple(w['tile_128x128']))}</td>"
+        f"<td class=num>{_e(_num(w['device'], '.6g'))}</td><td class=num>{_e(_num(w['golden'], '.6g'))}</td>"
+        f"<td class=num>{_e(_num(w['normalised_error']))}</td><td class=num>{_e(_num(w.get('warn_above')))}</td>"
+        f"<td class=num>{_e(_num(w.get('fail_above')))}</td><td>{_e(w.get('note', ''))}</td></tr>"
+        for w in r.worst)
+    return ("<h3>Worst elements (failures first)</h3><p>Normalised error |d - golden| / (E + ulp/2), against the "
+            f"values at which this element warns and fails.</p><table class=worst>{head}{rows}</table>")
+
+
+def _diagnosis(d: Any) -> str:
+    if d is None:
+        return ""
+    parts = [f"<h3>Diagnosis</h3><p class=verdict>{_e(d.verdict)}"]
+    if d.sample:
+        parts.append(f" (screened on {_e(d.sample)})")
+    parts.append("</p>")
+    if d.explanations:
+        parts.append("<table class=explanations><tr><th>rank</th><th>known bug</th><th>reproduces (within the bound)"
+                     "</th><th>exactly</th><th>passing kept</th><th>parameters</th><th>what it is</th></tr>")
+        for i, e in enumerate(d.explanations, start=1):
+            params = ", ".join(f"{k} {v}" for k, v in e.params.items())
+            src = "".join(f' <a href="{_e(s)}">{_e(s.rsplit("/", 3)[-3] + "#" + s.rsplit("/", 1)[-1])}</a>'
+                          for s in e.sources)
+            cls = " class=explains" if e.explains else ""
+            parts.append(f"<tr{cls}><td class=num>{i}</td><td><code>{_e(e.name)}</code></td>"
+                         f"<td class=num>{100 * e.share:.1f}%</td><td class=num>{100 * e.exact_share:.1f}%</td>"
+                         f"<td class=num>{100 * e.kept:.1f}%</td><td>{_e(params)}</td><td>{_e(e.description)}{src}"
+                         "</td></tr>")
+        parts.append("</table>")
+    return "".join(parts)
+
+
+def _case_of(report_id: str, known: Any) -> str:
+    return report_id if report_id in known else report_id.rsplit("/", 1)[0]
+
+
+def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "",
+                diagnoses: list[Any] | None = None, cases: Mapping[str, Any] | None = None) -> str:
+    """The HTML text (see the module docstring)."""
+    cases = cases or {}
+    verdicts = {d.id: d for d in diagnoses or []}
+    known = set(cases) | set(verdicts)
+    counts = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
+    out = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+           f"<title>deepgemm-ref check: {_e(bundle or 'bundle')}</title><style>{_STYLE}</style></head>",
+           f'<body data-outputs="{len(reports)}" data-failing="{counts["fail"]}">',
+           "<h1>deepgemm-ref check</h1>",
+           f'<p class=meta>bundle <code>{_e(bundle)}</code>, device outputs <code>{_e(outputs)}</code>; '
+           f"deepgemm_ref {_e(__version__)}, {_e(datetime.datetime.now().isoformat(timespec='seconds'))}</p>",
+           f'<p class=summary id=summary>{len(reports)} outputs: {counts["pass"]} pass, {counts["warn"]} warn, '
+           f'{counts["fail"]} fail</p>',
+           '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
+           '<table id="outputs"><thead><tr><th>output</th><th>status</th><th>checked</th><th>failing</th>'
+           "<th>warn</th><th>max normalised error</th><th>calc_diff</th><th>diagnosis</th></tr></thead><tbody>"]
+    details = []
+    for r in reports:
+        status = "error" if r.error is not None else r.status
+        d = verdicts.get(_case_of(r.id, known))
+        verdict = d.verdict if d is not None and r.status == "fail" else ""
+        name = (f'<a href="#{_anchor(r.id)}">{_e(r.id)}</a>' if status != "pass" else _e(r.id))
+        out.append(f'<tr class="{status}" data-status="{status}"><td>{name}</td>'
+                   f"<td class=status-{status}>{status.upper()}</td><td class=num>{r.checked}</td>"
+                   f"<td class=num>{r.failed}</td><td class=num>{r.warned}</td>"
+                   f"<td class=num>{'' if r.error else _num(r.max_normalised_error)}</td>"
+                   f"<td class=num>{_num(r.calc_diff)}</td><td>{_e(verdict)}</td></tr>")
+        if status == "pass":
+            continue
+        sec = [f'<section class="detail {status}" id="{_anchor(r.id)}"><h2 class=status-{status}>{_e(r.id)}: '
+               f"{status.upper()}</h2>"]
+        if r.error is not None:
+            sec.append(f"<p>{_e(r.error)}</p>")
+        else:
+            special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
+            sec.append(f"<p>{r.failed} of {r.checked} checked elements fail{_e(special)}, {r.warned} warn, "
+                       f"{r.undefined} undefined (not checked).</p><p class=bound>Bound: {_e(describe_bound(r.bound))}"
+                       "</p>")
+            if r.ulp_histogram:
+                sec.append("<p>ulp distance to golden: " + _e(", ".join(f"{k}: {v}" for k, v in
+                                                                          r.ulp_histogram.items() if v)) + "</p>")
+            sec.append(_heatmap(r))
+            sec.append(_worst(r))
+        if d is not None and r.status == "fail":
+            sec.append(_diagnosis(d))
+        sec.append("</section>")
+        details.append("".join(sec))
+    out.append("</tbody></table>")
+    out += details
+    out.append(f"<script>{_SCRIPT}</script></body></html>\n")
+    return "\n".join(out)
+
+
+def write_html(path: str | os.PathLike[str], reports: list[CaseReport], **kwargs: Any) -> Path:
+    """Write :func:`html_report` to ``path`` atomically."""
+    out = Path(path)
+    if not out.parent.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, html_report(reports, **kwargs))
+    return out

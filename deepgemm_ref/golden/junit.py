@@ -1,0 +1,80 @@
+"""JUnit XML of a check (``deepgemm-ref check --junit FILE``): one test case per checked output.
+
+The structure is pytest's ``--junitxml`` one, which CI dashboards read: ``<testsuites>`` holding
+one ``<testsuite name=... tests= failures= errors= skipped= time= timestamp= hostname=>``, and
+per output a ``<testcase classname="<bundle>.<kernel>" name="<case id>[/<output>]" time=>``
+that passes (empty; a warning adds ``<system-out>``), fails (``<failure message=...>`` with the
+report's detail) or is an error (``<error message=...>``: the output could not be checked:
+missing, its replay failed, the bundle lacks the case).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .bundle import atomic_write_text
+from .check import CaseReport, format_report
+
+__all__ = ["junit_xml", "write_junit"]
+
+
+def _clean(text: str) -> str:
+    """XML 1.0 allows no control characters but tab, newline and carriage return."""
+    return "".join(ch if ch in "\t\n\r" or ord(ch) >= 0x20 else f"\\x{ord(ch):02x}" for ch in text)
+
+
+def _case_of(report_id: str, cases: Mapping[str, Any]) -> str:
+    return report_id if report_id in cases else report_id.rsplit("/", 1)[0]
+
+
+def junit_xml(reports: list[CaseReport], *, suite: str = "deepgemm-ref check", bundle_name: str = "bundle",
+              cases: Mapping[str, Any] | None = None, seconds: float = 0.0,
+              diagnoses: list[Any] | None = None) -> str:
+    """The reports as JUnit XML text (see the module docstring).  ``cases``: the bundle's
+    manifest entries (for each output's kernel); ``diagnoses``: a failure message then names
+    the explaining bug."""
+    cases = cases or {}
+    verdicts = {d.id: d for d in diagnoses or []}
+    failures = sum(r.status == "fail" and r.error is None for r in reports)
+    errors = sum(r.error is not None for r in reports)
+    root = ET.Element("testsuites", {"name": suite})
+    ts = ET.SubElement(root, "testsuite", {
+        "name": suite, "errors": str(errors), "failures": str(failures), "skipped": "0", "tests": str(len(reports)),
+        "time": f"{seconds:.3f}", "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
+        "hostname": platform.node() or "localhost"})
+    for r in reports:
+        case_id = _case_of(r.id, cases)
+        kernel = str(cases.get(case_id, {}).get("kernel", "unknown"))
+        classname = ".".join(part for part in (bundle_name, kernel) if part)
+        tc = ET.SubElement(ts, "testcase", {"classname": _clean(classname), "name": _clean(r.id),
+                                            "time": f"{seconds / max(len(reports), 1):.3f}"})
+        detail = format_report([r]).rsplit("\n", 1)[0]  # without the summary line
+        if r.error is not None:
+            el = ET.SubElement(tc, "error", {"message": _clean(r.error)})
+            el.text = _clean(detail)
+        elif r.status == "fail":
+            msg = f"{r.failed} of {r.checked} checked elements fail"
+            d = verdicts.get(case_id)
+            if d is not None:
+                msg += f"; {d.verdict}"
+            el = ET.SubElement(tc, "failure", {"message": _clean(msg)})
+            el.text = _clean(detail)
+        elif r.status == "warn":
+            ET.SubElement(tc, "system-out").text = _clean(detail)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(path: str | os.PathLike[str], reports: list[CaseReport], **kwargs: Any) -> Path:
+    """Write :func:`junit_xml` to ``path`` atomically."""
+    out = Path(path)
+    if out.parent and not out.parent.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, junit_xml(reports, **kwargs))
+    return out
