@@ -427,3 +427,26 @@ def test_zero_dim_inputs_keep_zero_dims():
     assert float(q) == 448.0 and sf == np.float32(3.0) * np.float32(1 / 448)  # default "cuda" division
     r = dg.ceil_to_ue8m0(np.array(3.0, np.float32))
     assert r.shape == () and r == 4.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+def test_per_block_wide_range_every_input_dtype(dtype, use_ue8m0):
+    """Blocks whose values span many binades (E4M3 subnormals and zeros after scaling), a block
+    of zeros (the amax floor), partial blocks in both dimensions: bytes of the reference."""
+    g = 16
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((37, 45)) * np.exp2(rng.integers(-30, 30, (37, 45)))).astype(np.float32).astype(dtype)
+    x[:16, 16:32] = 0
+    q, sf = dg.per_block_cast_to_fp8(x, use_ue8m0=use_ue8m0, gran_k=g)
+    assert q.shape == (37, 45) and sf.shape == (3, 3)
+    wide64 = np.dtype(dtype) == np.float64
+    for bi in range(3):
+        for bj in range(3):
+            rows = range(bi * g, min(37, (bi + 1) * g))
+            cols = range(bj * g, min(45, (bj + 1) * g))
+            vals = [float(x[i, j]) for i in rows for j in cols]
+            s, scaled = ref.quantise_group(vals + [0.0], 448, use_ue8m0, "cuda", wide64)
+            assert sf[bi, bj] == np.float32(s)
+            got = [int(q.view(np.uint8)[i, j]) for i in rows for j in cols]
+            assert got == [ref.e4m3_code(v) for v in scaled[: len(vals)]]
