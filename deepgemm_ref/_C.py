@@ -1,8 +1,10 @@
 """``deepgemm_ref._C``: the public helpers that DeepGEMM and DeepGEMM-Ascend keep in their
 compiled extension, with each target's signature (see ``api.profiled``).
 
-JIT and device controls (``init``, ``set_dry_run``, ``get_dry_run``, ``npu_sleep``, ``get_jit``)
-are recorded or do nothing: there is no compiler and no device.
+JIT and device controls (``init``, ``npu_sleep``, ``get_jit``, class ``Runtime``) are recorded or
+do nothing: there is no compiler and no device.  ``set_dry_run`` / ``get_dry_run`` switch
+DeepGEMM-Ascend's dry run (:mod:`deepgemm_ref.dryrun`): kernels validate their arguments and
+compute and write nothing.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from . import dryrun, namespace
 from .api import not_implemented, profiled
 from .errors import arg_error
 from .mega import get_ring_limit_for_mega_moe, get_symm_buffer_size_for_mega_moe, get_token_alignment_for_mega_moe
 from .mega._layout import alloc_bytes, zero_bytes
+from .toolkit.sizes import check_alloc, size_arg
 
-__all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "fp8_bmm", "bf16_bmm", "_mega_moe_block_n",
-           "get_token_alignment_for_mega_moe", "get_ring_limit_for_mega_moe", "get_symm_buffer_size_for_mega_moe",
-           "SymmBuffer", "fp8_fp4_mega_moe", "bf16_mega_moe"]
+__all__ = ["init", "set_dry_run", "get_dry_run", "npu_sleep", "get_jit", "Runtime", "fp8_bmm", "bf16_bmm",
+           "_mega_moe_block_n", "get_token_alignment_for_mega_moe", "get_ring_limit_for_mega_moe",
+           "get_symm_buffer_size_for_mega_moe", "SymmBuffer", "fp8_fp4_mega_moe", "bf16_mega_moe"]
 
 _ASCEND_ONLY = {"deepgemm": "a DeepGEMM-Ascend _C addition that DeepGEMM 2.6.1 does not export"}
 
@@ -34,18 +38,15 @@ def _init_ascend(version: str, library_root_path: str, /) -> None:
 
 
 def _set_dry_run(value: bool, /) -> None:
-    """DeepGEMM-Ascend's dry run: while set, every entry point checks its arguments (raising the
-    same errors) and leaves the caller's outputs untouched (it runs on copies of its arrays)."""
-    from .api import DRY_RUN
-
-    DRY_RUN["on"] = bool(value)
+    """DeepGEMM-Ascend's dry run: while set, every kernel entry point validates its arguments
+    (raising the same errors) and returns without computing or writing anything; ``meta`` tensors
+    are accepted as arguments (see :mod:`deepgemm_ref.dryrun`)."""
+    dryrun.set_enabled(bool(value))
 
 
 def _get_dry_run() -> bool:
     """The dry-run flag."""
-    from .api import DRY_RUN
-
-    return bool(DRY_RUN["on"])
+    return dryrun.enabled()
 
 
 def _npu_sleep(sleep_cycles: int, *, marker: int = 0) -> None:
@@ -53,9 +54,28 @@ def _npu_sleep(sleep_cycles: int, *, marker: int = 0) -> None:
     return None
 
 
-def _get_jit() -> Any:
-    """DeepGEMM-Ascend's JIT runtime object; the emulator has none (returns None)."""
-    return None
+class _Runtime:
+    """DeepGEMM-Ascend's ``_C.Runtime``: DeepJIT's runtime handle, an opaque class that Python
+    cannot construct (``_C.get_jit()`` returns the process's one instance)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        raise TypeError("deep_gemm._C.Runtime: No constructor defined!")
+
+    def __repr__(self) -> str:
+        return "<deepgemm_ref._C.Runtime object (no JIT compiler: nothing is compiled)>"
+
+
+_Runtime.__name__ = _Runtime.__qualname__ = "Runtime"
+_Runtime.__module__ = "deepgemm_ref._C"
+# Note: the one JIT runtime of the process; no compiler exists behind it.
+_JIT = object.__new__(_Runtime)
+
+
+def _get_jit() -> _Runtime:
+    """DeepGEMM-Ascend's lazily created JIT runtime: the process's one ``_C.Runtime`` instance."""
+    return _JIT
 
 
 init = profiled("init", deepgemm=_init_cuda, deepgemm_ascend=_init_ascend)
@@ -63,6 +83,8 @@ set_dry_run = profiled("set_dry_run", _ASCEND_ONLY, deepgemm_ascend=_set_dry_run
 get_dry_run = profiled("get_dry_run", _ASCEND_ONLY, deepgemm_ascend=_get_dry_run)
 npu_sleep = profiled("npu_sleep", _ASCEND_ONLY, deepgemm_ascend=_npu_sleep)
 get_jit = profiled("get_jit", _ASCEND_ONLY, deepgemm_ascend=_get_jit)
+#: DeepJIT's runtime class as DeepGEMM-Ascend's ``_C`` exports it (opaque; see ``get_jit``).
+Runtime = _Runtime
 #: BLOCK_N of DeepGEMM-Ascend's Mega MoE (256-row weight blocks).
 _mega_moe_block_n = 256
 
@@ -161,9 +183,9 @@ class _CSymmBuffer:
 
     def __init__(self, rank_idx: int, num_ranks: int, hccl_group_name: str, num_bytes: int) -> None:
         func = "_C.SymmBuffer"
-        for arg, v in (("num_ranks", num_ranks), ("num_bytes", num_bytes)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise arg_error(func, arg, "a positive int", repr(v))
+        size_arg(func, "num_ranks", num_ranks, minimum=1)  # C++ int; num_bytes an int64 byte count
+        size_arg(func, "num_bytes", num_bytes, minimum=1, maximum=2**63 - 1)
+        check_alloc(func, "num_bytes", int(num_bytes), "the leased buffer (pages mapped on first touch)", lazy=True)
         if isinstance(rank_idx, bool) or not isinstance(rank_idx, (int, np.integer)) or not 0 <= rank_idx < num_ranks:
             raise arg_error(func, "rank_idx", f"an int in [0, {num_ranks})", repr(rank_idx))
         if not isinstance(hccl_group_name, str):
@@ -192,3 +214,6 @@ class _CSymmBuffer:
 SymmBuffer = profiled("SymmBuffer", {"deepgemm": "DeepGEMM 2.6.1 builds the symmetric buffer in Python "
                                      "(deep_gemm.SymmBuffer) over torch symmetric memory; _C has no class"},
                       deepgemm_ascend=_CSymmBuffer)
+
+# What DeepGEMM 2.6.1's and DeepGEMM-Ascend's _C export follows the active profile.
+namespace.install(__name__, {"Runtime": "deepgemm-ascend", "_mega_moe_block_n": "deepgemm-ascend"})

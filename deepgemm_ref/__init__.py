@@ -2,13 +2,17 @@
 
 ``import deepgemm_ref as deep_gemm`` gives DeepGEMM's names, parameters and defaults over NumPy
 arrays (ml_dtypes for the narrow formats) and torch CPU tensors.  Golden outputs are the exact
-result rounded once to the output dtype.  This module only assembles the namespace.
+result rounded once to the output dtype, with the roundings the kernel's data flow defines
+(docs/numerics.md, "The rounding rule").  This module only assembles the namespace.
 """
 
 # Note: the quantisation utilities and testing helpers stay available under ascend950 although
-# DeepGEMM-Ascend does not export them: inputs for its kernels are made with them.
+# DeepGEMM-Ascend does not export them: inputs for its kernels are made with them; the epilogue
+# objects stay available under DeepGEMM's profiles, whose GEMMs also take epilogue=.
 # deep_gemm's star import of deep_gemm.utils makes its sub-modules and dist helpers visible at
-# top level (math, dist, init_dist, uneven_all_gather); so does this namespace.
+# top level (math, dist, init_dist, uneven_all_gather); so does this namespace (under DeepGEMM's
+# profiles).  The namespace follows the active profile (deepgemm_ref.namespace): hasattr, dir(),
+# __all__ and imports see only the names the emulated library exports.
 
 # --- generated from deepgemm_ref._exports.TABLE: do not edit by hand ---
 from . import _C, epilogue, formats, locality_domain, mega, testing, utils
@@ -245,3 +249,7 @@ __all__ = [
     "transform_k_grouped_sf_into_required_layout",
 ]
 # --- end of generated block ---
+
+from . import _exports, namespace  # noqa: E402
+
+namespace.install(__name__, _exports.only("top"))

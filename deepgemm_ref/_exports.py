@@ -10,6 +10,9 @@ Each row: ``name  home  namespaces``.  ``home`` is the module (relative to ``dee
 defines the object, ``module:attr`` when it is defined there under another name, or ``=module``
 for a module itself; ``namespaces`` are ``top`` (``deepgemm_ref``), ``utils``, ``utils.math``,
 ``utils.layout``, or ``-`` (none: a name only of its home, listed for the home's ``__all__``).
+A trailing ``only=deepgemm`` or ``only=deepgemm-ascend`` says that only that target exports the
+name: under the other target's profiles the namespaces hide it (:mod:`deepgemm_ref.namespace`;
+profiled functions are hidden where their target does not provide them without being marked).
 This module is data only and imports nothing from the package.
 """
 
@@ -19,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Export", "TABLE", "EXPORTS", "NAMESPACES", "names", "defined_in", "generated_block", "rewrite"]
+__all__ = ["Export", "TABLE", "EXPORTS", "NAMESPACES", "names", "only", "defined_in", "generated_block", "rewrite"]
 
 TABLE = """
 SymmBuffer                                             mega               top
@@ -78,11 +81,11 @@ aclnn_fp8_fp4_gemm_tt                                  gemm               top
 __version__                                            _version           top
 formats                                                =formats           top
 testing                                                =testing           top
-utils                                                  =utils             top
-math                                                   =utils.math        top utils
-dist                                                   =utils.dist        top utils
-init_dist                                              utils.dist         top utils
-uneven_all_gather                                      utils.dist         top utils
+utils                                                  =utils             top only=deepgemm
+math                                                   =utils.math        top utils only=deepgemm
+dist                                                   =utils.dist        top utils only=deepgemm
+init_dist                                              utils.dist         top utils only=deepgemm
+uneven_all_gather                                      utils.dist         top utils only=deepgemm
 _C                                                     =_C                top
 DGArgumentError                                        errors             top
 DGUtilityError                                         errors             top
@@ -107,7 +110,7 @@ per_token_cast_to_fp8                                  quant              top ut
 transpose_packed_fp4                                   quant              top utils utils.math
 unpack_ue8m0_from_int                                  quant              top utils utils.math
 epilogue                                               =epilogue          top
-locality_domain                                        =locality_domain   top
+locality_domain                                        =locality_domain   top only=deepgemm-ascend
 get_num_locality_domains                               locality_domain:profiled_get_num_locality_domains top
 is_localization_available                              locality_domain:profiled_is_localization_available top
 localize                                               locality_domain:profiled_localize top
@@ -131,7 +134,7 @@ get_npu_arch                                           runtime            top
 use_deterministic_algorithms                           runtime            top
 get_deterministic_algorithms                           runtime            top
 get_library_root_path                                  runtime            top
-ASCEND_HOME                                            runtime            top
+ASCEND_HOME                                            runtime            top only=deepgemm-ascend
 get_tma_aligned_size                                   layout             top utils utils.layout
 get_mn_major_tma_aligned_tensor                        layout             top utils utils.layout
 get_mn_major_tma_aligned_packed_ue8m0_tensor           layout             top utils utils.layout
@@ -167,6 +170,7 @@ class Export:
     home: str
     attr: str | None  # None: the module itself
     namespaces: tuple[str, ...]
+    only: str | None = None  # the one target that exports the name (None: as its object says)
 
 
 def _parse(text: str) -> tuple[Export, ...]:
@@ -178,7 +182,8 @@ def _parse(text: str) -> tuple[Export, ...]:
         else:
             mod, _, attr_ = home.partition(":")
             attr = attr_ or name
-        out.append(Export(name, mod, attr, tuple(s for s in spaces if s != "-")))
+        only = next((s.split("=", 1)[1] for s in spaces if s.startswith("only=")), None)
+        out.append(Export(name, mod, attr, tuple(s for s in spaces if s != "-" and not s.startswith("only=")), only))
     return tuple(out)
 
 
@@ -188,6 +193,11 @@ EXPORTS = _parse(TABLE)
 def names(namespace: str) -> list[str]:
     """The names of ``namespace`` (``"top"``, ``"utils"``, ...), in table order."""
     return [e.name for e in EXPORTS if namespace in e.namespaces]
+
+
+def only(namespace: str) -> dict[str, str]:
+    """``{name: target}`` of the names of ``namespace`` that only one target exports."""
+    return {e.name: e.only for e in EXPORTS if namespace in e.namespaces and e.only is not None}
 
 
 def defined_in(home: str) -> list[str]:

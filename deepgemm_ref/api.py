@@ -10,17 +10,19 @@ A name the active target does not provide raises the argument error saying so.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
+from . import dryrun
 from .errors import DGArgumentError
 from .profiles import Profile, get_profile
 
-__all__ = ["ProfiledFunction", "profiled", "not_implemented", "TARGET_LABEL"]
+__all__ = ["ProfiledFunction", "profiled", "not_implemented", "TARGET_LABEL", "CallLog", "log_calls"]
 
 TARGET_LABEL = {"deepgemm": "DeepGEMM 2.6.1", "deepgemm-ascend": "DeepGEMM-Ascend"}
 
@@ -64,13 +66,22 @@ class ProfiledFunction:
         impl = self.impl_for(p)
         if impl is None:
             raise self._unavailable(p)
-        if DRY_RUN["on"] and p.is_ascend:
-            # DeepGEMM-Ascend's _C.set_dry_run(True): entry points check their arguments and
-            # return without launching, outputs untouched.  The call runs on copies of every array
-            # argument (aliases kept: c is d stays true), so checks and errors are the real ones.
-            memo: dict[int, Any] = {}
-            args = tuple(_detached(a, memo) for a in args)
-            kwargs = {k: _detached(v, memo) for k, v in kwargs.items()}
+        log = _log.get()
+        if log is not None and not log.depth:
+            return log.timed(self.__name__, self._call, impl, p, args, kwargs)
+        return self._call(impl, p, args, kwargs)
+
+    def _call(self, impl: Callable[..., Any], p: Profile, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if dryrun.enabled() and p.is_ascend:
+            # DeepGEMM-Ascend's _C.set_dry_run(True): the entry point checks its arguments and
+            # returns without launching (deepgemm_ref.dryrun).
+            with dryrun.call(self.__name__) as outermost:
+                try:
+                    return impl(*args, **kwargs)
+                except dryrun.Stop as done:
+                    if not outermost:  # a public function called by another: the outer one returns
+                        raise
+                    return done.result
         return impl(*args, **kwargs)
 
     @property
@@ -82,28 +93,36 @@ class ProfiledFunction:
         return f"<deepgemm_ref function {self.__name__} ({', '.join(self._impls)})>"
 
 
-DRY_RUN = {"on": False}  # set by _C.set_dry_run (DeepGEMM-Ascend)
+class CallLog:
+    """The public calls made while :func:`log_calls` is active: ``(name, wall-clock ns)`` of each
+    outermost call (a public function called by another counts as part of its caller)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.depth = 0
+
+    def timed(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        self.depth += 1
+        t0 = time.perf_counter_ns()
+        try:
+            return call(*args)
+        finally:
+            self.calls.append((name, time.perf_counter_ns() - t0))
+            self.depth -= 1
 
 
-def _detached(x: Any, memo: dict[int, Any]) -> Any:
-    """A copy of x's arrays and tensors (recursing into tuples and lists), other values as they are."""
-    if id(x) in memo:
-        return memo[id(x)]
-    from .interop import is_tensor
+_log: contextvars.ContextVar[CallLog | None] = contextvars.ContextVar("deepgemm_ref_call_log", default=None)
 
-    out: Any
-    if isinstance(x, np.ndarray):
-        out = x.copy()
-    elif is_tensor(x):
-        out = x.clone()
-    elif isinstance(x, tuple):
-        out = tuple(_detached(v, memo) for v in x)
-    elif isinstance(x, list):
-        out = [_detached(v, memo) for v in x]
-    else:
-        out = x
-    memo[id(x)] = out
-    return out
+
+@contextlib.contextmanager
+def log_calls() -> Iterator[CallLog]:
+    """Log the public calls of this thread for the block (``testing.bench_msprof``'s kernels)."""
+    log = CallLog()
+    token = _log.set(log)
+    try:
+        yield log
+    finally:
+        _log.reset(token)
 
 
 def profiled(

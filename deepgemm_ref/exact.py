@@ -156,7 +156,8 @@ def f64_to_f32_round_odd(x: npt.ArrayLike) -> np.ndarray:
     bits = x.view(np.uint64)
     exp = (bits >> np.uint64(52)) & np.uint64(0x7FF)
     trunc = (bits & ~_LOW29) | (((bits & _LOW29) != 0).astype(np.uint64) << np.uint64(29))
-    r = trunc.view(np.float64).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range lanes are redone below
+        r = trunc.view(np.float64).astype(np.float32)
     fast = ((exp >= _F32_NORMAL_MIN_EXP) & (exp <= _F32_NORMAL_MAX_EXP)) | (x == 0)
     if not fast.all():
         slow = ~fast

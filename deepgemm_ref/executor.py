@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import core, trace
+from . import core, dryrun, trace
 from ._parallel import num_threads, parallel_chunks, single_threaded_blas
 from .config import get_numerics
 from .profiles import get_profile
@@ -163,8 +163,10 @@ def execute(
     parallel:     run the tasks on the package's thread pool (their destinations are disjoint).
     record_trace: False: return the collected arrays without recording (the caller records).
     extra:        kernel-specific arrays for the record (e.g. a second output's accumulator).
-    Returns the :class:`Collected` trace arrays and stats.
+    Returns the :class:`Collected` trace arrays and stats.  Under DeepGEMM-Ascend's dry run the
+    call ends here, before anything is computed or written (:func:`deepgemm_ref.dryrun.stop`).
     """
+    dryrun.stop()
     acc = active_accumulation() if accumulation is None else accumulation
     want_acc, want_S = trace.wants() if want is None else want
     col = Collected(tuple(d.shape), want_acc, want_S, trace_fill)

@@ -268,10 +268,14 @@ def _table(fmt: Format) -> np.ndarray:
 def decode(codes: npt.ArrayLike, fmt: Format) -> np.ndarray:
     """Decode integer codes (any integer dtype; only the low ``fmt.bits`` bits are read) to float64."""
     c = np.asarray(codes)
+    # Widening is exact; a signalling NaN comes back as a quiet NaN of the same sign, which
+    # raises the "invalid" flag: not an error here (NaN in, NaN out).
     if fmt is F32:
-        return c.astype(np.uint32).view(np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return c.astype(np.uint32).view(np.float32).astype(np.float64)
     if fmt is BF16:
-        return c.astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            return c.astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
     mask = (1 << fmt.bits) - 1
     return _table(fmt)[c.astype(np.int64) & mask]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, trace
+from . import core, dryrun, trace
 from . import formats as fm
 from .api import profiled
 from .errors import arg_error
@@ -56,7 +56,8 @@ from .toolkit.operands import (
     recipes,
     resolve_scales,
 )
-from .toolkit.outputs import check_out, resolve_c
+from .toolkit.outputs import check_out, check_written, resolve_c, shares_memory
+from .toolkit.sizes import check_matmul
 
 __all__ = [
     "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
@@ -82,6 +83,7 @@ class _Gemm:
 
 
 def _gemm(d: np.ndarray, a: core.Operand, b: core.Operand, out: core.OutputStage) -> _Gemm:
+    dryrun.stop()  # validated: a dry run ends here
     return _Gemm(d, Task(a, b, out, (slice(None),)))
 
 
@@ -98,6 +100,7 @@ def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> t
         return True, None
     c_val, _same = resolve_c(c, d, func)
     if k == 0:
+        dryrun.stop()  # validated: a dry run writes nothing
         if c_val is not None:
             d[...] = c_val
         else:
@@ -134,7 +137,8 @@ def _fp8_fp4_request(
     m, k, n = sa.mn, sa.k, sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", f"K = {sb.k} ({B.shape} {B.dtype})")
-    check_out(dd, func, (m, n), OUT_DTYPES)
+    check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
         raise arg_error(func, "disable_ue8m0_cast", "a bool", repr(disable_ue8m0_cast))
     # Validate recipes and SFs before the early return touches d.
@@ -240,7 +244,9 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
         raise arg_error(func, "head_splits", f"left + right dividing N = {n}", repr(head_splits))
     heads = n // (left + right)
     out_dtypes = (BF16,) if profile.rules.fp8_1d2d else OUT_DTYPES  # the 1D2D kernel writes bf16
-    check_out(dd, func, (m, n + heads * mid), out_dtypes)
+    check_out(dd, func, (m, n + heads * mid), out_dtypes,
+              inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
     if n == 0 or k == 0:
         raise arg_error(func, "b", "N > 0 and K > 0", B)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, None, None, profile)
@@ -285,7 +291,10 @@ fp8_gemm_nt_skip_head_mid = profiled(
 # ----------------------------------------------------------------------------------------------
 
 def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any, epilogue: Any,
-                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel") -> _Gemm | None:
+                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel", c_written: bool = False
+                  ) -> _Gemm | None:
+    """Validate a BF16 (or unscaled) NT GEMM; None when there is nothing to compute.  ``c_written``:
+    a separate ``c`` is also written (ACLNN's in-place addmm), so it is checked as an output."""
     check_compiled_dims(func, compiled_dims)
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
@@ -298,7 +307,12 @@ def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any,
     n, k2 = B.shape
     if k2 != k:
         raise arg_error(func, "b", f"shape (N, {k}) to match a", B)
-    check_out(dd, func, (m, n), OUT_DTYPES)
+    check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a", A), ("b", B)))
+    check_matmul(func, "a", m, n, k)
+    if c_written and c is not None:
+        ca = as_array(c, func, "c")
+        if not shares_memory(ca, dd):  # c is d is in-place; any other overlap is refused with c's checks
+            check_written(ca, func, "c", inputs=(("a", A), ("b", B)))
     done, c_val = _early_return(func, m, n, k, dd, c)
     if done:
         return None
@@ -372,7 +386,7 @@ def _make_aclnn_bf16(layout: str) -> Callable[..., None]:
     def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
         a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
         b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
-        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused")
+        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused", c_written=True)
         if req is None:
             return
         c_val = req.task.output.c if req.task.output is not None else None
@@ -404,13 +418,13 @@ def _aclnn_fp8_bytes(func: str, arg: str, sf: np.ndarray | None, mn: int, k: int
     if sf.ndim != 2 or tuple(sf.shape) != want:
         raise arg_error(func, arg, f"shape {want} = (mn, ceil(k / 32))", sf)
     if sf.dtype == F32:
-        bits = np.ascontiguousarray(sf).view(np.uint32)
+        bits = sf.view(np.uint32)  # shape checked above; a view with any strides
         if np.any(bits >> np.uint32(31)):
             raise arg_error(func, arg, "non-negative float32 scales", sf)
         # The port floors a non-power-of-two float32 scale to its exponent byte (no check).
         return (bits >> np.uint32(23)).astype(np.uint8)
     if sf.dtype.itemsize == 1 and sf.dtype.kind in "uV" or str(sf.dtype) == "float8_e8m0fnu":
-        return np.ascontiguousarray(sf).view(np.uint8)
+        return sf.view(np.uint8)
     raise arg_error(func, arg, "float32, float8_e8m0fnu or uint8 scales", sf)
 
 
@@ -438,7 +452,8 @@ def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
         m, k, n = sa.mn, sa.k, sb.mn
         if sb.k != k:
             raise arg_error(name, "b", f"K = {k} (from a)", B)
-        check_out(dd, name, (m, n), OUT_DTYPES)
+        check_out(dd, name, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+        check_matmul(name, "a", m, n, k)
         if k % 64:
             raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
         ga, gka, gb, gkb = ascend_recipes(name, None, None, recipe, recipe_a, recipe_b, get_profile())

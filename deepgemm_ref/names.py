@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import types
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -45,9 +46,16 @@ def reference_entries(target: str) -> tuple[SignatureEntry, ...]:
 
 
 def resolve(entry: SignatureEntry) -> Any:
-    """Our object for a reference entry (deep_gemm.X.Y -> deepgemm_ref.X.Y), or None."""
+    """Our object for a reference entry (deep_gemm.X.Y -> deepgemm_ref.X.Y), or None.
+
+    Looked up in the modules' own dictionaries first, so the answer does not depend on the
+    active profile (whose namespaces hide the other target's names, see ``namespace``).
+    """
     obj: Any = importlib.import_module("deepgemm_ref")
     for part in entry.module.split(".")[1:] + [entry.name]:
+        if isinstance(obj, types.ModuleType) and part in vars(obj):
+            obj = vars(obj)[part]
+            continue
         try:
             obj = getattr(obj, part)
         except AttributeError:

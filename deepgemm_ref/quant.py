@@ -34,6 +34,7 @@ from .config import NumericsOptions, get_numerics
 from .errors import arg_error
 from .exact import align, ceil_div  # DeepGEMM's deep_gemm.utils.math names, defined once in .exact
 from .interop import caller_kind, from_numpy, to_numpy
+from .toolkit.sizes import INT_MAX, check_alloc, check_backed, nbytes
 
 __all__ = [
     "ceil_div",
@@ -68,13 +69,27 @@ def _float_input(x: Any, func: str, arg: str = "x", ndim: int | None = None) -> 
         raise arg_error(func, arg, "dtype float32, float64, float16 or bfloat16", xa, utility=True)
     if ndim is not None and xa.ndim != ndim:
         raise arg_error(func, arg, f"a {ndim}-D array", xa, utility=True)
+    check_backed(func, arg, xa, utility=True)
     return xa
 
 
 def _gran(func: str, gran_k: Any) -> int:
-    if not isinstance(gran_k, (int, np.integer)) or isinstance(gran_k, bool) or gran_k <= 0:
-        raise arg_error(func, "gran_k", "a positive integer", repr(gran_k), utility=True)
+    # Note: gran_k is at most INT_MAX (DeepGEMM's Python utilities take any positive int): the
+    # kernels read granularities as C++ ints, and every row is padded to a multiple of gran_k.
+    if not isinstance(gran_k, (int, np.integer)) or isinstance(gran_k, bool) or not 0 < gran_k <= INT_MAX:
+        raise arg_error(func, "gran_k", f"a positive integer <= {INT_MAX}", repr(gran_k), utility=True)
     return int(gran_k)
+
+
+#: Bytes per padded element of the quantisers' working copies: the zero-padded copy (up to 8
+#: bytes), its float32 widening, the scaled values and the codes.
+_PAD_WORK = 16
+
+
+def _check_padding(func: str, rows: int, padded: int, what: str) -> None:
+    """The zero-padded working copies of ``rows`` rows of ``padded`` elements within the limit."""
+    check_alloc(func, "gran_k", nbytes((rows, padded), _PAD_WORK), f"the zero-padded working copy ({what})",
+                utility=True)
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -186,6 +201,7 @@ def pack_ue8m0_to_int(x: Any) -> Any:
     xa = to_numpy(x, func)
     if not isinstance(xa, np.ndarray) or xa.dtype != np.float32:
         raise arg_error(func, "x", "a float32 array", xa, utility=True)
+    check_backed(func, "x", xa, utility=True)
     if xa.ndim == 0 or xa.shape[-1] % 4:
         raise arg_error(func, "x", "a last dimension divisible by 4", xa, utility=True)
     bits = np.ascontiguousarray(xa).view(np.int32)
@@ -208,6 +224,7 @@ def unpack_ue8m0_from_int(packed_sf: Any) -> Any:
     p = to_numpy(packed_sf, func, "packed_sf")
     if not isinstance(p, np.ndarray) or p.dtype.itemsize != 4 or p.dtype.kind not in "iu":
         raise arg_error(func, "packed_sf", "an int32 array", p, utility=True)
+    check_backed(func, "packed_sf", p, utility=True)
     if p.ndim == 0 or (p.shape[-1] > 1 and p.strides[-1] != 4):
         # DeepGEMM views the tensor as uint8, which needs a last dimension of unit stride
         raise arg_error(func, "packed_sf", "at least one dimension, the last one of unit stride", p, utility=True)
@@ -238,6 +255,7 @@ def per_token_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
     if use_packed_ue8m0 and groups % 4:
         raise arg_error(func, "x", f"a group count (ceil(n / gran_k) = {groups}) divisible by 4 for packed scales",
                         xa, utility=True)
+    _check_padding(func, min(m, _rows_per_chunk(padded_n)), padded_n, f"rows padded to {padded_n} columns")
     x_fp8 = np.empty((m, n), ml_dtypes.float8_e4m3fn)
     sf2 = np.empty((m, groups), _F32)
     options = get_numerics()
@@ -293,6 +311,9 @@ def per_block_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128) -> Any:
     xa = _float_input(x, func, ndim=2)
     m, n = xa.shape
     mb, nb = ceil_div(m, gran_k), ceil_div(n, gran_k)
+    block_rows = max(1, _rows_per_chunk(nb * gran_k) // gran_k)  # row blocks per parallel chunk
+    _check_padding(func, min(m, block_rows * gran_k), nb * gran_k,
+                   f"row blocks of ({m}, {n}) padded to {nb * gran_k} columns")
     out = np.empty((m, n), ml_dtypes.float8_e4m3fn)
     sf_all = np.empty((mb, nb), _F32)
     options = get_numerics()
@@ -313,7 +334,7 @@ def per_block_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128) -> Any:
         out[r0:r1] = q.reshape(r1 - r0, nb * gran_k)[:, :n]
         sf_all[b0:b1] = sf
 
-    parallel_chunks(mb, max(1, _rows_per_chunk(nb * gran_k) // gran_k), work)
+    parallel_chunks(mb, block_rows, work)
     return from_numpy((out, sf_all), kind)
 
 
@@ -373,6 +394,7 @@ def per_token_cast_to_fp4(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
         raise arg_error(func, "gran_k", f"a granularity that pads n = {n} to an even width",
                         f"{gran_k} (padded width {padded_n})", utility=True)
     groups = padded_n // gran_k
+    _check_padding(func, min(m, _rows_per_chunk(padded_n)), padded_n, f"rows padded to {padded_n} columns")
     packed = np.empty((m, n // 2), np.int8)
     sf2 = np.empty((m, groups), _F32)
     options = get_numerics()
@@ -404,6 +426,7 @@ def _packed_fp4_input(a: Any, func: str, arg: str) -> np.ndarray:
     aa = to_numpy(a, func, arg)
     if not isinstance(aa, np.ndarray) or aa.dtype != np.int8:
         raise arg_error(func, arg, "an int8 array of packed FP4", aa, utility=True)
+    check_backed(func, arg, aa, utility=True)
     return aa
 
 

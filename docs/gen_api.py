@@ -30,7 +30,8 @@ EXTRAS = ("numerics", "set_numerics", "get_numerics", "reset_numerics", "Limited
           "mega.inverse_transform_weights_for_mega_moe")
 EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.executor", "deepgemm_ref.toolkit", "deepgemm_ref.exact",
                  "deepgemm_ref.certified", "deepgemm_ref.formats", "deepgemm_ref.settings", "deepgemm_ref.trace",
-                 "deepgemm_ref.mega", "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe")
+                 "deepgemm_ref.mega", "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe",
+                 "deepgemm_ref.dryrun", "deepgemm_ref.namespace", "deepgemm_ref.testing.npu_shim")
 
 
 def _sig(obj: object) -> str:

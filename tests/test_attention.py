@@ -110,14 +110,18 @@ def _codes(x):
 # slow references: the spec's formula in exact arithmetic, and each device's order
 # ---------------------------------------------------------------------------------------------
 
-def exact_logit(qrows, krow, w, s=1.0) -> Fraction:
-    """s * sum_h w_h * relu(q_h . k) as an exact rational (qrows (H, D), krow (D,) float64 exact)."""
+def exact_logit(qrows, krow, w, s=1.0, head_fmt=None) -> Fraction:
+    """s * sum_h w_h * relu(q_h . k) as an exact rational (qrows (H, D), krow (D,) float64 exact).
+
+    head_fmt: the format the data flow rounds each relu(q_h . k) and s to before the head sum
+    (bf16 on ascend950 and on sm100 with bf16 weights: docs/numerics.md, the rounding rule).
+    """
     tot = F(0)
     for h in range(qrows.shape[0]):
         x = ref.exact_dot(qrows[h], krow)
         if x > 0:
-            tot += F(float(w[h])) * x
-    return tot * F(float(s))
+            tot += F(float(w[h])) * (x if head_fmt is None else F(ref.rn(x, head_fmt)))
+    return tot * F(float(s) if head_fmt is None else ref.rn(F(float(s)), head_fmt))
 
 
 def rn32(v) -> float:
@@ -176,14 +180,15 @@ def ref_ascend(x, w, fused=True):
     return acc
 
 
-def _check_exact(out, qdeq, kdeq, w, ks, ke, compressed, s=None, fmt=None):
-    """Every defined logit equals the exact formula rounded once (RNE)."""
+def _check_exact(out, qdeq, kdeq, w, ks, ke, compressed, s=None, fmt=None, head_fmt=None):
+    """Every defined logit equals the exact formula (with the data flow's head roundings) rounded once (RNE)."""
     fmt = fmt or OUT[np.dtype(out.dtype)]
     n = 0
     for i in range(qdeq.shape[0]):
         for j in range(int(ks[i]), int(ke[i])):
             col = j - int(ks[i]) if compressed else j
-            want = fm.encode_scalar(exact_logit(qdeq[i], kdeq[j], w[i], 1.0 if s is None else s[j]), fmt, fm.IEEE_RNE)
+            want = fm.encode_scalar(exact_logit(qdeq[i], kdeq[j], w[i], 1.0 if s is None else s[j], head_fmt), fmt,
+                                    fm.IEEE_RNE)
             got = int(_codes(out[i:i + 1, col])[0])
             assert got == want, (i, j, got, want)
             n += 1
@@ -233,7 +238,8 @@ def test_fp8_bf16_weights_exact():
     w = _rand((seq, heads), 22, BF16)
     ks, ke = np.zeros(seq, np.int32), np.arange(seq, dtype=np.int32) + seq_kv - seq
     out = att.fp8_fp4_mqa_logits((q8, None), (kv8, sf), w, ks, ke, logits_dtype=BF16)
-    _check_exact(out, _deq_fp8(q8), _deq_fp8(kv8), w.astype(np.float64), ks, ke, False, s=sf)
+    # bf16 weights: relu(x_h) and the KV scale reach the bf16 FMA chain as bf16 (the rounding rule)
+    _check_exact(out, _deq_fp8(q8), _deq_fp8(kv8), w.astype(np.float64), ks, ke, False, s=sf, head_fmt=fm.BF16)
     with pytest.raises(DGArgumentError, match="logits_dtype: expected bfloat16 with bfloat16 weights"):
         att.fp8_fp4_mqa_logits((q8, None), (kv8, sf), w, ks, ke)
     q32 = np.zeros((seq, 32, d), E4M3)
@@ -290,7 +296,7 @@ def test_ascend_exact_vs_fractions(fp4):
     with dg.numerics(arch="ascend950"), trace.capture() as cap:
         out = att.fp8_fp4_mqa_logits((qd, qpairs.reshape(seq, heads, -1)), (kd, kpairs), w, ks, ke, 40)
     assert out.dtype == BF16 and out.shape == (seq, 40) and out.strides == (256 * 2, 2)
-    _check_exact(out, qdeq, kdeq, w.astype(np.float64), ks, ke, True)
+    _check_exact(out, qdeq, kdeq, w.astype(np.float64), ks, ke, True, head_fmt=fm.BF16)
     assert np.array_equal(cap.last.defined, np.arange(40)[None, :] < (ke - ks)[:, None])
     assert np.isnan(out.astype(np.float32)[~cap.last.defined]).all()
     with dg.numerics(arch="ascend950"):  # (T * H, D / 64) form of the Q scales, transposed strides
@@ -713,7 +719,8 @@ def test_ascend_paged_layouts(fp4, page, nz):
         sample = {p for p in range(L) if p % page in (0, page - 1) or p == L - 1} | set(range(0, L, 37))
         for p in sorted(sample):
             t = int(logical[table[brow, p // page]]) * page + p % page
-            want = fm.encode_scalar(exact_logit(qdeq[i, 0], deq[t], w[i].astype(np.float64)), fm.BF16, fm.IEEE_RNE)
+            want = fm.encode_scalar(exact_logit(qdeq[i, 0], deq[t], w[i].astype(np.float64), head_fmt=fm.BF16),
+                                    fm.BF16, fm.IEEE_RNE)
             assert int(_codes(out[i:i + 1, p])[0]) == want, (i, p)
         assert np.isnan(out.astype(np.float32)[i, int(ctx_rows[i]):]).all()
     # the plain kernel on the same tokens (gathered through the table) agrees everywhere defined

@@ -511,11 +511,11 @@ def test_profile_matrix():
         with pytest.raises(DGArgumentError, match="gran_k 32"):
             dg.fp8_fp4_gemm_nt(a, b, d, recipe=(1, 1, 128))
         with pytest.raises(DGArgumentError, match="not provided"):
-            dg.fp8_gemm_nt_skip_head_mid(a, b, d, (128, 64, 128))
+            gemm.fp8_gemm_nt_skip_head_mid(a, b, d, (128, 64, 128))
         with pytest.raises(DGArgumentError, match="Unsupported operand dtypes"):
             dg.fp8_fp4_gemm_nt(p4a, _fp8(_rand((3, 256), 1), 32), d)
     with pytest.raises(DGArgumentError, match="not provided"):
-        dg.aclnn_bf16_gemm_nt(np.zeros((2, 2), BF16), np.zeros((2, 2), BF16), np.zeros((2, 2), BF16))
+        gemm.aclnn_bf16_gemm_nt(np.zeros((2, 2), BF16), np.zeros((2, 2), BF16), np.zeros((2, 2), BF16))
 
 
 def test_skip_head_mid():

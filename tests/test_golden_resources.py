@@ -127,3 +127,26 @@ def test_sizes_and_limits():
         with pytest.raises(ValueError):
             parse_size(bad)
     assert default_memory_limit() >= 1 << 28
+
+
+def test_generation_runs_kernels_under_the_runs_memory_limit(tmp_path, monkeypatch):
+    """--max-memory reaches the kernels' own allocation guard (toolkit.sizes), also above its default."""
+    from deepgemm_ref.golden import generation
+    from deepgemm_ref.golden.cases import CaseSpec
+    from deepgemm_ref.toolkit import sizes
+
+    seen = []
+    real = generation.compute_golden
+
+    def spy(built):
+        seen.append(sizes.allocation_limit())
+        return real(built)
+
+    monkeypatch.setattr(generation, "compute_golden", spy)
+    spec = CaseSpec.from_dict({"id": "lim", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 8, "n": 8, "k": 64})
+    big = 4 * sizes.default_memory_limit()
+    (tmp_path / "cases").mkdir()
+    generation.generate_case(spec, tmp_path, overwrite=True, max_memory=big)
+    generation.generate_case(spec, tmp_path, overwrite=True, max_memory=123456789)
+    assert seen == [big, 123456789]
+    assert sizes.allocation_limit() == sizes.default_memory_limit()

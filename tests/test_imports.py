@@ -22,7 +22,8 @@ PKG = ROOT / "deepgemm_ref"
 FAMILIES = ("deepgemm_ref.gemm", "deepgemm_ref.grouped", "deepgemm_ref.einsum", "deepgemm_ref.attention",
             "deepgemm_ref.mega")
 #: Modules above the kernels: they assemble namespaces or run workflows on top of the kernels.
-ABOVE = ("deepgemm_ref", "deepgemm_ref._C", "deepgemm_ref.utils", "deepgemm_ref.golden", "deepgemm_ref.cli")
+ABOVE = ("deepgemm_ref", "deepgemm_ref._C", "deepgemm_ref.utils", "deepgemm_ref.golden", "deepgemm_ref.cli",
+         "deepgemm_ref.testing")
 #: Cycles outside this work's rooms, each with the issue that removes it (delete the entry then).
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun, runtime
 from .. import formats as fm
-from .. import runtime
 from ..executor import active_accumulation
 from ..interop import caller_kind, from_numpy
 from ..toolkit.args import (
@@ -28,16 +28,18 @@ from ..toolkit.args import (
     as_pair,
     bool_arg,
     check,
-    int_arg,
     is_contiguous,
+    packed_fp4,
     strides,
     unit_stride,
 )
+from ..toolkit.sizes import size_arg
 from .contracts import (
     _ASC_ROW_ALIGN,
     ascend_heads,
     ascend_q_scales,
     check_indices,
+    check_logits_alloc,
     check_ranges,
     check_schedule,
     check_seq_lens,
@@ -67,13 +69,15 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     func = "fp8_fp4_mqa_logits"
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    kv_data = packed_fp4(kv_data)
     w = as_array(weights, func, "weights")
     check(q_data.ndim == 3, func, "q[0]", "a 3-D array (num_q_tokens, num_heads, head_dim)", q_data)
     check(kv_data.ndim == 2, func, "kv[0]", "a 2-D array (num_kv_tokens, head_dim)", kv_data)
     check(w.ndim == 2, func, "weights", "a 2-D array", w)
     check(w.dtype == BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
-    max_k = int_arg(func, "max_seqlen_k", max_seqlen_k)
+    max_k = size_arg(func, "max_seqlen_k", max_seqlen_k, minimum=None)
     t_q, heads = int(q_data.shape[0]), int(q_data.shape[1])
     fp4 = q_data.dtype == I8
     d = int(q_data.shape[2]) * (2 if fp4 else 1)
@@ -97,7 +101,9 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     check(kv_sf.ndim == 2 and kv_sf.shape == (seq_kv, pairs), func, "kv[1]", f"shape ({seq_kv}, {pairs})", kv_sf)
     check_ranges(func, ks, ke, seq_kv, max_k)
 
+    check_logits_alloc(func, "max_seqlen_k", t_q, align(max_k, _ASC_ROW_ALIGN), fm.BF16)
     alloc, view = allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
+    dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     keys = PlainKeys(kv_data, fp4, ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
     plan = Plan(func, "ascend", Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, active_accumulation())
     run(plan, view, lambda: range_mask(view.shape, np.zeros_like(ks), ke - ks))
@@ -127,6 +133,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     func = "fp8_fp4_paged_mqa_logits"
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     cache = as_array(kv_cache, func, "kv_cache")
     w = as_array(weights, func, "weights")
     ctx_a = as_array(context_lens, func, "context_lens")
@@ -144,7 +151,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     check(meta.ndim == 2 and is_contiguous(meta) and meta.dtype == I32, func, "schedule_meta",
            "a contiguous 2-D int32 array", meta)
     check(w.dtype == BF16, func, "weights", "bfloat16 (Ascend MQA logits expects bf16 weights)", w)
-    max_len = int_arg(func, "max_context_len", max_context_len, minimum=0)
+    max_len = size_arg(func, "max_context_len", max_context_len)
     use_nz = bool_arg(func, "use_ascend_kv_layout", use_ascend_kv_layout)
     rows, heads = int(q_data.shape[0]), int(q_data.shape[2])
     fp4 = q_data.dtype == I8
@@ -176,12 +183,14 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     cores = int(runtime.get_num_sms())
     check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
     expected = ascend_schedule_checked("get_paged_mqa_logits_metadata", ctx_a, heads, idx)
-    check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)")
+    check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)", ctx_a, idx)
 
     ctx = ctx_a.astype(np.int64).reshape(-1)
     starts, counts = runs(idx.astype(np.int64))
     pr = paged_rows(func, ctx, starts, counts, starts, bt, page, int(cache.shape[0]), max_len)
+    check_logits_alloc(func, "max_context_len", rows, align(max_len, _ASC_ROW_ALIGN), fm.BF16)
     alloc, view = allocate(rows, align(max_len, _ASC_ROW_ALIGN), rows, max_len, fm.BF16)
+    dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     layout = PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)

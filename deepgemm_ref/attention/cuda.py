@@ -30,16 +30,18 @@ from ..toolkit.args import (
     as_pair,
     bool_arg,
     check,
-    int_arg,
     is_contiguous,
+    packed_fp4,
     strides,
     unit_stride,
 )
+from ..toolkit.sizes import size_arg
 from .contracts import (
     _SPLIT_KV,
     TORCH_FLOAT32,
     check_context_lens_2d,
     check_indices,
+    check_logits_alloc,
     check_ranges,
     check_schedule,
     check_seq_lens,
@@ -52,6 +54,12 @@ from .contracts import (
 from .keys import KeySource, PagedKeys, PagedLayout, PlainKeys, Queries, ue8m0_scales
 from .logits import Plan, allocate, clean_columns, range_mask, run
 from .schedule import cuda_schedule, requests
+
+
+def _kv_sf_shape(seq_kv: int) -> str:
+    """What kv[1] must be: 1-D, as DeepGEMM's get_shape<1> asserts (a squeezed 0-d scale is refused)."""
+    hint = " (per_custom_dims_cast_to_fp8 squeezes one token's scale to 0-d; pass sf.reshape(1))" if seq_kv == 1 else ""
+    return f"a 1-D array of shape ({seq_kv},){hint}"
 
 
 def _check_q(func: str, profile: Any, q_data: np.ndarray, q_sf: np.ndarray | None, heads: int, d: int,
@@ -76,9 +84,11 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
     rules = profile.rules
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     kv_data, kv_sf = as_pair(kv, func, "kv", sf_optional=True)
+    kv_data = packed_fp4(kv_data)
     clean = bool_arg(func, "clean_logits", clean_logits)
-    max_k = int_arg(func, "max_seqlen_k", max_seqlen_k, minimum=0)
+    max_k = size_arg(func, "max_seqlen_k", max_seqlen_k)
     out = logits_format(func, logits_dtype)
     w = as_array(weights, func, "weights")
     fp4 = q_sf is not None
@@ -96,7 +106,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
                kv_data)
         seq_kv = int(kv_data.shape[0])
         check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
-               f"shape ({seq_kv},)", kv_sf)
+               _kv_sf_shape(seq_kv), kv_sf)
         assert kv_sf is not None
         check(is_contiguous(kv_sf) and kv_sf.dtype == I32, func, "kv[1]", "a contiguous int32 array (packed UE8M0)",
                kv_sf)
@@ -106,7 +116,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
                kv_data)
         seq_kv = int(kv_data.shape[0])
         check(kv_sf is not None and kv_sf.ndim == 1 and kv_sf.shape[0] == seq_kv, func, "kv[1]",
-               f"shape ({seq_kv},)", kv_sf)
+               _kv_sf_shape(seq_kv), kv_sf)
         assert kv_sf is not None
         check(is_contiguous(kv_sf) and kv_sf.dtype == F32, func, "kv[1]", "a contiguous float32 array", kv_sf)
     cuda_weights_and_dtype(func, w, seq, heads, profile, out, contiguous=False)
@@ -123,6 +133,7 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
         stride, width = align(seq_kv + _SPLIT_KV, 1024 // elem), seq_kv
     else:
         stride, width = align(align(max_k, _SPLIT_KV), 1024 // elem), max_k
+    check_logits_alloc(func, "max_seqlen_k" if max_k else "kv[0]", align(seq, block_q), stride, out)
     alloc, view = allocate(align(seq, block_q), stride, seq, width, out)
 
     if fp4:
@@ -191,6 +202,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     rules = profile.rules
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
+    q_data = packed_fp4(q_data)
     cache = as_array(kv_cache, func, "kv_cache")
     w = as_array(weights, func, "weights")
     ctx_a = as_array(context_lens, func, "context_lens")
@@ -198,7 +210,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     meta = as_array(schedule_meta, func, "schedule_meta")
     idx = as_array(indices, func, "indices", allow_none=True)
     num_sms = int(runtime.get_num_sms())
-    max_len = int_arg(func, "max_context_len", max_context_len, minimum=0)
+    max_len = size_arg(func, "max_context_len", max_context_len)
     clean = bool_arg(func, "clean_logits", clean_logits)
     out = logits_format(func, logits_dtype)
     fp4 = q_sf is not None
@@ -254,6 +266,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     pr = paged_rows(func, ctx, starts, counts, bt_rows, bt, page, num_pages, max_len)
 
     elem = 4 if out is fm.F32 else 2
+    check_logits_alloc(func, "max_context_len", rows, align(align(max_len, _SPLIT_KV), 1024 // elem), out)
     alloc, view = allocate(rows, align(align(max_len, _SPLIT_KV), 1024 // elem), rows, max_len, out)
     layout = PagedLayout("deepgemm", page, value_bytes, 4)
     keys = PagedKeys(cache, layout, fp4, d, "cuda", bt, pr.bt_rows, pr.base)

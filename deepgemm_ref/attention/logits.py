@@ -5,8 +5,11 @@ output placement, the target's reduction, the accumulation).  :func:`run` cuts i
 about :data:`TASK_ELEMENTS` query-head x key products, each one executor task whose dot products
 (:func:`deepgemm_ref.core.dot_products`) its sink finishes:
 
-* exact model: ``z = s_j sum_h w_h relu(x_h)`` in float64 with a rigorous bound, then
-  :func:`deepgemm_ref.certified.round_certified` with a Fraction fallback (:func:`_exact_logits`);
+* exact model: ``z = s_j sum_h w_h r_h`` in float64 with a rigorous bound, then
+  :func:`deepgemm_ref.certified.round_certified` with a Fraction fallback (:func:`_exact_logits`),
+  where ``r_h = relu(x_h)``, or ``bf16(relu(x_h))`` (and ``s_j`` ``bf16(s_j)``) where the target's
+  data flow rounds them (:func:`.reduction.data_flow_roundings`: ascend950, sm100 with bf16
+  weights), each rounded once from the exact dot product;
 * other models: the target's device reduction (:mod:`.reduction`), rounded once.
 
 Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in output column
@@ -22,13 +25,13 @@ from functools import partial
 
 import numpy as np
 
-from .. import core, trace
+from .. import core, dryrun, trace
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import U64, align, gamma
 from ..executor import Collected, Task, execute, record
 from .keys import Keys, KeySource, Queries
-from .reduction import model_logits
+from .reduction import data_flow_roundings, model_logits
 
 __all__ = ["Plan", "TASK_ELEMENTS", "run", "allocate", "range_mask", "clean_columns"]
 
@@ -175,11 +178,18 @@ def _exact_logits(plan: Plan, qop: core.Operand, keys: Keys, w: np.ndarray, x: n
     rows, heads, n = x.shape
     kop, kvs = keys.operand, keys.token_scale
     out = plan.out_fmt
-    # The per-head dot products come certified from the core (module docstring, step 1).
-    exact_x = x_err is None or not np.any(x_err)
+    flow = data_flow_roundings(plan.reduction, w.dtype)
     w64 = w.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
+    if flow.head_score is not None:  # r_h = fmt(relu(x_h)), from the exact x_h: part of the golden
+        x = _round_head_scores(qop, kop, x, x_err, needed, flow.head_score, stats)
+        x_err = None
+    if flow.kv_scale is not None and kvs is not None:
+        kvs = fm.round_f64(kvs, flow.kv_scale).astype(np.float64)
+    # The per-head values are exact now or come certified from the core (module docstring, step 1).
+    exact_x = x_err is None or not np.any(x_err)
+    with np.errstate(over="ignore", invalid="ignore"):
         w2 = np.stack([w64, np.abs(w64)], axis=1)  # (rows, 2, H)
         ta = np.matmul(w2, x)  # (rows, 2, n): one pass over x
         t, a = ta[:, 0], ta[:, 1]
@@ -222,6 +232,36 @@ def _exact_logits(plan: Plan, qop: core.Operand, keys: Keys, w: np.ndarray, x: n
     return codes, z
 
 
+def _round_head_scores(qop: core.Operand, kop: core.Operand, x: np.ndarray, x_err: np.ndarray | None,
+                       needed: np.ndarray, fmt: fm.Format, stats: dict[str, int]) -> np.ndarray:
+    """``fmt(relu(x_h))`` as float64 (rows, H, n), each rounded once (RNE) from the exact dot product.
+
+    x: the relu'd float64 dot products with their bounds ``x_err`` (None or 0: exact).  Where a
+    bound straddles a rounding boundary of ``fmt`` the score is recomputed with Fractions.
+    """
+    rounding = FormatRounding(fmt)
+    if x_err is None or not np.any(x_err):
+        codes = rounding.block(x)
+    else:
+        rows, heads, n = x.shape
+        dots: dict[tuple[int, int], list[Fraction]] = {}
+
+        def exact(at: Points) -> np.ndarray:
+            codes = np.empty(at[0].size, fmt.code_dtype)
+            for p, (i, h, j) in enumerate(zip(*(a.tolist() for a in at), strict=True)):
+                if (i, j) not in dots:
+                    dots[i, j] = _exact_head_dots(qop, kop, i, j, heads)
+                codes[p] = rounding.exact(dots[i, j][h])
+            return codes
+
+        # Pairs outside their row's range are discarded; non-finite scores follow IEEE arithmetic.
+        final = ~np.isfinite(x) | ~needed[:, None, :]
+        codes, pending = round_certified(x, x_err, rounding, final=final, fallback=exact)
+        if pending.any():
+            stats["head_fraction"] = stats.get("head_fraction", 0) + int(np.count_nonzero(pending))
+    return codes.view(fmt.storage).astype(np.float64)
+
+
 def _exact_head_dots(qop: core.Operand, kop: core.Operand, i: int, j: int, heads: int) -> list[Fraction]:
     """relu of the exact dot products of query row i's heads with key j (scaled values are exact)."""
     qv = qop.rows(i * heads, (i + 1) * heads)
@@ -239,7 +279,11 @@ def _exact_head_dots(qop: core.Operand, kop: core.Operand, i: int, j: int, heads
 # ----------------------------------------------------------------------------------------------
 
 def allocate(rows_alloc: int, stride: int, rows: int, width: int, out: fm.Format) -> tuple[np.ndarray, np.ndarray]:
-    """(padded allocation filled with NaN, the (rows, width) view of it)."""
+    """(padded allocation filled with NaN, the (rows, width) view of it; in a dry call on meta
+    tensors the allocation is left untouched: it only gives the returned meta tensor its shape)."""
+    if dryrun.on_meta():
+        alloc = np.empty((rows_alloc, stride), out.storage)
+        return alloc, alloc[:rows, :width]
     # Note: elements the kernels leave unspecified (uninitialised memory or stray scores on the
     # device) are NaN here, so that nothing undefined can pass for a value.
     alloc = np.full((rows_alloc, stride), np.nan, out.storage)

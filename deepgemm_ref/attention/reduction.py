@@ -13,6 +13,7 @@ target whose kernel rounds intermediate values differently gets its own entry he
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from .. import formats as fm
 from ..exact import dd_to_f64_round_odd, two_sum
 from ..toolkit.args import BF16
 
-__all__ = ["ASCEND_BF16_MULA_FUSED", "REDUCTIONS", "model_logits"]
+__all__ = ["ASCEND_BF16_MULA_FUSED", "REDUCTIONS", "model_logits", "DataFlowRoundings", "data_flow_roundings"]
 
 # Note: DeepGEMM-Ascend's bf16 multiply-accumulate is modelled as fused (one rounding per head);
 # the port's source does not say, and the choice only matters under the fp32 / limited models.
@@ -165,3 +166,43 @@ REDUCTIONS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.n
 def model_logits(reduction: str, x: np.ndarray, w: np.ndarray, kvs: np.ndarray | None) -> np.ndarray:
     """The target's head reduction: float64 values exactly representable in the output."""
     return REDUCTIONS[reduction](x, w, kvs)
+
+
+# ----------------------------------------------------------------------------------------------
+# the roundings the data flow defines (part of the exact golden; docs/numerics.md, "The rounding rule")
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataFlowRoundings:
+    """What a target's MQA data flow converts before its head reduction consumes it.
+
+    head_score: the format each head's score ``relu(x_h)`` is rounded to (RNE) on its way from
+                the dot-product accumulator to the head reduction, or None (the reduction takes
+                the accumulator's value);
+    kv_scale:   the format the per-token KV scale is rounded to before it multiplies, or None.
+    The exact model applies these to the exact values and rounds the exact weighted sum once;
+    the reduction's own roundings (the head chain) are accumulation, covered by the checker.
+    """
+
+    head_score: fm.Format | None = None
+    kv_scale: fm.Format | None = None
+
+
+_NONE = DataFlowRoundings()
+_BF16_HEADS = DataFlowRoundings(fm.BF16, fm.BF16)
+
+
+# Note: the rounding rule: the data flow's conversions are in the exact golden, the head chain's
+# roundings are not (the checker's bound covers them).
+def data_flow_roundings(reduction: str, weights_dtype: np.dtype) -> DataFlowRoundings:
+    """The data-flow roundings of a target's MQA logits.
+
+    * ascend950: the FIXPIPE converts ``ReLU(x_h)`` from the Cube's float32 to bf16 (port 2.5);
+      there is no KV scale.
+    * sm100 with bfloat16 weights: ``relu(x_h)`` is converted to bf16 (RN) for the bf16 FMA chain
+      and the KV scale to bf16 before the bf16 multiply (spec 9.1).
+    * sm100 with float32 weights, sm90: the float32 accumulators feed float32 arithmetic: none.
+    """
+    if reduction == "ascend" or (reduction == "sm100" and weights_dtype == BF16):
+        return _BF16_HEADS
+    return _NONE

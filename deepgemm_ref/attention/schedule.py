@@ -16,7 +16,8 @@ import numpy as np
 from .. import runtime
 from ..interop import caller_kind, from_numpy
 from ..profiles import get_profile
-from ..toolkit.args import I32, align, as_array, ceil_div, check, int_arg, is_contiguous
+from ..toolkit.args import I32, align, as_array, ceil_div, check, is_contiguous
+from ..toolkit.sizes import check_alloc, size_arg
 from .contracts import (
     _ASC_SPLIT_KV,
     _ASC_UB_BYTES,
@@ -154,9 +155,11 @@ def cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, ind
     rules = profile.rules
     ctx_a = as_array(context_lens, func, "context_lens")
     check_context_lens_2d(func, ctx_a)
-    bkv = int_arg(func, "block_kv", block_kv)
+    bkv = size_arg(func, "block_kv", block_kv, minimum=None)
     # Note: num_sms must be at least 1 (DeepGEMM divides the work by it on the device).
-    sms = int_arg(func, "num_sms", num_sms, minimum=1)
+    sms = size_arg(func, "num_sms", num_sms, minimum=1)
+    # the schedule (num_sms + 1, 2) int32 and the sm100 schedule's int64 working arrays per SM
+    check_alloc(func, "num_sms", (sms + 1) * 56, f"the schedule of {sms} + 1 rows")
     batch, next_n = int(ctx_a.shape[0]), int(ctx_a.shape[1])
     idx = as_array(indices, func, "indices", allow_none=True)
     sizes = " or ".join(str(v) for v in rules.paged_block_kv)
@@ -198,7 +201,7 @@ def ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indice
     rows = int(ctx_a.shape[0])
     idx = as_array(indices, func, "indices")
     check_indices(func, idx, rows)
-    heads = int_arg(func, "num_heads", num_heads)
+    heads = size_arg(func, "num_heads", num_heads, minimum=None)
     check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
     cores = int(runtime.get_num_sms())
     check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))

@@ -40,6 +40,7 @@ from typing import Any
 
 from .._parallel import limit_blas_threads
 from ..errors import DGArgumentError
+from ..toolkit.sizes import limit_allocations
 from . import safetensors as st
 from .bundle import (
     CASES_DIR,
@@ -288,7 +289,9 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
     guard: a context manager factory around writing the file and making its entry (generation in
     this process defers a signal there, so that a written file is always recorded)."""
     built = build_case(spec, max_memory=max_memory)
-    golden, stats = compute_golden(built)
+    # The kernels' own allocation guard follows the run's limit (--max-memory), not its default.
+    with limit_allocations(max_memory) if max_memory is not None else contextlib.nullcontext():
+        golden, stats = compute_golden(built)
     tensors: dict[str, Any] = {f"input.{k}": v for k, v in built.inputs.items()}
     tensors.update({f"golden.{k}": v for k, v in golden.items()})
     from .bundle import case_relpath

@@ -14,11 +14,11 @@ overrides it.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 
 from ..errors import DGArgumentError
+from ..toolkit.sizes import default_memory_limit, format_size, physical_memory
 
 __all__ = ["Estimate", "ResourceError", "default_memory_limit", "physical_memory", "parse_size", "format_size",
            "format_seconds", "WORK_PER_SECOND", "CASE_WORK", "BYTE_WORK", "tensor_bytes",
@@ -66,34 +66,6 @@ def tensor_bytes(*sizes: tuple[float, float]) -> int:
     return int(sum(int(n) * b for n, b in sizes)) + HEADER_BYTES_PER_TENSOR * len(sizes)
 
 
-def physical_memory() -> int | None:
-    """Total physical memory in bytes (``os.sysconf``), or None where unknown."""
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES")
-        page = os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return int(pages) * int(page) if pages > 0 and page > 0 else None
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def default_memory_limit() -> int:
-    """Half of the physical memory, or of the available memory when that is smaller (8 GiB
-    where neither can be read)."""
-    known = [x for x in (physical_memory(), _available_memory()) if x]
-    return max(1 << 28, min(known) // 2) if known else 8 << 30
-
-
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
 
@@ -109,13 +81,6 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value) or value < 1:
         raise DGArgumentError(f"size: expected at least one byte; got {text!r}")
     return int(value)
-
-
-def format_size(n: float) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def format_seconds(s: float) -> str:

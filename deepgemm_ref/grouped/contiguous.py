@@ -31,7 +31,6 @@ from ..toolkit.args import (
     check_compiled_dims,
     int32_vector,
     is_contiguous,
-    opt_int_arg,
     transposed,
     transposed_pair,
 )
@@ -44,7 +43,8 @@ from ..toolkit.operands import (
     recipes,
     resolve_scales,
 )
-from ..toolkit.outputs import check_out
+from ..toolkit.outputs import check_out, input_view
+from ..toolkit.sizes import check_matmul, opt_size_arg
 
 __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
@@ -67,7 +67,7 @@ def _m_grouped_common(
 ) -> RowGroups:
     psum = bool_arg(func, "use_psum_layout", use_psum_layout)
     zero_pad = bool_arg(func, "ensure_zero_padding", ensure_zero_padding)
-    exp_m = opt_int_arg(func, "expected_m_for_psum_layout", expected_m)
+    exp_m = opt_size_arg(func, "expected_m_for_psum_layout", expected_m, minimum=None)
     if profile.rules.psum_only:
         if not psum:
             raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
@@ -129,13 +129,15 @@ def _m_grouped_fp8(
     groups, n = int(sb.groups or 0), sb.mn
     if sb.k != k:
         raise arg_error(func, "b", f"K = {k} (from a)", B)
-    check_out(dd, func, (m, n), rules.grouped_out_dtypes)
+    reads = (("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb), ("grouped_layout", input_view(grouped_layout)))
+    check_out(dd, func, (m, n), rules.grouped_out_dtypes, inputs=reads)
     _check_mnk(func, profile, n, k, groups, B)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
     ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     if rules.fp8_1d2d and gb == 1:
         # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
@@ -179,7 +181,8 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     groups, n, k2 = B.shape
     if k2 != k:
         raise arg_error(func, "b", f"shape (G, N, {k}) to match a", B)
-    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes)
+    check_out(dd, func, (m, n), profile.rules.grouped_out_dtypes,
+              inputs=(("a", A), ("b", B), ("grouped_layout", input_view(grouped_layout))))
     _check_mnk(func, profile, n, k, groups, B)
     if k % profile.rules.bf16_k_multiple:
         raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
@@ -187,6 +190,7 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
                                expected_m)
     if _m_grouped_early_return(func, dd, layout, m, n, k):
         return
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
     out = OUT_FORMAT[dd.dtype]
     tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
              for g, r0, r1 in layout.runs]

@@ -40,6 +40,7 @@ from ..toolkit.args import (
     bool_arg,
     ceil_div,
     check_compiled_dims,
+    elem_stride,
     int32_vector,
     is_contiguous,
     ks_list,
@@ -58,7 +59,8 @@ from ..toolkit.operands import (
     recipe_arg,
     resolve_scales,
 )
-from ..toolkit.outputs import check_out, snapshot_c
+from ..toolkit.outputs import Inputs, check_out, input_view, snapshot_c
+from ..toolkit.sizes import check_matmul
 
 __all__ = ["k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
 
@@ -133,15 +135,27 @@ def _check_data(func: str, ops: tuple[tuple[str, np.ndarray], ...]) -> None:
             raise arg_error(func, f"{name}[0]", "a contiguous array", x)
 
 
-def _outputs(func: str, dd: np.ndarray, c: Any, dtypes: tuple[np.dtype, ...]) -> np.ndarray:
+def _inputs(a: np.ndarray, sfa: np.ndarray | None, b: np.ndarray, sfb: np.ndarray | None, grouped_layout: Any,
+            ks_cpu: Any) -> Inputs:
+    """The arrays a k-grouped GEMM reads, for the aliasing checks of d."""
+    return (("a[0]", a), ("a[1]", sfa), ("b[0]", b), ("b[1]", sfb), ("grouped_layout", input_view(grouped_layout)),
+            ("ks_cpu", input_view(ks_cpu)))
+
+
+def _outputs(func: str, dd: np.ndarray, c: Any, dtypes: tuple[np.dtype, ...], inputs: Inputs) -> np.ndarray:
     """d and c of a k-grouped GEMM (contiguous, d's contract; c required): the snapshot of c."""
     if not is_contiguous(dd):
         raise arg_error(func, "d", "a contiguous array", dd)
-    check_out(dd, func, tuple(dd.shape), dtypes)
+    check_out(dd, func, tuple(dd.shape), dtypes, inputs=inputs)
     c_val = _k_grouped_c(func, c, dd)
     if not is_contiguous(as_array(c, func, "c")):
         raise arg_error(func, "c", "a contiguous array", as_array(c, func, "c"))
     return c_val
+
+
+def _check_group_products(func: str, kg: KGroups, m: int, n: int) -> None:
+    """The largest group's (M, k_g) x (N, k_g) product within the allocation limit."""
+    check_matmul(func, "a", m, n, max((k1 - k0 for k0, k1 in kg.ranges), default=0))
 
 
 def _fp8_head(func: str, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> tuple[tuple[int, ...], bool]:
@@ -202,7 +216,8 @@ def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grou
     if A.shape != (kg.sum_k, m) or B.shape != (kg.sum_k, n):
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
-    c_val = _outputs(func, dd, c, OUT_DTYPES)
+    _check_group_products(func, kg, m, n)
+    c_val = _outputs(func, dd, c, OUT_DTYPES, _inputs(A, sfa, B, sfb, grouped_layout, ks_cpu))
     if profile.rules.k_grouped_fp8 != "tn":
         raise arg_error(func, "d", "an sm100 device (Unsupported architecture: the FP8 TN k-grouped GEMM is "
                         "sm100-only; use k_grouped_fp8_gemm_nt_contiguous on sm90)", f"profile {profile.name}")
@@ -242,7 +257,8 @@ def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, group
     if A.size != kg.sum_k * m or B.size != kg.sum_k * n:
         raise arg_error(func, "a", f"flat buffers of SUM_K * M = {kg.sum_k * m} and SUM_K * N = {kg.sum_k * n} "
                         "elements", f"{A.size} and {B.size} elements")
-    c_val = _outputs(func, dd, c, (F32,))
+    _check_group_products(func, kg, m, n)
+    c_val = _outputs(func, dd, c, (F32,), _inputs(A, sfa, B, sfb, grouped_layout, ks_cpu))
     if profile.rules.k_grouped_fp8 != "nt":
         raise arg_error(func, "d", "an sm90 device (Unsupported architecture: the FP8 NT k-grouped GEMM is sm90-only; "
                         "use k_grouped_fp8_gemm_tn_contiguous on sm100)", f"profile {profile.name}")
@@ -301,7 +317,8 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
     if A.shape != (kg.sum_k, m) or B.shape != (kg.sum_k, n):
         raise arg_error(func, "a", f"a (SUM_K, M) = ({kg.sum_k}, {m}) and b (SUM_K, N) = ({kg.sum_k}, {n})",
                         f"{A.shape} and {B.shape}")
-    c_val = _outputs(func, dd, c, OUT_DTYPES)
+    _check_group_products(func, kg, m, n)
+    c_val = _outputs(func, dd, c, OUT_DTYPES, _inputs(A, None, B, None, grouped_layout, ks_cpu))
     rules = profile.rules
     if not rules.k_grouped_bf16_psum and (psum or not ks):
         raise arg_error(func, "use_psum_layout", f"False with ks_cpu given ({profile.name} has no psum k-grouped "
@@ -348,12 +365,17 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
     k = sa.k
     # An empty K (every group empty) has no memory layout to check: d := c, as the spec says.
     if k and (sa.major != "MN" or sb.major != "MN"):
-        raise arg_error(func, "a" if sa.major != "MN" else "b",
-                        "a (K, M) and b (K, N) row-major (MN-major after the transposition)", "a K-major operand")
+        name, x = ("a", sa.data) if sa.major != "MN" else ("b", sb.data)
+        # DeepGEMM-Ascend's major_check refuses an operand whose last two strides are both 1 (a
+        # C-contiguous (K, 1) operand) as having an ambiguous major axis.
+        ambiguous = x.size and elem_stride(x, -1) == 1 and elem_stride(x, -2) == 1
+        raise arg_error(func, name, "a (K, M) and b (K, N) row-major (MN-major after the transposition)",
+                        "an operand with an ambiguous major axis (both of its last two strides 1: M or N is 1)"
+                        if ambiguous else "a K-major operand")
     if (sa.mn, sb.mn, sb.k) != (m, n, k):
         raise arg_error(func, "b", f"a (K, M) = ({k}, {m}) and b (K, N) = ({k}, {n}) to match d {dd.shape}",
                         f"a {sa.data.shape[::-1]} and b {sb.data.shape[::-1]}")
-    check_out(dd, func, (groups, m, n), OUT_DTYPES)
+    check_out(dd, func, (groups, m, n), OUT_DTYPES, inputs=_inputs(A, sfa, B, sfb, grouped_layout, ks_cpu))
     if not bool_arg(func, "use_psum_layout", use_psum_layout):
         raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
     gl = int32_vector(func, "grouped_layout", grouped_layout, groups, "psum K end offsets, one per group")
@@ -363,6 +385,7 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
     # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
     # separate c into d first.  Both are accepted (same result).
     kg = k_groups_ascend(func, gl, ks, k, ASCEND_MK_ALIGNMENT)
+    _check_group_products(func, kg, m, n)
     scales_a = scales_b = None
     gka = 32
     if fp8:

@@ -22,9 +22,10 @@ from ..errors import arg_error
 from ..executor import Task, execute
 from ..layout import masked_rows
 from ..profiles import get_profile
-from ..toolkit.args import BF16, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector, int_arg
+from ..toolkit.args import BF16, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector
 from ..toolkit.operands import ab_operand, bf16_operands, cuda_recipes, resolve_scales
-from ..toolkit.outputs import check_out
+from ..toolkit.outputs import check_out, input_view
+from ..toolkit.sizes import check_matmul, size_arg
 
 __all__ = [
     "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
@@ -34,7 +35,7 @@ __all__ = [
 
 def _masked_common(func: str, masked_m: Any, expected_m: Any, groups: int, max_m: int) -> np.ndarray:
     mm = int32_vector(func, "masked_m", masked_m, groups, "valid rows, one per group")
-    int_arg(func, "expected_m", expected_m, minimum=1)
+    size_arg(func, "expected_m", expected_m, minimum=1)
     return masked_rows(func, mm, max_m)
 
 
@@ -81,11 +82,13 @@ def _m_grouped_fp8_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: int
     if sb.groups != groups or sb.k != k:
         raise arg_error(func, "b", f"shape (G, N, K) with G = {groups}, K = {k} (from a)", B)
     n = sb.mn
-    check_out(dd, func, (groups, max_m, n), (BF16,))
+    check_out(dd, func, (groups, max_m, n), (BF16,), inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb),
+              ("masked_m", input_view(masked_m))))
     if min(groups, max_m, n, k) <= 0:
         raise arg_error(func, "a", "G, MAX_M, N and K all > 0", A)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
+    check_matmul(func, "a", int(mm.max()), n, k)
     ga, gka, gb, gkb = cuda_recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     if profile.rules.fp8_1d2d and gb == 1:
         # Note: sm90's masked kernel is 1D2D only (see m_grouped_fp8_fp4_gemm_nt_contiguous).
@@ -123,12 +126,13 @@ def _m_grouped_bf16_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: in
     if B.shape[0] != groups or B.shape[2] != k:
         raise arg_error(func, "b", f"shape (G, N, K) with G = {groups}, K = {k} (from a)", B)
     n = B.shape[1]
-    check_out(dd, func, (groups, max_m, n), (BF16,))
+    check_out(dd, func, (groups, max_m, n), (BF16,), inputs=(("a", A), ("b", B), ("masked_m", input_view(masked_m))))
     if min(groups, max_m, n, k) <= 0:
         raise arg_error(func, "a", "G, MAX_M, N and K all > 0", A)
     if k % profile.rules.bf16_k_multiple:
         raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
     mm = _masked_common(func, masked_m, expected_m, groups, max_m)
+    check_matmul(func, "a", int(mm.max()), n, k)
 
     def make(g: int, rows: int) -> tuple[core.Operand, core.Operand]:
         return core.Operand(A[g, :rows]), core.Operand(B[g])

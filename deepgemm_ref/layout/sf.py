@@ -72,6 +72,7 @@ from ..toolkit.args import (
     opt_bool_arg,
     strides,
 )
+from ..toolkit.sizes import check_alloc, nbytes, size_arg
 from .groups import ascend_gap_mask, psum_row_mask
 
 # Note: padding rows and bytes of every built layout are zero (DeepGEMM leaves them uninitialised),
@@ -85,6 +86,7 @@ __all__ = [
     "transform_sf_into_required_layout",
     "transform_k_grouped_sf_into_required_layout",
     "sf_values",
+    "check_sf_shape",
     "to_user_form",
     "pack_k_grouped_ue8m0",
     "ASCEND_PAIR_K",
@@ -196,8 +198,8 @@ def _get_tma_aligned_size(x: int, element_size: int, /) -> int:
     ``element_size`` must divide 16 (4 for float32/int32 SFs gives ``align(x, 4)``).
     """
     func = "get_tma_aligned_size"
-    x = int_arg(func, "x", x, minimum=0)
-    element_size = int_arg(func, "element_size", element_size, minimum=1)
+    x = size_arg(func, "x", x, minimum=0)
+    element_size = size_arg(func, "element_size", element_size, minimum=1)
     if 16 % element_size:
         raise arg_error(func, "element_size", "a divisor of 16 (TMA needs 16-byte alignment)", repr(element_size))
     return align(x, 16 // element_size)
@@ -327,10 +329,10 @@ def pack_k_grouped_ue8m0(
     """
     func = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
     kind = caller_kind(sf, grouped_layout)
-    gran_k = int_arg(func, "gran_k", gran_k, minimum=0)
+    gran_k = size_arg(func, "gran_k", gran_k, minimum=0)
     if gran_k not in (32, 128):
         raise arg_error(func, "gran_k", "32 or 128", repr(gran_k))
-    k_alignment = int_arg(func, "k_alignment", k_alignment, minimum=1)
+    k_alignment = size_arg(func, "k_alignment", k_alignment, minimum=1)
     if k_alignment % 32:
         raise arg_error(func, "k_alignment", "a positive multiple of 32", repr(k_alignment))
     use_psum_layout = bool_arg(func, "use_psum_layout", use_psum_layout)
@@ -383,6 +385,9 @@ def pack_k_grouped_ue8m0(
             prev_end = v
         group_rows = [ceil_div(k, gran_k) for k in group_ks]
 
+    # the byte rows, their transpose and the packed int32 result
+    check_alloc(func, "ks_cpu" if synced else "sf", nbytes((packed_rows, mn), 12),
+                f"the packed k-grouped SFs ({packed_rows} packed rows x {mn})")
     byte_rows = np.zeros((4 * packed_rows, mn), np.uint8)
     src = dst = 0
     for g, rows in enumerate(group_rows):
@@ -443,8 +448,8 @@ def _transform_cuda(
     """
     func = "transform_sf_into_required_layout"
     kind = caller_kind(sf, psum_layout)
-    mn = int_arg(func, "mn", mn, minimum=0)
-    k = int_arg(func, "k", k, minimum=0)
+    mn = size_arg(func, "mn", mn, minimum=0)
+    k = size_arg(func, "k", k, minimum=0)
     r = int_tuple(func, "recipe", recipe, (3, 2))
     sfa = opt_bool_arg(func, "is_sfa", is_sfa)
     if len(r) == 3:
@@ -455,7 +460,7 @@ def _transform_cuda(
         if sfa is not None:
             raise arg_error(func, "is_sfa", "None with a 2-tuple recipe (gran_mn, gran_k)", repr(sfa))
         gran_mn, gran_k = r
-    groups = None if num_groups is None else int_arg(func, "num_groups", num_groups, minimum=0)
+    groups = None if num_groups is None else size_arg(func, "num_groups", num_groups, minimum=0)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     a = as_array(sf, func, "sf")
     _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
@@ -480,6 +485,10 @@ def _transform_cuda(
             raise arg_error(func, "disable_ue8m0_cast",
                             f"False for float32 SFs with recipe {r} on sm100 (the kernels need UE8M0)", "True")
         where = ""
+        b = _batched(a)
+        # the row-broadcast float32 SFs, their exponent bytes and the packed int32 layout
+        check_alloc(func, "mn", nbytes((b.shape[0], align(mn, 4), b.shape[2]), 4 + 1 + 1) + 8 * mn,
+                    f"the packed SF layout of (num_groups, mn, sf_k) = ({b.shape[0]}, {mn}, {b.shape[2]})")
         if gran_mn != 1:
             a = np.ascontiguousarray(a[..., np.arange(mn) // gran_mn, :])
             where = f" of the row-broadcast SFs (row r reads sf row r // {gran_mn})"
@@ -524,9 +533,9 @@ def _transform_ascend_impl(
     sfa = opt_bool_arg(func, "is_sfa", is_sfa)
     # Note: DeepGEMM-Ascend declares a 3-tuple; a 2-tuple fails pybind's conversion (TypeError there).
     r = int_tuple(func, "recipe", recipe, (3,))
-    mn = int_arg(func, "mn", mn, minimum=0)
-    k = int_arg(func, "k", k, minimum=0)
-    groups = None if num_groups is None else int_arg(func, "num_groups", num_groups, minimum=0)
+    mn = size_arg(func, "mn", mn, minimum=0)
+    k = size_arg(func, "k", k, minimum=0)
+    groups = None if num_groups is None else size_arg(func, "num_groups", num_groups, minimum=0)
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     gran_mn, gran_k = (r[0] if sfa else r[1]), r[2]
 
@@ -561,6 +570,9 @@ def _transform_ascend_impl(
     b = _batched(a)
     g, src_rows, src_cols = b.shape
     dst_k = ceil_div(src_cols, 2) if is_float else src_cols
+    # the int16 layout and the row-broadcast pairs it is built from
+    check_alloc(func, "mn", 2 * nbytes((g, dst_k, mn), 2) + 8 * mn,
+                f"the int16 SF layout of (num_groups, mn, ceil(k / 64)) = ({g}, {mn}, {dst_k})")
     keep_rows = keep_cols = None
     if grouping != "none":
         if g != 1:
@@ -693,6 +705,41 @@ transform_k_grouped_sf_into_required_layout = profiled(
 _BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(ml_dtypes.float8_e8m0fnu))
 
 
+def check_sf_shape(
+    sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, func: str, arg: str,
+    form: np.dtype | None = None,
+) -> tuple[int, Any]:
+    """Check the shape of any SF form of :func:`sf_values` (nothing is read or copied); returns
+    (SF_K, the unpacker of the form: None for float32 and byte forms).  ``form``: the dtype whose
+    shape rule applies (default sf's own; uint8 for float32 scales read as their exponent bytes)."""
+    form = sf.dtype if form is None else np.dtype(form)
+    ndim = 2 + (num_groups is not None)
+    if sf.ndim != ndim or (num_groups is not None and sf.shape[0] != num_groups):
+        lead = f"({num_groups}, " if num_groups is not None else "("
+        raise arg_error(func, arg, f"a {ndim}-D array {lead}rows, columns)", sf)
+    sf_k = ceil_div(k, gran_k)
+    rows_user = ceil_div(mn, gran_mn)
+    rows, cols = sf.shape[-2:]
+    if form == F32:
+        if (rows, cols) != (rows_user, sf_k):
+            raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
+                            "(ceil(mn / gran_mn), ceil(k / gran_k))", sf)
+        return sf_k, None
+    if form == I32:
+        want_cols, unpack = ceil_div(sf_k, 4), fm.unpack_ue8m0_int32
+    elif form == I16:
+        if gran_k != 32:
+            raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
+        want_cols, unpack = ceil_div(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
+    elif form in _BYTE_DTYPES:
+        want_cols, unpack = sf_k, None
+    else:
+        raise arg_error(func, arg, "float32, int32 (4 UE8M0 per int), int16 (2 UE8M0 per int) or UE8M0 bytes", sf)
+    if rows not in (mn, rows_user) or cols != want_cols:
+        raise arg_error(func, arg, f"{sf.dtype} SFs of shape (..., {mn} or {rows_user}, {want_cols})", sf)
+    return sf_k, unpack
+
+
 def _sf_bytes(
     sf: Any, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, func: str, arg: str
 ) -> tuple[np.ndarray, Kind]:
@@ -708,31 +755,10 @@ def _sf_bytes(
     gran_k = int_arg(func, "gran_k", gran_k, minimum=1)
     groups = None if num_groups is None else int_arg(func, "num_groups", num_groups, minimum=0)
     a = as_array(sf, func, arg)
-    ndim = 2 + (groups is not None)
-    if a.ndim != ndim or (groups is not None and a.shape[0] != groups):
-        lead = f"({groups}, " if groups is not None else "("
-        raise arg_error(func, arg, f"a {ndim}-D array {lead}rows, columns)", a)
-    sf_k = ceil_div(k, gran_k)
-    rows_user = ceil_div(mn, gran_mn)
-    rows, cols = a.shape[-2:]
+    sf_k, unpack = check_sf_shape(a, mn, k, gran_mn, gran_k, groups, func, arg)
     b = _batched(a)
     if a.dtype == F32:
-        if (rows, cols) != (rows_user, sf_k):
-            raise arg_error(func, arg, f"float32 SFs of shape (..., {rows_user}, {sf_k}) = "
-                            "(ceil(mn / gran_mn), ceil(k / gran_k))", a)
         return b, kind
-    if a.dtype == I32:
-        want_cols, unpack = ceil_div(sf_k, 4), fm.unpack_ue8m0_int32
-    elif a.dtype == I16:
-        if gran_k != 32:
-            raise arg_error(func, "gran_k", "32 for int16 UE8M0 pairs", repr(gran_k))
-        want_cols, unpack = ceil_div(k, ASCEND_PAIR_K), fm.unpack_ue8m0_int16
-    elif a.dtype in _BYTE_DTYPES:
-        want_cols, unpack = sf_k, None
-    else:
-        raise arg_error(func, arg, "float32, int32 (4 UE8M0 per int), int16 (2 UE8M0 per int) or UE8M0 bytes", a)
-    if rows not in (mn, rows_user) or cols != want_cols:
-        raise arg_error(func, arg, f"{a.dtype} SFs of shape (..., {mn} or {rows_user}, {want_cols})", a)
     by = b.view(np.uint8) if unpack is None else unpack(b)[..., :sf_k]
     return by, kind
 

@@ -12,7 +12,8 @@ import numpy as np
 from ..api import profiled
 from ..errors import arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
-from ..toolkit.args import align, int_arg
+from ..toolkit.args import align
+from ..toolkit.sizes import check_alloc, size_arg
 from ._group import GroupRegistry, resolve_group
 from ._layout import TOKEN_ALIGNMENT, BufferLayout, alloc_bytes, ascend_layout, cuda_layout, make_views, ring_limit
 
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 _ASCEND_MISSING = "DeepGEMM-Ascend has no {what} (port 1.10: the ring size is derived internally)"
+_SIZE_ARGS = "num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden"
 _UPSTREAM_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "l1_acts", "l1_acts_sf", "l2_acts", "l2_acts_sf")
 _ASCEND_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "shared_l1_acts", "shared_l1_acts_sf", "shared_l2_acts",
                  "shared_l2_acts_sf", "l1_acts", "l1_acts_sf", "l2_acts", "l2_acts_sf", "expert_recv_count")
@@ -52,9 +54,9 @@ def _get_ring_limit_for_mega_moe(num_max_tokens_per_rank: int, num_experts_per_r
     T (``num_max_tokens_per_rank``) must be a multiple of 384.
     """
     func = "get_ring_limit_for_mega_moe"
-    return ring_limit(func, int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                      int_arg(func, "num_experts_per_rank", num_experts_per_rank, 1),
-                      int_arg(func, "num_topk", num_topk, 1), int_arg(func, "num_ranks", num_ranks, 1))
+    return ring_limit(func, size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                      size_arg(func, "num_experts_per_rank", num_experts_per_rank, 1),
+                      size_arg(func, "num_topk", num_topk, 1), size_arg(func, "num_ranks", num_ranks, 1))
 
 
 def _slicer(layout: BufferLayout, names: tuple[str, ...], func: str) -> Callable[[Any], tuple[Any, ...]]:
@@ -77,11 +79,13 @@ def _get_symm_buffer_size_cuda(num_ranks: int, num_experts: int, num_max_tokens_
     """(num_bytes, slicer): the slicer maps an int8 buffer to (x, x_sf, topk_idx, topk_weights,
     l1_acts, l1_acts_sf, l2_acts, l2_acts_sf) (x_sf and the SF views are None for bf16xbf16)."""
     func = "get_symm_buffer_size_for_mega_moe"
-    layout = cuda_layout(func, int_arg(func, "num_ranks", num_ranks, 1), int_arg(func, "num_experts", num_experts, 1),
-                         int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                         int_arg(func, "num_topk", num_topk, 1), int_arg(func, "hidden", hidden, 1),
-                         int_arg(func, "intermediate_hidden", intermediate_hidden, 1), _str(func, "mma_type", mma_type),
-                         _str(func, "activation", activation), int_arg(func, "num_ring_tokens", num_ring_tokens, 0))
+    layout = cuda_layout(func, size_arg(func, "num_ranks", num_ranks, 1),
+                         size_arg(func, "num_experts", num_experts, 1),
+                         size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                         size_arg(func, "num_topk", num_topk, 1), size_arg(func, "hidden", hidden, 1),
+                         size_arg(func, "intermediate_hidden", intermediate_hidden, 1),
+                         _str(func, "mma_type", mma_type),
+                         _str(func, "activation", activation), size_arg(func, "num_ring_tokens", num_ring_tokens, 0))
     return layout.num_bytes, _slicer(layout, _UPSTREAM_VIEWS, func)
 
 
@@ -92,12 +96,13 @@ def _get_symm_buffer_size_ascend(num_ranks: int, num_experts: int, num_max_token
     (x, x_sf, topk_idx, topk_weights, shared_l1_acts, shared_l1_acts_sf, shared_l2_acts,
     shared_l2_acts_sf, l1_acts, l1_acts_sf, l2_acts, l2_acts_sf, expert_recv_count)."""
     func = "get_symm_buffer_size_for_mega_moe"
-    layout = ascend_layout(func, int_arg(func, "num_ranks", num_ranks), int_arg(func, "num_experts", num_experts),
-                           int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank),
-                           int_arg(func, "num_topk", num_topk), int_arg(func, "hidden", hidden),
-                           int_arg(func, "intermediate_hidden", intermediate_hidden),
+    layout = ascend_layout(func, size_arg(func, "num_ranks", num_ranks, None),
+                           size_arg(func, "num_experts", num_experts, None),
+                           size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, None),
+                           size_arg(func, "num_topk", num_topk, None), size_arg(func, "hidden", hidden, None),
+                           size_arg(func, "intermediate_hidden", intermediate_hidden, None),
                            _str(func, "mma_type", mma_type), _str(func, "activation", activation),
-                           int_arg(func, "num_shared_experts", num_shared_experts))
+                           size_arg(func, "num_shared_experts", num_shared_experts, None))
     return layout.num_bytes, _slicer(layout, _ASCEND_VIEWS, func)
 
 
@@ -176,6 +181,8 @@ class SymmBuffer(metaclass=_SymmBufferType):
                buffer: np.ndarray | None = None, handle: Any = None) -> None:
         self._registry, self._rank, self._layout, self._mma, self._target = registry, rank, layout, mma, target
         if buffer is None:
+            check_alloc("SymmBuffer", _SIZE_ARGS, layout.num_bytes, f"the symmetric buffer ({layout.num_bytes} bytes, "
+                        "pages mapped on first touch)", lazy=True)
             buffer = alloc_bytes(layout.num_bytes)  # zero-filled, as DeepGEMM's buffer.zero_()
             handle = _Handle(registry, buffer)
         # Note: the buffer and its views are NumPy arrays (ml_dtypes dtypes), not CUDA / NPU tensors;
@@ -215,12 +222,12 @@ class _CudaSymmBuffer(SymmBuffer):
         self.intermediate_hidden = intermediate_hidden
         self.num_ring_tokens = num_ring_tokens
         registry, rank = resolve_group(func, group)
-        layout = cuda_layout(func, registry.size(), int_arg(func, "num_experts", num_experts, 1),
-                             int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
-                             int_arg(func, "num_topk", num_topk, 1), int_arg(func, "hidden", hidden, 1),
-                             int_arg(func, "intermediate_hidden", intermediate_hidden, 1),
+        layout = cuda_layout(func, registry.size(), size_arg(func, "num_experts", num_experts, 1),
+                             size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1),
+                             size_arg(func, "num_topk", num_topk, 1), size_arg(func, "hidden", hidden, 1),
+                             size_arg(func, "intermediate_hidden", intermediate_hidden, 1),
                              _str(func, "mma_type", mma_type), activation,
-                             int_arg(func, "num_ring_tokens", num_ring_tokens, 0))
+                             size_arg(func, "num_ring_tokens", num_ring_tokens, 0))
         self._setup(registry, rank, layout, mma_type, "deepgemm")
 
     def destroy(self) -> None:
@@ -255,11 +262,11 @@ class _AscendSymmBuffer(SymmBuffer):
         self.mma_type = mma_type
         self.activation = activation
         registry, rank = resolve_group(func, group)
-        layout = ascend_layout(func, registry.size(), int_arg(func, "num_experts", num_experts),
-                               int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank),
-                               int_arg(func, "num_topk", num_topk), int_arg(func, "hidden", hidden),
-                               int_arg(func, "intermediate_hidden", intermediate_hidden), mma_type, activation,
-                               int_arg(func, "num_shared_experts", num_shared_experts))
+        layout = ascend_layout(func, registry.size(), size_arg(func, "num_experts", num_experts, None),
+                               size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, None),
+                               size_arg(func, "num_topk", num_topk, None), size_arg(func, "hidden", hidden, None),
+                               size_arg(func, "intermediate_hidden", intermediate_hidden, None), mma_type, activation,
+                               size_arg(func, "num_shared_experts", num_shared_experts, None))
         if base is None:
             self._setup(registry, rank, layout, mma_type, "deepgemm-ascend")
             return
@@ -314,10 +321,10 @@ def _get_symm_buffer_for_mega_moe(group: Any, num_experts: int, num_max_tokens_p
     func = "get_symm_buffer_for_mega_moe"
     registry, _ = resolve_group(func, group)
     size = registry.size()
-    t = int_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
+    t = size_arg(func, "num_max_tokens_per_rank", num_max_tokens_per_rank, 1)
     t = align(t, TOKEN_ALIGNMENT)
-    e = int_arg(func, "num_experts", num_experts, 1)
-    k = int_arg(func, "num_topk", num_topk, 1)
+    e = size_arg(func, "num_experts", num_experts, 1)
+    k = size_arg(func, "num_topk", num_topk, 1)
     lo, hi = ring_limit(func, t, e // size, k, size)
     if t >= 6144:
         ring = align(768 * 1024, TOKEN_ALIGNMENT)

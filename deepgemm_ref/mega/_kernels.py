@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from .. import dryrun, trace
 from .. import formats as fm
-from .. import trace
 from ..api import profiled
 from ..errors import arg_error
 from ..executor import active_accumulation
@@ -28,7 +29,9 @@ from ..toolkit.args import (
     ceil_div,
     elem_stride,
     is_contiguous,
+    packed_fp4,
 )
+from ..toolkit.outputs import check_written
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
 from ._group import GroupRegistry
 from ._layout import BLOCK_N
@@ -122,6 +125,36 @@ def _stats(func: str, stats: Any, num_local_experts: int) -> np.ndarray | None:
     return s.reshape(-1)
 
 
+_STATS = "cumulative_local_expert_recv_stats"
+
+
+def _reads(call: _RankCall) -> list[tuple[str, np.ndarray | None]]:
+    """The arrays a rank's call reads: its weights (routed and shared) and its symmetric buffer."""
+    out: list[tuple[str, np.ndarray | None]] = []
+    for prefix, w in (("", call.weights), ("shared_", call.shared)):
+        if w is None:
+            continue
+        paired = isinstance(getattr(w, "s1", None), np.ndarray)
+        for layer in ("1", "2"):
+            name = f"{prefix}l{layer}_weights"
+            out.append((f"{name}[0]" if paired else name, getattr(w, "w" + layer)))
+            if paired:
+                out.append((f"{name}[1]", getattr(w, "s" + layer)))
+    out.append(("sym_buffer", call.buffer.buffer))
+    return out
+
+
+def _check_outputs(call: _RankCall, others: Sequence[_RankCall] = ()) -> None:
+    """y and the stats: written by the collective, so sharing no memory with anything it reads
+    (this call's and ``others``' weights and buffers) or with each other."""
+    reads = _reads(call) + [r for o in others for r in _reads(o)]
+    outs = [(f"y of rank {o.rank}", o.y) for o in others] + [(f"{_STATS} of rank {o.rank}", o.stats) for o in others]
+    if call.y is not None:
+        check_written(call.y, call.func, "y", reads + [(_STATS, call.stats)] + outs)
+    if call.stats is not None:
+        check_written(call.stats, call.func, _STATS, reads + [("y", call.y)] + outs)
+
+
 def _grouped_weight(func: str, arg: str, w: np.ndarray, dtype: np.dtype, dtype_name: str) -> None:
     if w.ndim != 3:
         raise arg_error(func, arg, "a 3-D (num_local_experts, n, k) weight tensor", w)
@@ -175,6 +208,7 @@ def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuff
                       stats: Any) -> tuple[ExpertWeights, np.ndarray | None]:
     w1, s1 = as_pair(l1_weights, func, "l1_weights")
     w2, s2 = as_pair(l2_weights, func, "l2_weights")
+    w1, w2 = packed_fp4(w1), packed_fp4(w2)
     for arg, w in (("l1_weights[0]", w1), ("l2_weights[0]", w2)):
         if w.dtype == E4M3:
             # Note: DeepGEMM's host check also accepts e4m3 weights, but the kernel's MMA reads
@@ -236,6 +270,7 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
     """DeepGEMM-Ascend's check_weights: exact transformed shapes, dtypes and contiguity."""
     w, s = as_pair(pair, func, arg)
     shared = num_local_experts is None
+    w = w if shared else packed_fp4(w)
     lead = () if shared else (num_local_experts,)
     want_w = (*lead, n // BLOCK_N, BLOCK_N, k if shared else k // 2)
     want_s = (*lead, n // BLOCK_N, k // 64, BLOCK_N)
@@ -320,6 +355,8 @@ def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> N
         if _config(calls[r]) != _config(first):
             raise arg_error(func, "sym_buffer", f"every rank's call on the same configuration as rank {ranks[0]} "
                             f"{_config(first)}", f"rank {r}: {_config(calls[r])}")
+    for r in out_ranks:  # every output apart from everything the collective reads, before any work
+        _check_outputs(calls[r], [calls[s] for s in ranks if s != r])
     tokens = [read_tokens(func, calls[r]) for r in ranks]
     want_acc, want_S = trace.wants()
     cfg = PipelineConfig(first.target, first.kind, accumulation=active_accumulation(),  # type: ignore[arg-type]
@@ -363,6 +400,7 @@ def _debug_zero() -> bool:
 
 
 def _submit(call: _RankCall) -> None:
+    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
     # Note: a device call blocks until every rank has joined; here the calls before the last one
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
@@ -410,8 +448,10 @@ def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer:
     weights, stats = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)
-    _submit(_RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                      RankOptions(clamp, fast)))
+    call = _RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                     RankOptions(clamp, fast))
+    _check_outputs(call)
+    _submit(call)
 
 
 def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
@@ -429,8 +469,10 @@ def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: An
     weights, stats = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
     ya = _y(func, y, buf)
     _arch_sm100(func)
-    _submit(_RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                      RankOptions(clamp, fast)))
+    call = _RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
+                     RankOptions(clamp, fast))
+    _check_outputs(call)
+    _submit(call)
 
 
 def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
@@ -461,8 +503,10 @@ def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffe
     routed, shared, stats = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
                                             n, cumulative_local_expert_recv_stats)
     clamp = _clamp(func, activation_clamp)
-    _submit(_RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
-                      RankOptions(clamp, True)))
+    call = _RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
+                     RankOptions(clamp, True))
+    _check_outputs(call)
+    _submit(call)
 
 
 def bind_rank(group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import arg_error
+from ..toolkit import sizes
 from ..toolkit.args import BF16, E4M3, align, ceil_div
 
 __all__ = [
@@ -77,7 +78,7 @@ class ViewSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return sizes.nbytes(self.shape, self.dtype.itemsize)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ..executor import Task, active_accumulation, execute
 from ..interop import caller_kind, from_numpy
 from ..layout import psum_ranges, sf_values
 from ..profiles import get_profile
-from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg
+from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg, packed_fp4
 from . import _swiglu as sw
 from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
 from ._weights import PlainWeights
@@ -255,6 +255,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         a_sc = None
     if isinstance(b, (tuple, list)):
         bw, bsf = as_pair(b, func, "b")
+        bw = packed_fp4(bw)
         if bw.ndim != 3 or bw.dtype not in (I8, E4M3) or a_sc is None:
             raise arg_error(func, "b", "(int8 packed FP4 or float8_e4m3fn (G, N, K'), SF) with FP8 a", bw)
         kb = bw.shape[2] * (2 if bw.dtype == I8 else 1)

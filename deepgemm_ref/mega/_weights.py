@@ -33,7 +33,7 @@ from .. import formats as fm
 from ..errors import DGArgumentError, arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
 from ..layout import sf_values
-from ..toolkit.args import E4M3, I8, I16
+from ..toolkit.args import E4M3, I8, I16, packed_fp4
 
 __all__ = [
     "transform_cuda",
@@ -240,6 +240,7 @@ def _ascend(func: str, l1_weights: Any, l2_weights: Any, activation: Any, invers
     kind = caller_kind(l1_weights, l2_weights)
     w1, s1 = _np(l1_weights[0], func, "l1_weights[0]"), _np(l1_weights[1], func, "l1_weights[1]")
     w2, s2 = _np(l2_weights[0], func, "l2_weights[0]"), _np(l2_weights[1], func, "l2_weights[1]")
+    w1, w2 = packed_fp4(w1), packed_fp4(w2)
     if w1.dtype != w2.dtype or w1.dtype not in (I8, E4M3):
         raise arg_error(func, "l1_weights[0]", "int8 (packed FP4, routed) or float8_e4m3fn (shared) weights, "
                         "the same for both layers", f"{w1.dtype} and {w2.dtype}", utility=True)

@@ -1,21 +1,101 @@
-"""DeepGEMM-Ascend's ``deep_gemm.testing.par_compile``: nothing is JIT-compiled here."""
+"""DeepGEMM-Ascend's ``deep_gemm.testing.par_compile``: warm-up calls under dry run, in a thread pool.
+
+DeepGEMM-Ascend's tests first call every kernel they will test with ``device='meta'`` tensors
+inside :func:`par_compile`, so that the JIT compiles each kernel once, in parallel, without
+touching device memory; then they run the real calls.  Here there is nothing to compile, but the
+flow is the same: under :func:`dry_run` every kernel validates its arguments (argument errors are
+raised) and computes and writes nothing (:mod:`deepgemm_ref.dryrun`).
+
+``torch`` below is looked up when a function runs (``None`` means ``sys.modules["torch"]``, if
+torch is imported); where it has ``torch.npu`` (the device's, or
+:mod:`deepgemm_ref.testing.npu_shim`'s), every worker runs on the caller's current device, as the
+newest DeepGEMM-Ascend does.  Without ``torch.npu`` the device steps are skipped.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 __all__ = ["dry_run", "par_compile"]
 
+#: The torch module whose ``npu`` namespace pins workers to the caller's device (None: the
+#: imported torch, if any); a test may replace it with a double.
+torch: Any = None
+
+
+def _npu() -> Any:
+    t = torch if torch is not None else sys.modules.get("torch")
+    return getattr(t, "npu", None)
+
 
 @contextlib.contextmanager
 def dry_run() -> Iterator[None]:
-    """A context in which DeepGEMM-Ascend only compiles kernels; the emulator has none to compile."""
-    yield
+    """``_C.set_dry_run(True)`` for the block, ``set_dry_run(False)`` after it (also when it raises).
+
+    Inside, every kernel validates its arguments and returns without computing or writing;
+    ``meta`` tensors are accepted.  Needs the ``ascend950`` profile (DeepGEMM's 2.6.1 ``_C`` has no
+    dry run: the argument error says so).
+    """
+    # The profiled function itself (from the module's dictionary: under DeepGEMM's profiles the
+    # namespace hides the name, and the function's argument error says why).
+    set_dry_run = vars(importlib.import_module("deepgemm_ref._C"))["set_dry_run"]
+    set_dry_run(True)
+    try:
+        yield
+    finally:
+        set_dry_run(False)
+
+
+# Note: tqdm is not a dependency: without it progress=True shows nothing.
+def _progress_bar(total: int, enabled: bool) -> Any:
+    """A tqdm bar when asked for and tqdm is installed (it is not a dependency), else None."""
+    if not enabled or importlib.util.find_spec("tqdm") is None:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Compiling")
 
 
 def par_compile(callables: Iterable[Callable[[], Any]], *, max_workers: int | None = None,
-                progress: bool = True) -> list[Any]:
-    """Run each callable once, in order, and return their results (there is no JIT cache to warm)."""
-    return [fn() for fn in callables]
+                progress: bool = True) -> None:
+    """Run every callable once under :func:`dry_run`, on a pool of ``max_workers`` threads.
+
+    ``max_workers`` defaults to ``$DG_TEST_MAX_WORKERS`` or the CPU count.  Each worker runs on the
+    device that is current in the caller (``torch.npu.device(...)``) and initialises its stream
+    first.  The first exception of a callable is raised (after the dry run is switched off); the
+    results are discarded and None is returned, as in DeepGEMM-Ascend.  ``progress`` shows a tqdm
+    bar when tqdm is installed.
+    """
+    fns = list(callables)
+    npu = _npu()
+    device = npu.current_device() if npu is not None else None
+
+    def run(fn: Callable[[], Any]) -> Any:
+        if npu is None:
+            return fn()
+        with npu.device(device):
+            npu.current_stream()
+            return fn()
+
+    if npu is not None:
+        npu.current_stream()
+    if max_workers is None:
+        max_workers = int(os.environ.get("DG_TEST_MAX_WORKERS", os.cpu_count() or 1))
+    bar = _progress_bar(len(fns), progress)
+    try:
+        with dry_run(), ThreadPoolExecutor(max_workers=max(1, max_workers),
+                                           thread_name_prefix="deepgemm-compile") as pool:
+            for fut in as_completed([pool.submit(run, fn) for fn in fns]):
+                fut.result()
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()

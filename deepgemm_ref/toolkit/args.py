@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import DGArgumentError, arg_error
 from ..exact import align, ceil_div  # re-exported for the kernels
 from ..interop import to_numpy
+from .sizes import INT_MAX, check_backed, size_arg
 
 __all__ = [
     "E4M3",
@@ -26,6 +27,7 @@ __all__ = [
     "I16",
     "I32",
     "dtype_name",
+    "packed_fp4",
     "as_array",
     "as_pair",
     "int_arg",
@@ -65,6 +67,14 @@ def dtype_name(t: np.dtype) -> str:
     return _DTYPE_NAMES.get(t, str(t))
 
 
+def packed_fp4(x: np.ndarray) -> np.ndarray:
+    """Packed FP4 in uint8 bytes as DeepGEMM's int8 storage (a view of the same bytes); other
+    dtypes unchanged.  Where a kernel takes packed FP4 it takes int8, uint8 and (through
+    :func:`deepgemm_ref.interop.to_numpy`) ``torch.float4_e2m1fn_x2`` tensors: the same bytes."""
+    # Note: uint8 (and torch.float4_e2m1fn_x2) packed FP4 is accepted where the libraries take int8.
+    return x.view(I8) if x.dtype == U8 else x
+
+
 # ----------------------------------------------------------------------------------------------
 # arrays
 # ----------------------------------------------------------------------------------------------
@@ -78,7 +88,8 @@ def as_array(x: Any, func: str, arg: str, *, allow_none: Literal[True]) -> np.nd
 
 
 def as_array(x: Any, func: str, arg: str, *, allow_none: bool = False) -> np.ndarray | None:
-    """A NumPy view of an array or torch CPU tensor argument (None only with ``allow_none``)."""
+    """A NumPy view of an array or torch CPU tensor argument (None only with ``allow_none``);
+    a broadcast too large to work on is refused (:func:`.sizes.check_backed`)."""
     if x is None:
         if allow_none:
             return None
@@ -86,6 +97,7 @@ def as_array(x: Any, func: str, arg: str, *, allow_none: bool = False) -> np.nda
     xa = to_numpy(x, func, arg)
     if not isinstance(xa, np.ndarray):
         raise arg_error(func, arg, "a NumPy array or torch CPU tensor", xa)
+    check_backed(func, arg, xa)
     return xa
 
 
@@ -134,12 +146,9 @@ def transposed_pair(x: Any, func: str, arg: str, axes: tuple[int, int]) -> tuple
 # ----------------------------------------------------------------------------------------------
 
 def int_arg(func: str, arg: str, v: Any, minimum: int | None = None) -> int:
-    """A Python or NumPy integer (not a bool), at least ``minimum`` when given."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise arg_error(func, arg, "an int", f"{type(v).__name__} {v!r}")
-    if minimum is not None and v < minimum:
-        raise arg_error(func, arg, f"an int >= {minimum}", repr(int(v)))
-    return int(v)
+    """A Python or NumPy integer (not a bool), at least ``minimum`` when given (no upper bound;
+    size arguments the targets take as a C++ ``int`` use :func:`.sizes.size_arg`)."""
+    return size_arg(func, arg, v, minimum, None)
 
 
 def opt_int_arg(func: str, arg: str, v: Any, minimum: int | None = None) -> int | None:
@@ -162,11 +171,12 @@ def opt_bool_arg(func: str, arg: str, v: Any) -> bool | None:
 
 
 def int_tuple(func: str, arg: str, v: Any, lengths: tuple[int, ...]) -> tuple[int, ...]:
-    """A tuple (or list) of one of the ``lengths``, of ints >= 1 (each checked by name)."""
+    """A tuple (or list) of one of the ``lengths``, of ints in [1, INT_MAX] (a C++ ``std::tuple``
+    of ``int``; each checked by name)."""
     want = " or ".join(f"a {n}-tuple" for n in lengths) + " of positive ints"
     if not isinstance(v, (tuple, list)) or len(v) not in lengths:
         raise arg_error(func, arg, want, repr(v))
-    return tuple(int_arg(func, f"{arg}[{i}]", g, minimum=1) for i, g in enumerate(v))
+    return tuple(size_arg(func, f"{arg}[{i}]", g, minimum=1) for i, g in enumerate(v))
 
 
 def int32_vector(func: str, arg: str, x: Any, n: int, what: str) -> np.ndarray:
@@ -194,7 +204,8 @@ def ks_list(func: str, ks_cpu: Any) -> list[int] | None:
         ks_cpu = ks_cpu.tolist()
     if isinstance(ks_cpu, (str, bytes)) or not isinstance(ks_cpu, Sequence):
         raise arg_error(func, "ks_cpu", "a list of ints, None or []", f"{type(ks_cpu).__name__} {ks_cpu!r}")
-    return [int_arg(func, f"ks_cpu[{i}]", k) for i, k in enumerate(ks_cpu)]
+    # DeepGEMM's host takes std::vector<int>: each entry a C++ int
+    return [size_arg(func, f"ks_cpu[{i}]", k, minimum=None, maximum=INT_MAX) for i, k in enumerate(ks_cpu)]
 
 
 def check(cond: bool, func: str, arg: str, expected: str, got: Any) -> None:

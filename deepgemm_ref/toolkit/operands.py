@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from .. import dryrun
 from .. import formats as fm
 from ..core import Operand
 from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
 from ..errors import DGArgumentError, arg_error
-from ..layout import sf_values
+from ..layout import check_sf_shape, sf_values
 from ..profiles import Profile
-from .args import BF16, E4M3, F32, I8, I32, align, ceil_div, dtype_name, elem_stride, major_of
+from .args import BF16, E4M3, F32, I8, I32, U8, align, ceil_div, dtype_name, elem_stride, major_of, packed_fp4
+from .sizes import INT_MAX
 
 __all__ = [
     "OperandSpec",
@@ -87,8 +89,10 @@ class OperandSpec:
 
         scales: float64 (G?, MN, ceil(K / block)) from :func:`resolve_scales` (indexed like the
         data), or None.  ``k_range`` slices the data's last axis as stored (K for FP8 and for
-        MN-major FP4, which is packed along MN) and the scale blocks it covers.
+        MN-major FP4, which is packed along MN) and the scale blocks it covers.  Building an
+        operand ends validation: under DeepGEMM-Ascend's dry run the call ends here.
         """
+        dryrun.stop()
         data, sc = self.data, scales
         if group is not None:
             data, sc = data[group], (None if sc is None else sc[group])
@@ -106,7 +110,9 @@ class OperandSpec:
 def ab_operand(x: np.ndarray, func: str, arg: str, *, grouped: bool = False,
                allowed: tuple[np.dtype, ...] = (E4M3, I8)) -> OperandSpec:
     """Shape inference of DeepGEMM's ``check_ab_fp8_fp4``: an int8 (packed FP4) operand doubles
-    its K extent when K-major and its MN extent when MN-major."""
+    its K extent when K-major and its MN extent when MN-major (uint8 packed FP4 is read as int8)."""
+    if I8 in allowed:
+        x = packed_fp4(x)
     ndim = 3 if grouped else 2
     if x.ndim != ndim:
         raise arg_error(func, arg, f"a {ndim}-D array", x)
@@ -151,7 +157,7 @@ def bf16_operands(func: str, ops: tuple[tuple[str, np.ndarray, int], ...],
 def ue8m0_bytes_of_f32(func: str, arg: str, sf: np.ndarray) -> np.ndarray:
     """float32 scales that must be powers of two (or 0) -> their UE8M0 bytes, same shape."""
     # Note: the devices trap inside the kernel on such scales; we raise the argument error first.
-    bits = np.ascontiguousarray(sf).view(np.uint32)
+    bits = sf.view(np.uint32)  # a view with any strides: nothing is copied
     bad = (bits & np.uint32(0x807FFFFF)) != 0
     if np.any(bad):
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -211,6 +217,9 @@ def resolve_scales(
         raise arg_error(func, "recipe", r.gran_mn_expected, f"gran_mn {gran_mn}")
     if r.per_token_sfa and gran_mn != 1 and not is_b:
         raise arg_error(func, "recipe", f"per-token SFA (gran_m 1) on {profile.name}", f"gran_m {gran_mn}")
+    if sf.dtype == F32 or sf.dtype == r.packed:  # shapes first: nothing is read or copied before they match
+        read_as_bytes = sf.dtype == F32 and r.float32 == "ue8m0"
+        check_sf_shape(sf, mn, k, gran_mn, gran_k, groups, func, arg, form=U8 if read_as_bytes else None)
     if sf.dtype == F32:
         if r.float32 == "ue8m0":
             if disable_ue8m0_cast and r.disable_cast_error is not None:
@@ -241,13 +250,13 @@ def recipes(func: str, sfa: np.ndarray | None, sfb: np.ndarray | None, recipe: A
 
 
 def recipe_arg(func: str, arg: str, r: Any, n: int) -> tuple[int, ...] | None:
-    """None, or a tuple (or list) of ``n`` positive ints."""
+    """None, or a tuple (or list) of ``n`` positive ints (C++ ints: at most ``INT_MAX``)."""
     if r is None:
         return None
     if not isinstance(r, (tuple, list)) or len(r) != n or not all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in r
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 < v <= INT_MAX for v in r
     ):
-        raise arg_error(func, arg, f"None or a tuple of {n} positive ints", repr(r))
+        raise arg_error(func, arg, f"None or a tuple of {n} positive ints (each <= {INT_MAX})", repr(r))
     return tuple(int(v) for v in r)
 
 

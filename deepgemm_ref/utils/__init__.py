@@ -60,3 +60,7 @@ __all__ = [
     "layout",
 ]
 # --- end of generated block ---
+
+from .. import _exports, namespace  # noqa: E402
+
+namespace.install(__name__, _exports.only("utils"))

@@ -27,3 +27,7 @@ __all__ = [
     "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
 ]
 # --- end of generated block ---
+
+from .. import _exports, namespace  # noqa: E402
+
+namespace.install(__name__, _exports.only("utils.layout"))

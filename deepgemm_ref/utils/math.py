@@ -31,3 +31,7 @@ __all__ = [
     "unpack_ue8m0_from_int",
 ]
 # --- end of generated block ---
+
+from .. import _exports, namespace  # noqa: E402
+
+namespace.install(__name__, _exports.only("utils.math"))
