@@ -91,7 +91,8 @@ def interleaved(base: Callable[[], Any], cand: Callable[[], Any], rounds: int) -
     """(median ratio, median baseline s, median candidate s) over interleaved rounds (one warm-up each)."""
     base()
     cand()
-    tb, tc = [], []
+    tb: list[float] = []
+    tc: list[float] = []
     for r in range(rounds):
         order = (base, cand) if r % 2 == 0 else (cand, base)
         for fn in order:
@@ -304,7 +305,8 @@ def _golden_cli(out: str, jobs: int, threads: int, preset: str = "deepgemm-tests
 
 def rows_jobs(threads: int, rounds: int) -> list[bool]:
     with tempfile.TemporaryDirectory() as tmp:
-        serial, par = [], []
+        serial: list[float] = []
+        par: list[float] = []
         _golden_cli(f"{tmp}/s", 1, threads)  # warm-up (imports, page cache)
         for r in range(rounds):
             for jobs in ((1, 2) if r % 2 == 0 else (2, 1)):

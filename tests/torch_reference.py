@@ -64,7 +64,8 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128, d
     return packed[:, : n // 2].contiguous().view(torch.int8), sf
 
 
-def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128, division: str = "cpu"):
+def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128,
+                          division: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per gran_k x gran_k block of the zero-padded input (DeepGEMM's per-block utility)."""
     m, n = x.shape
     pm, pn = _align(m, gran_k), _align(n, gran_k)
