@@ -1006,7 +1006,8 @@ class _Gemm:
             for r0 in starts[i0:i1]:
                 r1 = min(m, r0 + self.step)
                 ea, a_wide = _normalised_magnitudes(a, r0, r1, a32[:r1 - r0])
-                np.matmul(a32[:r1 - r0], b32.T, out=s32[:r1 - r0])
+                with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: S is theirs
+                    np.matmul(a32[:r1 - r0], b32.T, out=s32[:r1 - r0])
                 pa = np.ldexp(1.0, ea)
 
                 def tile(t0: int, t1: int, r0: int = r0, pa: np.ndarray = pa) -> None:

@@ -444,3 +444,120 @@ def test_gemm_kernels_through_the_tiers():
     d = np.zeros((8, 6), BF16)
     dg.bf16_gemm_nt(av.astype(np.float32).astype(BF16), bv.astype(np.float32).astype(BF16), d)
     assert np.array_equal(_codes(d), ref.ref_gemm(av, bv, fm.BF16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the GEMM-based tier against the per-element tiers through scaled_matmul (specials included)
+# ---------------------------------------------------------------------------------------------
+
+def _per_element_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the GEMM-based tier decide nothing: every open element goes to the per-element tiers."""
+    def nothing(a, b, ep, rows, cols, acc, acc_lo, stats):
+        return np.zeros(rows.size, ep.out.code_dtype), np.zeros(rows.size, bool)
+
+    monkeypatch.setattr(core, "_sliced_tier", nothing)
+
+
+def _same_bytes_and_acc_at_least_as_exact(fast: core.MatmulResult, slow: core.MatmulResult, av: np.ndarray,
+                                          bv: np.ndarray) -> None:
+    """Codes and S byte-identical; the stored accumulator may differ only where the per-element
+    tier's was not the exact sum's nearest float64, and the GEMM-based tier's always is."""
+    assert fast.out.tobytes() == slow.out.tobytes()
+    assert fast.S.tobytes() == slow.S.tobytes()
+    differ = ~((fast.acc == slow.acc) | (np.isnan(fast.acc) & np.isnan(slow.acc)))
+    for i, j in zip(*np.nonzero(differ), strict=True):
+        ex = float(ref.exact_dot(av[i], bv[j]))
+        assert fast.acc[i, j] == ex != slow.acc[i, j], (i, j)
+
+
+def _mixed_adversarial(m: int, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """bf16-valued rows: ties with cancelling pairs and tiny tie-breakers, rows whose results are
+    subnormal, signed zeros, NaN and +-inf entries."""
+    av, bv = tie_cancel_breaker(m, n, k, seed=seed, fill="cancel")
+    av[1] *= 2.0**-70  # results of about 2^-133: bf16 / float32 subnormals
+    bv[1] *= 2.0**-70
+    av[2, :] = -0.0
+    av[3, 7], bv[2, 9], bv[3, 11] = np.nan, np.inf, -np.inf
+    return av, bv
+
+
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_sliced_tier_bytes_equal_the_per_element_tiers_end_to_end(out, monkeypatch):
+    av, bv = _mixed_adversarial(8, 6, 203, seed=51)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    ep = core.OutputStage(out)
+    fast = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    assert fast.stats.get("sliced", 0) > 0
+    _per_element_only(monkeypatch)
+    slow = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    assert slow.stats.get("sliced", 0) == 0
+    _same_bytes_and_acc_at_least_as_exact(fast, slow, av, bv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ieee = fm.round_f64(av @ bv.T, out).view(out.code_dtype)
+    fin = np.isfinite(av).all(axis=1)[:, None] & np.isfinite(bv).all(axis=1)[None, :]
+    assert np.array_equal(_codes(fast.out)[~fin], ieee[~fin])  # non-finite: IEEE arithmetic
+    for i, j in zip(*np.nonzero(fin), strict=True):
+        assert int(_codes(fast.out)[i, j]) == ref.ref_epilogue(ref.exact_dot(av[i], bv[j]), out), (i, j)
+
+
+def test_sliced_tier_bytes_equal_the_per_element_tiers_fp8_ue8m0_extremes(monkeypatch):
+    rng = np.random.default_rng(52)
+    m, n, k, blk = 5, 4, 300, 128
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    qa[0, :2], qb[:, :2] = E4M3(448), np.array([[448, -448]] * n, np.float32).astype(E4M3)  # cancelling pair
+    nb = -(-k // blk)
+    sa = np.exp2(rng.integers(-127, 128, (m, nb)).astype(np.float64))
+    sb = np.exp2(rng.integers(-127, 128, (n, nb)).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    ep = core.OutputStage(fm.BF16)
+    fast = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    _per_element_only(monkeypatch)
+    slow = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    assert fast.stats.get("sliced", 0) > 0
+    _same_bytes_and_acc_at_least_as_exact(fast, slow, av, bv)
+    assert np.array_equal(_codes(fast.out), ref.ref_gemm(av, bv, fm.BF16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the cheap certificate at the edge of its bound: never a wrong rounding (Fractions decide)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tiny", [-30, -44, -50, -54, -58])
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_certificate_near_ties_never_certifies_a_wrong_rounding(tiny, out):
+    """Ties broken by 2^tiny (no cancelling pair: the float64 GEMM's bound is small, so the margin
+    certificate and the per-element test decide most elements right at their bound's edge)."""
+    av, bv = tie_cancel_breaker(12, 10, 257, seed=53 - tiny, out_bits=8 if out is fm.BF16 else 24, big=-300,
+                                tiny=tiny, fill="random")
+    res = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), core.OutputStage(out))
+    assert np.array_equal(_codes(res.out), ref.ref_gemm(av, bv, out))
+    if tiny >= -44:  # the breaker is far above the GEMM's error: the certificates decide
+        assert res.stats.get("bounded", 0) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# S at long K with block scales across the whole UE8M0 range (the float64 fallback) and inside
+# float32's range (the float32 GEMM), against Fraction sums
+# ---------------------------------------------------------------------------------------------
+
+def test_error_scale_long_k_wide_scales_against_fractions():
+    rng = np.random.default_rng(54)
+    m, n, k, blk = 2, 3, 16385, 128
+    nb = -(-k // blk)
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    sa = np.exp2(rng.integers(-4, 5, (m, nb)).astype(np.float64))  # row 0: float32 range suffices
+    sb = np.exp2(rng.integers(-4, 5, (n, nb)).astype(np.float64))
+    sa[1] = np.exp2(rng.integers(-127, 128, nb).astype(np.float64))  # products beyond float32's range
+    sb[2] = np.exp2(rng.integers(-127, 128, nb).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    S = core.error_scale(a, b)
+    for i in range(m):
+        for j in range(n):
+            s = ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
+            assert s <= F(float(S[i, j])) <= s * F(_S_factor(k)) + F(2.0**-999), (i, j)
