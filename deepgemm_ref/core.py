@@ -520,8 +520,8 @@ def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> 
     sum of the unscaled products) gives two exact terms.
     """
     k = a.shape[1]
-    ua, ia = np.unique(rows, return_inverse=True)
-    ub, ib = np.unique(cols, return_inverse=True)
+    ua, ia = _index_set(rows)
+    ub, ib = _index_set(cols)
     if a.pow2_scales and b.pow2_scales:
         return [a.take_rows(ua)[ia] * b.take_rows(ub)[ib]]  # (F, K) exact products
     blk = math.gcd(a.block or k or 1, b.block or k or 1)
@@ -615,6 +615,19 @@ def _exact_tiers(
 _SLICE_BUDGET = 96 << 20  # bytes of float64 rows gathered per operand group of the sliced tier
 
 
+def _index_set(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(idx, return_inverse=True)`` of non-negative indices, in linear time (a
+    presence table instead of a sort: the exact tiers take millions of points at once)."""
+    if idx.size == 0:
+        return idx.astype(np.intp), np.zeros(0, np.intp)
+    present = np.zeros(int(idx.max()) + 1, bool)
+    present[idx] = True
+    uniq = np.flatnonzero(present)
+    where = np.empty(present.size, np.intp)
+    where[uniq] = np.arange(uniq.size)
+    return uniq, where[idx]
+
+
 def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
     """The exact dot products of part ``s`` of rows ``pa`` with part ``t`` of rows ``pb`` (F,).
 
@@ -627,8 +640,8 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
     if cols.size == 0 or f == 0:
         return np.zeros(f)
     xa, xb = sa.parts[s], sb.parts[t]
-    ua, ia = np.unique(pa, return_inverse=True)
-    ub, ib = np.unique(pb, return_inverse=True)
+    ua, ia = _index_set(pa)
+    ub, ib = _index_set(pb)
     dense_cols = cols.size == xa.shape[1]
     if ua.size * ub.size <= 16 * f:
         x = xa[ua] if dense_cols else xa[np.ix_(ua, cols)]
@@ -669,13 +682,13 @@ def _sliced_tier(
     bits = slice_bits(k)
     full = acc is not None
     group = max(1, _SLICE_BUDGET // (8 * max(k, 1) * 3))
-    ua, ia = np.unique(rows, return_inverse=True)
+    ua, ia = _index_set(rows)
     for g0 in range(0, ua.size, group):
         in_a = np.flatnonzero((ia >= g0) & (ia < g0 + group))
         sa = split_windows(_gather(a, ua[g0:g0 + group]), bits)
         if sa is None:
             continue
-        ub, ib = np.unique(cols[in_a], return_inverse=True)
+        ub, ib = _index_set(cols[in_a])
         for h0 in range(0, ub.size, group):
             sel = (ib >= h0) & (ib < h0 + group)
             pts = in_a[sel]
