@@ -147,11 +147,15 @@ class _Block:
         profiles.PROFILES[self.arch] = self.saved
 
 
-def rows_gemm(threads: int, rounds: int) -> list[bool]:
+def _gemm_setup() -> tuple[tuple[int, int, int], np.ndarray, np.ndarray, np.ndarray, Callable[[], Any]]:
+    """The table's GEMM size: (m, n, k), BF16 inputs, a bf16 output and the float64 matmul."""
     m, n, k = GEMM
     a, b = _bf16_inputs(m, n, k)
-    d = np.empty((m, n), BF16)
-    base = _f64_matmul(m, n, k)
+    return (m, n, k), a, b, np.empty((m, n), BF16), _f64_matmul(m, n, k)
+
+
+def rows_gemm(threads: int, rounds: int) -> list[bool]:
+    (m, n, k), a, b, d, base = _gemm_setup()
     results = []
     with dg.numerics(arch="sm100"):
         r = interleaved(base, lambda: dg.bf16_gemm_nt(a, b, d), rounds)
@@ -165,10 +169,7 @@ def rows_gemm(threads: int, rounds: int) -> list[bool]:
 
 
 def rows_fp32(threads: int, rounds: int) -> list[bool]:
-    m, n, k = GEMM
-    a, b = _bf16_inputs(m, n, k)
-    d = np.empty((m, n), BF16)
-    base = _f64_matmul(m, n, k)
+    (m, n, k), a, b, d, base = _gemm_setup()
     results = []
     for block, goal in ((128, 1.15), (32, 1.5)):
         fa, fb = dg.per_token_cast_to_fp8(a, True, block), dg.per_token_cast_to_fp8(b, True, block)
