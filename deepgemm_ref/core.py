@@ -65,9 +65,12 @@ import numpy as np
 
 from . import formats as fm
 from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
-from .certified import Points, round_certified
+from .certified import Points, decode_codes, round_certified, within_half_gap
 from .config import AccumulationModel, Limited
 from .exact import (
+    U32,
+    U64,
+    Slices,
     ceil_div,
     dd_interval,
     dd_sum,
@@ -75,6 +78,8 @@ from .exact import (
     fraction_sum,
     gamma,
     pairwise_sum,
+    slice_bits,
+    split_windows,
     sum_upper_bound,
     two_prod,
     two_sum,
@@ -89,6 +94,7 @@ __all__ = [
     "Products",
     "scaled_matmul",
     "exact_accumulator",
+    "error_scale",
     "dot_products",
 ]
 
@@ -277,6 +283,49 @@ class OutputStage:
             return fm.round_dd(s, e, self.out).view(self.out.code_dtype)
         return self.apply_points(dd_to_f64_directed(hi, lo, up), rows, cols)
 
+    def transposed(self) -> OutputStage:
+        """The same stage for the transposed product (``c`` transposed)."""
+        return OutputStage(self.out, self.alpha, None if self.c is None else self.c.T, self.c_mode)
+
+    def margin(self, x: np.ndarray, r0: int, r1: int, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """(codes of ``x`` as :meth:`apply` gives them, bool: every real within ``err`` of ``x``
+        gives the same codes): the margin certificate of :mod:`deepgemm_ref.certified`."""
+        return self._apply_margin(x, None if self.c is None else self.c[r0:r1], err)
+
+    def margin_points(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                      err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`margin` for scattered elements (rows[i], cols[i])."""
+        return self._apply_margin(x, None if self.c is None else self.c[rows, cols], err)
+
+    def _apply_margin(self, x: np.ndarray, c: np.ndarray | None,
+                      err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_apply` and the half-gap test of its first rounding (alpha's float32 product;
+        without alpha the output rounding of ``x``, or of ``c + x`` for a one-rounding ``c``):
+        once that rounding is the same over the interval, so is everything after it."""
+        ok: np.ndarray | None = None
+        z = x
+        code_dtype = self.out.code_dtype
+        if self.alpha is not None:
+            p, e = two_prod(np.float64(self.alpha), z)
+            z = fm.round_dd(p, e, fm.F32).astype(np.float64)
+            ok = within_half_gap(p, e, z, np.multiply(err, abs(self.alpha)), fm.F32)
+        if c is None:
+            codes = fm.round_f64(z, self.out).view(code_dtype)
+            if ok is None:
+                ok = within_half_gap(x, None, decode_codes(codes, self.out), err, self.out)
+            return codes, ok
+        if self._round_first:
+            z2 = fm.round_f64(z, self.out).astype(np.float64)
+            if ok is None:
+                ok = within_half_gap(x, None, z2, err, self.out)
+            s, e = two_sum(c.astype(np.float64), z2)
+            return fm.round_dd(s, e, self.out).view(code_dtype), ok
+        s, e = two_sum(c.astype(np.float64), z)
+        codes = fm.round_dd(s, e, self.out).view(code_dtype)
+        if ok is None:
+            ok = within_half_gap(s, e, decode_codes(codes, self.out), err, self.out)
+        return codes, ok
+
     def _apply(self, x: np.ndarray, c: np.ndarray | None) -> np.ndarray:
         z = x
         if self.alpha is not None:
@@ -359,18 +408,108 @@ class MatmulResult:
 # The exact model
 # ----------------------------------------------------------------------------------------------
 
-def _chunk_rows(m: int, n: int, k: int) -> int:
-    """Rows of ``a`` per chunk.
+#: Elements per tile of the passes beside the GEMMs (conversion, certificates, epilogue): small
+#: enough that a tile and its temporaries stay in the core's cache, large enough that NumPy's
+#: per-call overhead is small.  Tiles run on the package's thread pool.
+_TILE = 1 << 15
 
-    A chunk's temporaries are some ten (rows, N) float64 arrays and two (rows, K) ones.  Their
-    budget is a quarter of the float64 copies of A, B and D (at least 32 MiB), so peak memory
-    stays within 1.5x of those copies, and chunks stay tall enough (>= 256 rows when possible)
-    for the BLAS to run at full speed instead of re-reading B for every thin slice of A.
+
+def _tile_rows(width: int) -> int:
+    return max(1, _TILE // max(width, 1))
+
+
+def _chunk_rows(m: int, n: int, k: int) -> int:
+    """Rows of ``a`` per chunk of the float64 GEMM.
+
+    A chunk holds its float64 rows of ``a`` and its (rows, N) GEMM result (the passes beside the
+    GEMM work on small tiles of it).  The budget is a quarter of the float64 copies of A, B and D
+    (at least 64 MiB); chunks have at least 512 rows (the BLAS then runs at full speed) and no
+    chunking at all where the budget allows.
     """
-    per_row = 8 * (n * 10 + k * 2)
-    budget = max(32 << 20, 2 * (m * k + n * k + m * n))  # bytes: 1/4 of 8 * (mk + nk + mn)
+    per_row = 8 * (n + k) + 2 * n
+    budget = max(64 << 20, 2 * (m * k + n * k + m * n))  # bytes: 1/4 of 8 * (mk + nk + mn)
     rows = budget // max(per_row, 1)
-    return max(1, min(m, max(rows, min(m, 256) if per_row * 256 <= 4 * budget else rows)))
+    return max(1, min(m, max(rows, 512)))
+
+
+def _swap_operands(m: int, n: int, k: int) -> bool:
+    """Whether to convert ``a`` whole and stream ``b`` instead (the smaller float64 copy is kept
+    whole: that halves the peak memory of a GEMM whose N is much larger than M)."""
+    return n > m and 8 * n * k > (256 << 20)
+
+
+def _decode_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
+    """Unscaled element values of rows [r0, r1) of ``op`` into the float64 array ``out``."""
+    v = op.values[r0:r1]
+    fmt = op.codes_fmt or _BYTE_FORMATS.get(v.dtype)
+    if fmt is not None:  # one-byte formats: a 256-entry table
+        np.take(_decode_table(fmt), v.view(np.uint8), out=out, mode="clip")
+    elif v.dtype == ml_dtypes.bfloat16:  # bf16 is the top half of a float32: shift, then widen exactly
+        np.copyto(out, np.left_shift(v.view(np.uint16), 16, dtype=np.uint32).view(np.float32))
+    else:
+        np.copyto(out, v, casting="unsafe")  # float16 / float32 / float64 widen exactly
+
+
+def _scale_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
+    """Multiply the rows [r0, r1) held in ``out`` (C-contiguous) by their block scales, in place
+    (exact: at most 24 + 24 significand bits)."""
+    if op.scales is None:
+        return
+    rows, k = out.shape
+    blk = op.block
+    s = op.scales[r0:r1]
+    full = k // blk
+    if full:
+        view = np.lib.stride_tricks.as_strided(out, (rows, full, blk), (out.strides[0], blk * 8, 8))
+        view *= s[:, :full, None]
+    if full * blk < k:
+        out[:, full * blk:] *= s[:, full:full + 1]
+
+
+def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True,
+             scaled_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [r0, r1) of ``op`` as float64 into ``out`` (C-contiguous (rows, K)), tile by tile on the
+    package's pool, with the rows' norms from the values just written (no second conversion).
+
+    Returns (upper bounds of the 2-norms of the *scaled* rows, whether each row is finite).
+    ``scaled=False`` writes the unscaled elements (their scaled norms are still returned unless
+    ``scaled_norms`` is False).
+    """
+    rows, k = out.shape
+    sumsq = np.empty(rows)
+    with_scales = op.scales is not None and scaled_norms and not scaled
+
+    def tile(t0: int, t1: int) -> None:
+        o = out[t0:t1]
+        with np.errstate(over="ignore", invalid="ignore"):
+            _decode_into(op, r0 + t0, r0 + t1, o)
+            if scaled:
+                _scale_into(op, r0 + t0, r0 + t1, o)
+            if with_scales:
+                t = o.copy()
+                _scale_into(op, r0 + t0, r0 + t1, t)
+                sumsq[t0:t1] = np.einsum("ij,ij->i", t, t)
+            else:
+                sumsq[t0:t1] = np.einsum("ij,ij->i", o, o)
+
+    parallel_chunks(rows, _tile_rows(k), tile)
+    with np.errstate(over="ignore", invalid="ignore"):
+        # squares that underflow lose at most 2^-1075 each: the floor keeps the bound rigorous
+        norms = np.sqrt(sumsq) * (1 + 2 * gamma(k + 2)) + math.sqrt(k) * 2.0**-537
+    finite = np.isfinite(norms)
+    if not finite.all():  # a huge finite row can overflow its sum of squares: look at the values
+        for i in np.flatnonzero(~finite):
+            finite[i] = bool(np.isfinite(out[i]).all()) if (scaled or not with_scales) else \
+                bool(np.isfinite(op.rows(r0 + i, r0 + i + 1)).all())
+    return norms, finite
+
+
+def _gather(op: Operand, idx: np.ndarray) -> np.ndarray:
+    """Scaled float64 values (exact) of the rows ``idx`` of ``op``."""
+    sub = Operand(op.values[idx], None if op.scales is None else op.scales[idx], op.block, op.codes_fmt, op._pow2)
+    out = np.empty((idx.size, op.shape[1]))
+    _convert(sub, 0, idx.size, out, scaled_norms=False)
+    return out
 
 
 def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> list[np.ndarray]:
@@ -381,8 +520,8 @@ def _exact_terms(a: Operand, b: Operand, rows: np.ndarray, cols: np.ndarray) -> 
     sum of the unscaled products) gives two exact terms.
     """
     k = a.shape[1]
-    ua, ia = np.unique(rows, return_inverse=True)
-    ub, ib = np.unique(cols, return_inverse=True)
+    ua, ia = _index_set(rows)
+    ub, ib = _index_set(cols)
     if a.pow2_scales and b.pow2_scales:
         return [a.take_rows(ua)[ia] * b.take_rows(ub)[ib]]  # (F, K) exact products
     blk = math.gcd(a.block or k or 1, b.block or k or 1)
@@ -416,9 +555,11 @@ def _exact_tiers(
     a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray, r0: int,
     acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int],
 ) -> np.ndarray:
-    """Tiers 2 and 3: output codes (F,) of the elements (rows[i], cols[i]) no GEMM bound decided.
+    """The per-element tiers: output codes (F,) of the elements (rows[i], cols[i]) from their
+    exact terms (a pairwise float64 sum, a double-double sum, Fractions).
 
-    rows are absolute; ``acc`` / ``acc_lo`` (the chunk's rows from r0) receive the tiers' values.
+    The last resort behind the GEMM-based tier (:func:`_sliced_tier`) and its test oracle.  rows
+    are absolute; ``acc`` / ``acc_lo`` (their rows from r0) receive the tiers' values.
     """
     codes = np.empty(rows.size, ep.out.code_dtype)
     # Bound the memory of the gathered terms (F x T float64) to about 64 MiB per batch.
@@ -467,6 +608,178 @@ def _exact_tiers(
     return codes
 
 
+# ----------------------------------------------------------------------------------------------
+# The GEMM-based exact tier
+# ----------------------------------------------------------------------------------------------
+
+_SLICE_BUDGET = 96 << 20  # bytes of float64 rows gathered per operand group of the sliced tier
+
+
+def _index_set(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(idx, return_inverse=True)`` of non-negative indices, in linear time (a
+    presence table instead of a sort: the exact tiers take millions of points at once)."""
+    if idx.size == 0:
+        return idx.astype(np.intp), np.zeros(0, np.intp)
+    present = np.zeros(int(idx.max()) + 1, bool)
+    present[idx] = True
+    uniq = np.flatnonzero(present)
+    where = np.empty(present.size, np.intp)
+    where[uniq] = np.arange(uniq.size)
+    return uniq, where[idx]
+
+
+def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """The exact dot products of part ``s`` of rows ``pa`` with part ``t`` of rows ``pb`` (F,).
+
+    Only the columns where both parts have values take part; a dense block of rows goes
+    through one GEMM (exact: :class:`~deepgemm_ref.exact.Slices`), scattered points through
+    per-point dot products (exact for the same reason, in any order).
+    """
+    cols = np.flatnonzero(sa.columns[s] & sb.columns[t])
+    f = pa.size
+    if cols.size == 0 or f == 0:
+        return np.zeros(f)
+    xa, xb = sa.parts[s], sb.parts[t]
+    ua, ia = _index_set(pa)
+    ub, ib = _index_set(pb)
+    dense_cols = cols.size == xa.shape[1]
+    if ua.size * ub.size <= 16 * f:
+        x = xa[ua] if dense_cols else xa[np.ix_(ua, cols)]
+        y = xb[ub] if dense_cols else xb[np.ix_(ub, cols)]
+        return np.asarray(x @ y.T)[ia, ib]
+    out = np.empty(f)
+    per = max(1, (16 << 20) // (16 * cols.size))
+    for i0 in range(0, f, per):
+        i1 = min(f, i0 + per)
+        x = xa[np.ix_(ua[ia[i0:i1]], cols)]
+        y = xb[np.ix_(ub[ib[i0:i1]], cols)]
+        out[i0:i1] = np.einsum("ij,ij->i", x, y)
+    return out
+
+
+def _sliced_tier(
+    a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray,
+    acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The GEMM-based exact tier: codes (F,) of the elements (rows[i], cols[i]) and a bool mask
+    of those it decided (the others need the per-element tiers: values beyond the slices' range).
+
+    The rows of ``a`` and ``b`` that hold points are split into exponent-window slices
+    (:func:`~deepgemm_ref.exact.split_windows`, ``bits = slice_bits(K)``), so that every
+    slice-pair GEMM is exact.  Pairs are added level by level (slice s of ``a`` with slice t of
+    ``b`` at level s + t: from the largest contributions down); after each level the exact
+    partial sums (a double-double with its bound) plus a Cauchy-Schwarz bound of the pairs not
+    yet computed give an interval that the margin certificate tries; the elements it decides
+    stop there.  Once every pair is in, the double-double ends decide (bound 0 unless the
+    double-double itself is inexact), and Fractions of the few pair sums the rest.  ``acc``
+    (given: every pair is computed, so that it holds the exact sum's double-double)
+    / ``acc_lo`` receive the values.
+    """
+    f = rows.size
+    k = a.shape[1]
+    codes = np.zeros(f, ep.out.code_dtype)
+    done = np.zeros(f, bool)
+    bits = slice_bits(k)
+    full = acc is not None
+    group = max(1, _SLICE_BUDGET // (8 * max(k, 1) * 3))
+    ua, ia = _index_set(rows)
+    for g0 in range(0, ua.size, group):
+        in_a = np.flatnonzero((ia >= g0) & (ia < g0 + group))
+        sa = split_windows(_gather(a, ua[g0:g0 + group]), bits)
+        if sa is None:
+            continue
+        ub, ib = _index_set(cols[in_a])
+        for h0 in range(0, ub.size, group):
+            sel = (ib >= h0) & (ib < h0 + group)
+            pts = in_a[sel]
+            sb = split_windows(_gather(b, ub[h0:h0 + group]), bits)
+            if sb is None or not sa.products_exact(sb, k):
+                continue
+            c, hi, lo = _slice_levels(sa, sb, ia[pts] - g0, ib[sel] - h0, ep, rows[pts], cols[pts], full, stats)
+            codes[pts] = c
+            done[pts] = True
+            if acc is not None:
+                acc[rows[pts], cols[pts]] = hi
+            if acc_lo is not None:
+                acc_lo[rows[pts], cols[pts]] = lo
+    return codes, done
+
+
+def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
+                  cols: np.ndarray, full: bool, stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_sliced_tier` on one group: (codes, hi, lo) of the points (pa[i], pb[i]) of the
+    slices' rows (absolute output positions rows, cols)."""
+    f = pa.size
+    wa, wb = len(sa.parts), len(sb.parts)
+    codes = np.zeros(f, ep.out.code_dtype)
+    hi = np.zeros(f)
+    lo = np.zeros(f)
+    live = np.arange(f)
+    terms: list[np.ndarray] = []
+    last = max(wa + wb - 2, 0)
+    pairs = [(s, t) for s in range(wa) for t in range(wb)]
+    for level in range(last + 1):
+        terms += [_pair_values(sa, s, sb, t, pa[live], pb[live]) for s, t in pairs if s + t == level]
+        if level < last and full:
+            continue
+        tt = np.stack(terms, axis=1) if terms else np.zeros((live.size, 1))
+        with np.errstate(over="ignore", invalid="ignore"):
+            s_, e_, bound = dd_sum(tt)
+            s_ += 0.0  # an exact zero sum is +0
+        pr, pc = rows[live], cols[live]
+        if level < last:
+            rest = np.zeros(live.size)
+            for s, t in pairs:
+                if s + t > level:
+                    rest += sa.norms[s][pa[live]] * sb.norms[t][pb[live]]
+            with np.errstate(over="ignore", invalid="ignore"):
+                err = (np.abs(e_) + bound + rest * (1 + 2 * gamma(len(pairs) + 2))) * (1 + 2.0**-50)
+                c, ok = ep.margin_points(s_, pr, pc, err)
+            codes[live[ok]] = c[ok]
+            stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+            keep = ~ok
+            live = live[keep]
+            terms = [v[keep] for v in terms]
+            if live.size == 0:
+                break
+            continue
+        # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
+        e_lo, e_hi = dd_interval(s_, e_, bound)
+        with np.errstate(over="ignore", invalid="ignore"):
+            c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
+            c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
+        ok = c_lo == c_hi
+        codes[live[ok]] = c_lo[ok]
+        hi[live], lo[live] = s_, e_
+        stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+        for j in np.flatnonzero(~ok | ((bound != 0) & full)):
+            # undecided, or a stored accumulator that must be the exact sum's nearest float64
+            ex = fraction_sum(tt[j])
+            p = live[j]
+            if not ok[j]:
+                codes[p] = ep.apply_exact(ex, int(rows[p]), int(cols[p]))
+            hi[p] = float(ex) + 0.0
+            lo[p] = float(ex - Fraction(hi[p]))
+        if not ok.all():
+            stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
+    return codes, hi, lo
+
+
+def _exact_points(a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray,
+                  acc: np.ndarray | None, acc_lo: np.ndarray | None, stats: dict[str, int]) -> np.ndarray:
+    """Codes of the elements no GEMM certificate decided: the GEMM-based tier, then the
+    per-element tiers for what it cannot take."""
+    codes, done = _sliced_tier(a, b, ep, rows, cols, acc, acc_lo, stats)
+    if not done.all():
+        rest = np.flatnonzero(~done)
+        codes[rest] = _exact_tiers(a, b, ep, rows[rest], cols[rest], 0, acc, acc_lo, stats)
+    return codes
+
+
+# ----------------------------------------------------------------------------------------------
+# The float64 GEMM, its certificates and its error scale
+# ----------------------------------------------------------------------------------------------
+
 class _RowsRounding:
     """The output step of rows [r0, r0 + rows) as a :class:`certified.Rounding`."""
 
@@ -479,36 +792,77 @@ class _RowsRounding:
     def points(self, x: np.ndarray, at: Points) -> np.ndarray:
         return self.ep.apply_points(x, at[0] + self.r0, at[1])
 
+    def margin(self, x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        return self.ep.margin(x, self.r0, self.r1, err)
+
+
+class _Quanta:
+    """Per-row quantum exponents of an operand (every scaled value a multiple of 2^q; pow2
+    scales), computed for the rows asked for and kept."""
+
+    def __init__(self, op: Operand) -> None:
+        self.op = op
+        self.q = np.full(op.shape[0], np.nan)
+        fq = op.fixed_quantum
+        if fq is not None:  # from the scales alone: cheap for every row
+            if op.scales is None:
+                self.q[:] = fq
+            elif op.scales.shape[1]:
+                with np.errstate(divide="ignore"):
+                    self.q[:] = fq + np.log2(op.scales).min(axis=1)  # exact for powers of two
+            else:
+                self.q[:] = np.inf
+
+    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
+        q = self.q[idx]
+        miss = np.isnan(q)
+        if miss.any():
+            rows = np.unique(idx[miss])
+            self.q[rows] = _row_quanta(self.op, rows)
+            q = self.q[idx]
+        return q
+
+
+def _row_quanta(op: Operand, rows: np.ndarray) -> np.ndarray:
+    """Quantum exponents of the rows ``rows`` (non-fixed-quantum formats)."""
+    if op.values.dtype == ml_dtypes.bfloat16 and op.scales is None and op.codes_fmt is None:
+        out = np.full(rows.size, np.inf)
+        k = op.values.shape[1]
+        if k:
+            table = _bf16_lsb_table()
+            step = max(1, (1 << 20) // k)
+            for i in range(0, rows.size, step):
+                out[i:i + step] = np.take(table, op.values[rows[i:i + step]].view(np.uint16)).min(axis=1)
+        return out
+    return _lsb_exponent(_gather(op, rows))
+
 
 @dataclass
 class _Chunk:
-    """One block of rows [r0, r1) of the float64 GEMM with its certificates."""
+    """Rows [r0, r1) of the float64 GEMM with what its certificates need."""
 
     r0: int
     r1: int
     y: np.ndarray  # float64 (rows, N): the GEMM of the scaled operands
-    exact: np.ndarray  # bool: y is exactly the accumulator (exactness certificate)
-    finite: np.ndarray  # bool: the operands' rows are finite
-    a_norm: np.ndarray  # (rows,) and (N,) upper bounds of the scaled rows' 2-norms
-    b_norm: np.ndarray
+    a_norm: np.ndarray  # (rows,) upper bounds of the scaled rows' 2-norms
+    a_finite: np.ndarray  # (rows,) bool
     n_round: int  # rounding-path length: |y - acc| <= gamma(n_round) * S
-    all_exact: bool = False  # every element certified exact (S is then never needed)
-    _S: np.ndarray | None = None
-
-    @property
-    def S(self) -> np.ndarray:
-        """float64 upper bound of sum |a b| (Cauchy-Schwarz), computed on first use."""
-        if self._S is None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                self._S = sum_upper_bound(np.outer(self.a_norm, self.b_norm), 2)
-        return self._S
+    all_exact: bool  # every element certified exact (the chunk-wide exactness certificate)
 
 
-class _CertifiedChunks:
-    """The float64 GEMM of two operands, row chunk by row chunk, with the exactness certificate.
+class _Gemm:
+    """The float64 GEMM of two operands, row chunk by row chunk, with its certificates.
+
+    ``b`` is converted once (float64, scaled; its norms from the same pass); each chunk of ``a``
+    is converted into a reused buffer and multiplied by the BLAS.  Certificates per element
+    (:meth:`bound`, :meth:`final`): the GEMM's a priori bound ``gamma(n_round) * S`` with the
+    Cauchy-Schwarz ``S <= |a_m|_2 |b_n|_2``, and with power-of-two scales the exactness
+    certificate ``S < 2^(53 + qa[m] + qb[n])`` (quantum exponents, :class:`_Quanta`).
 
     blocked: FP32 (non-power-of-two) scales; per-block sums of the unscaled elements (exact for
     FP8 and FP4) are combined with the scale products in float64 (path length 2 nb + 2).
+    kblock:  K blocks accumulated in order (float32 outputs at long K): each product meets at most
+    kblock roundings in its block's GEMM and nb in the accumulation.
     """
 
     def __init__(self, a: Operand, b: Operand, blocked: bool, step: int, kblock: int = 0) -> None:
@@ -516,103 +870,256 @@ class _CertifiedChunks:
         m, k = a.shape
         n = b.shape[0]
         self.pow2 = a.pow2_scales and b.pow2_scales
-        self.b_norm, self.b_finite = _row_norms(b)
-        if blocked:
-            self.blk = math.gcd(a.block or k, b.block or k)
-            self.b64 = b.element_rows(0, n)
-            self.sb_blk = b.block_scales(0, n, self.blk)
-            self.qb = np.zeros(n)
-        else:
-            self.b64 = b.rows(0, n)  # (N, K) scaled float64: exact (element bits + scale bits <= 32)
-            self.qb = _quantum_exponents(b, self.b64)
+        self.blk = math.gcd(a.block or k, b.block or k) if blocked else 0
+        self.b64 = np.empty((n, k))
+        self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked)
+        finite_norms = self.b_norm[self.b_finite]
+        self.b_max = float(finite_norms.max()) if finite_norms.size else 0.0
+        self.sb_blk = b.block_scales(0, n, self.blk) if blocked else None
+        self.qa, self.qb = _Quanta(a), _Quanta(b)
+        self._buffers: list[tuple[np.ndarray, np.ndarray]] = []
+        self._lock = threading.Lock()
 
-    def __iter__(self) -> Iterator[_Chunk]:
-        for r0 in range(0, self.a.shape[0], self.step):
-            yield self.chunk(r0)
+    # -- chunks --------------------------------------------------------------------------------
+
+    def starts(self) -> list[int]:
+        return list(range(0, self.a.shape[0], self.step))
 
     def for_each(self, fn: Callable[[_Chunk], None]) -> None:
         """``fn(chunk)`` for every chunk (rows are disjoint): in parallel on the package's thread
-        pool while the BLAS is pinned to one thread (golden generation), else in order."""
-        starts = list(range(0, self.a.shape[0], self.step))
+        pool while the BLAS is pinned to one thread (stored float64 tensors), else in order with
+        the BLAS's own threads (the passes beside it run on the pool, tile by tile)."""
+        starts = self.starts()
+
+        def run(i0: int, i1: int) -> None:
+            for r0 in starts[i0:i1]:
+                with self._chunk(r0) as ch:
+                    fn(ch)
+
         if len(starts) > 1 and blas_pinned():
-
-            def run(i0: int, i1: int) -> None:
-                for r0 in starts[i0:i1]:
-                    fn(self.chunk(r0))
-
             parallel_chunks(len(starts), 1, run)
         else:
-            for r0 in starts:
-                fn(self.chunk(r0))
+            run(0, len(starts))
 
-    def chunk(self, r0: int) -> _Chunk:
-        """Rows [r0, r0 + step) of the GEMM with their certificates."""
+    @contextlib.contextmanager
+    def _chunk(self, r0: int) -> Iterator[_Chunk]:
         a, k = self.a, self.a.shape[1]
+        n = self.b.shape[0]
         r1 = min(a.shape[0], r0 + self.step)
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            a64 = a.rows(r0, r1)
-            if self.blocked:
-                a_el = a.element_rows(r0, r1)
-                sa_blk = a.block_scales(r0, r1, self.blk)
-                y = np.zeros((r1 - r0, self.b64.shape[0]))
-                for j in range(sa_blk.shape[1]):
-                    ks = slice(j * self.blk, min(k, (j + 1) * self.blk))
-                    y += np.outer(sa_blk[:, j], self.sb_blk[:, j]) * (a_el[:, ks] @ self.b64[:, ks].T)
-                n_round = 2 * sa_blk.shape[1] + 2
-            elif self.kblock and k > self.kblock:
-                # K blocks accumulated in order: every product meets at most kblock roundings in
-                # its block's GEMM and nb in the accumulation, so the error bound shrinks from
-                # gamma(K + 1) to gamma(kblock + nb + 1) (float32 outputs: far fewer elements
-                # are left to the per-element tiers).
-                kb = self.kblock
-                y = a64[:, :kb] @ self.b64[:, :kb].T
-                for k0 in range(kb, k, kb):
-                    y += a64[:, k0:k0 + kb] @ self.b64[:, k0:k0 + kb].T
-                n_round = kb + ceil_div(k, kb) + 1
-            else:
-                y = a64 @ self.b64.T
-                n_round = k + 1
-            a_norm = np.sqrt(np.einsum("ij,ij->i", a64, a64)) * (1 + 2 * gamma(k + 2))
-            # Cauchy-Schwarz: sum |a b| <= |a|_2 |b|_2 (the exact S, if asked for, comes after)
-            a_fin = np.isfinite(a64).all(axis=1)
-            finite = a_fin[:, None] & self.b_finite[None, :]
-            ch = _Chunk(r0, r1, y, np.zeros(y.shape, bool), finite, a_norm, self.b_norm, n_round)
-            if self.pow2:
-                qa = _quantum_exponents(a, a64, r0, r1)
+        with self._lock:
+            bufs = self._buffers.pop() if self._buffers else (np.empty((self.step, k)), np.empty((self.step, n)))
+        try:
+            a64, y = bufs[0][:r1 - r0], bufs[1][:r1 - r0]
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked)
+                n_round = self._multiply(a64, r0, r1, y)
+            all_exact = False
+            if self.pow2 and a.fixed_quantum is not None and self.b.fixed_quantum is not None:
                 # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
                 # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
                 # (powers of two scale exactly; an overflow to inf just fails this test).
-                ra = a_norm * np.exp2(-qa)
-                rb = self.b_norm * np.exp2(-self.qb)
-                top = 0.0
-                if ra.size and rb.size:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    ra = a_norm * np.exp2(-self.qa.q[r0:r1])
+                    rb = self.b_norm * np.exp2(-self.qb.q)
                     top = float(sum_upper_bound(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2))
-                if a_fin.all() and self.b_finite.all() and top < 2.0**53:
-                    ch.exact[...] = True
-                    ch.all_exact = True
-                else:
-                    limit = np.exp2(np.minimum(53.0 + qa[:, None] + self.qb[None, :], 1000.0))
-                    ch.exact = (ch.S < limit) & finite
-        return ch
+                all_exact = bool(a_fin.all() and self.b_finite.all() and top < 2.0**53)
+            yield _Chunk(r0, r1, y, a_norm, a_fin, n_round, all_exact)
+        finally:
+            with self._lock:
+                self._buffers.append(bufs)
+
+    def _multiply(self, a64: np.ndarray, r0: int, r1: int, y: np.ndarray) -> int:
+        """y = the GEMM of the chunk's rows; returns the rounding-path length."""
+        k = a64.shape[1]
+        if self.blocked:
+            assert self.sb_blk is not None
+            sa_blk = self.a.block_scales(r0, r1, self.blk)
+            y[...] = 0.0
+            part = np.empty_like(y)
+            for j in range(sa_blk.shape[1]):
+                ks = slice(j * self.blk, min(k, (j + 1) * self.blk))
+                np.matmul(a64[:, ks], self.b64[:, ks].T, out=part)
+                part *= np.outer(sa_blk[:, j], self.sb_blk[:, j])
+                y += part
+            return 2 * sa_blk.shape[1] + 2
+        if self.kblock and k > self.kblock:
+            kb = self.kblock
+            np.matmul(a64[:, :kb], self.b64[:, :kb].T, out=y)
+            part = np.empty_like(y)
+            for k0 in range(kb, k, kb):
+                np.matmul(a64[:, k0:k0 + kb], self.b64[:, k0:k0 + kb].T, out=part)
+                y += part
+            return kb + ceil_div(k, kb) + 1
+        np.matmul(a64, self.b64.T, out=y)
+        return k + 1
+
+    # -- per-element certificates --------------------------------------------------------------
+
+    def row_bound(self, ch: _Chunk, t0: int, t1: int) -> np.ndarray:
+        """(rows, 1) bounds of |y - acc| valid for every element of rows [t0, t1) of the chunk
+        (the margin certificate's bound)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = sum_upper_bound(ch.a_norm[t0:t1] * self.b_max, 2)
+            return (gamma(ch.n_round) * s * (1 + 4 * U64))[:, None]
+
+    def S_cs(self, ch: _Chunk, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Cauchy-Schwarz upper bounds of sum |a b| at chunk rows ``rows`` and columns ``cols``."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            return sum_upper_bound(ch.a_norm[rows] * self.b_norm[cols], 2)
+
+    def bound(self, ch: _Chunk, at: Points) -> np.ndarray:
+        return gamma(ch.n_round) * self.S_cs(ch, at[0], at[1])
+
+    def exact(self, ch: _Chunk, at: Points) -> np.ndarray:
+        """The exactness certificate at chunk points ``at`` (False without power-of-two scales)."""
+        rows, cols = at
+        fin = ch.a_finite[rows] & self.b_finite[cols]
+        if not self.pow2 or rows.size == 0:
+            return np.zeros(rows.size, bool)
+        with np.errstate(over="ignore", invalid="ignore"):
+            q = self.qa[rows + ch.r0] + self.qb[cols]
+            limit = np.exp2(np.minimum(53.0 + q, 1000.0))
+            return (self.S_cs(ch, rows, cols) < limit) & fin
+
+    def final(self, ch: _Chunk, at: Points) -> np.ndarray:
+        """Elements whose GEMM value is final: exact, or IEEE semantics of non-finite operands."""
+        rows, cols = at
+        return ~(ch.a_finite[rows] & self.b_finite[cols]) | self.exact(ch, at)
+
+    # -- the error scale -----------------------------------------------------------------------
 
     def error_scale(self, out: np.ndarray) -> None:
-        """S = |A| @ |B|^T rounded up, into ``out`` (M, N); B's float64 copy is reused in place."""
-        a, k = self.a, self.a.shape[1]
-        if self.blocked:
-            self.b64 *= np.repeat(self.sb_blk, self.blk, axis=1)[:, :k]
-        np.abs(self.b64, out=self.b64)
-        starts = list(range(0, a.shape[0], self.step))
+        """S >= sum |a b| (the exact sum of magnitudes with their scales) into ``out`` (M, N).
+
+        One float32 GEMM of the magnitudes, each row normalised by a power of two (its largest
+        magnitude in [1/2, 1)): every product and partial sum is then far from float32's range,
+        and for BF16 / FP8 / FP4 elements the products are exact.  A float32 evaluation of
+        ``sum_k t_k`` (t_k >= 0) in any order, each term through at most K + 2 roundings (its two
+        conversions, its product, K - 1 additions), satisfies ``s^ >= s (1 - gamma_{K+2}(2^-24))``,
+        so ``S = s^ / (1 - gamma_{K+2}) (1 + 2^-40) 2^(ea + eb) + 2^-1000`` is an upper bound
+        (docs/numerics.md, "The error scale S").  Rows where a normalised magnitude falls below
+        2^-62 (a product could leave float32's normal range) or that hold non-finite values take
+        the float64 computation of old: ``|a| @ |b|^T`` rounded up.  Run after every use of the
+        float64 copy of ``b``: its buffer is reused for the float32 one.
+        """
+        a, b = self.a, self.b
+        m, k = a.shape
+        n = b.shape[0]
+        b32 = self.b64.reshape(-1).view(np.float32)[:n * k].reshape(n, k)
+        self.b64 = np.empty((0, k))  # its memory now holds b32
+        eb, b_wide = _normalised_magnitudes(b, 0, n, b32)
+        factor = (1 + 2.0**-40) / (1 - gamma(k + 2, U32))
+        pb = np.ldexp(1.0, eb)
+        starts = list(range(0, m, self.step))
+        wide_rows: list[np.ndarray] = []
 
         def rows(i0: int, i1: int) -> None:
-            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                for r0 in starts[i0:i1]:
-                    r1 = min(a.shape[0], r0 + self.step)
-                    out[r0:r1] = sum_upper_bound(np.abs(a.rows(r0, r1)) @ self.b64.T, k)
+            a32 = np.empty((self.step, k), np.float32)
+            s32 = np.empty((self.step, n), np.float32)
+            for r0 in starts[i0:i1]:
+                r1 = min(m, r0 + self.step)
+                ea, a_wide = _normalised_magnitudes(a, r0, r1, a32[:r1 - r0])
+                with np.errstate(invalid="ignore", over="ignore"):  # non-finite inputs: S is theirs
+                    np.matmul(a32[:r1 - r0], b32.T, out=s32[:r1 - r0])
+                pa = np.ldexp(1.0, ea)
+
+                def tile(t0: int, t1: int, r0: int = r0, pa: np.ndarray = pa) -> None:
+                    o = out[r0 + t0:r0 + t1]
+                    np.multiply(s32[t0:t1], factor, out=o, dtype=np.float64)
+                    o *= pa[t0:t1, None]
+                    o *= pb[None, :]
+                    o += 2.0**-1000
+
+                with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                    parallel_chunks(r1 - r0, _tile_rows(n), tile)
+                if a_wide.any():
+                    with self._lock:
+                        wide_rows.append(np.flatnonzero(a_wide) + r0)
 
         if len(starts) > 1 and blas_pinned():
             parallel_chunks(len(starts), 1, rows)
         else:
             rows(0, len(starts))
+        wa = np.concatenate(wide_rows) if wide_rows else np.zeros(0, np.int64)
+        wb = np.flatnonzero(b_wide)
+        if wa.size or wb.size:
+            _error_scale_f64(a, b, wa, wb, out)
+
+
+def _normalised_magnitudes(op: Operand, r0: int, r1: int, out32: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """|scaled rows [r0, r1)| * 2^-e (e: each row's largest magnitude is in [2^(e-1), 2^e)) as
+    float32 into ``out32``; returns (e (rows,) int, bool: the row needs the float64 error scale:
+    a non-zero normalised magnitude below 2^-62, or a non-finite value)."""
+    rows, k = out32.shape
+    e_out = np.zeros(rows, np.int64)
+    wide = np.zeros(rows, bool)
+
+    def tile(t0: int, t1: int) -> None:
+        x = np.empty((t1 - t0, k))
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            _decode_into(op, r0 + t0, r0 + t1, x)
+            _scale_into(op, r0 + t0, r0 + t1, x)
+            np.abs(x, out=x)
+            amax = x.max(axis=1, initial=0.0)
+            _, e = np.frexp(amax)
+            fin = np.isfinite(amax)
+            e = np.where(fin, e, 0)
+            x *= np.ldexp(1.0, -e)[:, None]
+            small = np.where(x > 0, x, 1.0).min(axis=1, initial=1.0)
+            np.copyto(out32[t0:t1], x, casting="same_kind")
+        e_out[t0:t1] = e
+        wide[t0:t1] = ~fin | (small < 2.0**-62)
+
+    parallel_chunks(rows, _tile_rows(k), tile)
+    return e_out, wide
+
+
+def _error_scale_f64(a: Operand, b: Operand, wa: np.ndarray, wb: np.ndarray, out: np.ndarray) -> None:
+    """``|a| @ |b|^T`` in float64, rounded up, for the rows ``wa`` of ``a`` (all columns) and the
+    columns ``wb`` (all rows): the error scale where float32's range does not suffice."""
+    m, k = a.shape
+    n = b.shape[0]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        if wa.size:
+            xa = np.abs(_gather(a, wa))
+            step = max(1, (64 << 20) // (8 * max(k, 1)))
+            for j0 in range(0, n, step):
+                xb = np.abs(_gather(b, np.arange(j0, min(n, j0 + step))))
+                out[np.ix_(wa, np.arange(j0, min(n, j0 + step)))] = sum_upper_bound(xa @ xb.T, k)
+        if wb.size:
+            xb = np.abs(_gather(b, wb))
+            step = max(1, (64 << 20) // (8 * max(k, 1)))
+            for i0 in range(0, m, step):
+                xa = np.abs(_gather(a, np.arange(i0, min(m, i0 + step))))
+                out[np.ix_(np.arange(i0, min(m, i0 + step)), wb)] = sum_upper_bound(xa @ xb.T, k)
+
+
+def error_scale(a: Operand, b: Operand) -> np.ndarray:
+    """The error scale ``S >= sum_k |a[m, k] sa b[n, k] sb|`` (M, N) alone (see :meth:`_Gemm.error_scale`).
+
+    Stored error scales must not depend on the BLAS's thread count: the GEMM runs with a
+    one-thread BLAS (its chunks on the package's pool)."""
+    m, k = a.shape
+    n = b.shape[0]
+    out = np.empty((m, n))
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        out[...] = 0.0
+        return out
+    with single_threaded_blas():
+        _ErrorScaleOnly(a, b, _chunk_rows(m, n, k)).error_scale(out)
+    return out
+
+
+class _ErrorScaleOnly(_Gemm):
+    """A :class:`_Gemm` that only computes the error scale (no float64 copy of ``b``)."""
+
+    def __init__(self, a: Operand, b: Operand, step: int) -> None:  # noqa: D107 - no float64 conversion
+        self.a, self.b, self.step = a, b, step
+        n, k = b.shape
+        self.b64 = np.empty((n, (k + 1) // 2))  # room for the float32 copy
+        self._lock = threading.Lock()
 
 
 @dataclass
@@ -648,32 +1155,37 @@ def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumu
     if k == 0:
         acc[...] = 0.0
         return Accumulator(acc, err, fin, np.zeros((m, n)) if want_S else None)
-    step = _chunk_rows(m, n, k)
-    chunks = _CertifiedChunks(a, b, False, step)
-    all_exact = True
-    for ch in chunks:
-        if step >= m:
-            acc = ch.y  # one chunk: no copy
-        else:
-            acc[ch.r0:ch.r1] = ch.y
-        if not ch.all_exact:
-            all_exact = False
-            err[ch.r0:ch.r1] = np.where(ch.exact, 0.0, gamma(ch.n_round) * ch.S)
-            fin[ch.r0:ch.r1] = ch.finite
+    gemm = _Gemm(a, b, False, _chunk_rows(m, n, k))
+    flags = {"all_exact": True}
+
+    def process(ch: _Chunk) -> None:
+        acc[ch.r0:ch.r1] = ch.y
+        if ch.all_exact:
+            return
+        flags["all_exact"] = False
+
+        def tile(t0: int, t1: int) -> None:
+            rr, cc = np.meshgrid(np.arange(t0, t1), np.arange(n), indexing="ij")
+            at = (rr.reshape(-1), cc.reshape(-1))
+            e = np.where(gemm.exact(ch, at), 0.0, gemm.bound(ch, at))
+            err[ch.r0 + t0:ch.r0 + t1] = e.reshape(t1 - t0, n)
+            fin[ch.r0 + t0:ch.r0 + t1] = (ch.a_finite[t0:t1, None] & gemm.b_finite[None, :])
+
+        parallel_chunks(ch.r1 - ch.r0, _tile_rows(n), tile)
+
+    gemm.for_each(process)
     S = None
     if want_S:
         S = np.empty((m, n))
         with single_threaded_blas():  # a stored S must not depend on the BLAS thread count
-            chunks.error_scale(S)
-    return Accumulator(acc, err, fin, S, all_exact)
+            gemm.error_scale(S)
+    return Accumulator(acc, err, fin, S, flags["all_exact"])
 
 
 _KBLOCK_F32 = 512
 
 
-def _exact_model(
-    a: Operand, b: Operand, ep: OutputStage, want_acc: bool, want_S: bool
-) -> MatmulResult:
+def _exact_model(a: Operand, b: Operand, ep: OutputStage, want_acc: bool, want_S: bool) -> MatmulResult:
     m, k = a.shape
     n = b.shape[0]
     out_codes = np.empty((m, n), ep.out.code_dtype)
@@ -681,49 +1193,78 @@ def _exact_model(
     acc_lo = np.zeros((m, n)) if (want_acc and ep.out is fm.F32) else None
     S_all = np.empty((m, n)) if want_S else None
     stats: dict[str, int] = {}
+    if _swap_operands(m, n, k):  # compute the transpose into transposed views of the same arrays
+        _exact_run(b, a, ep.transposed(), out_codes.T, None if acc is None else acc.T,
+                   None if acc_lo is None else acc_lo.T, None if S_all is None else S_all.T, stats)
+    else:
+        _exact_run(a, b, ep, out_codes, acc, acc_lo, S_all, stats)
+    return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
+
+
+def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, acc: np.ndarray | None,
+               acc_lo: np.ndarray | None, S_all: np.ndarray | None, stats: dict[str, int]) -> None:
+    """The exact model into the given (M, N) arrays (views are fine).
+
+    Per chunk of rows: the float64 GEMM; per tile of it (on the pool) the margin certificate
+    with a per-row bound (codes and certificate from one pass of the output stage), and for the
+    few elements it leaves open the exactness certificate and the per-element GEMM bound
+    (:func:`deepgemm_ref.certified.round_certified`).  What is left goes, after every chunk, to
+    the GEMM-based exact tier (:func:`_exact_points`).
+    """
+    m, k = a.shape
+    n = b.shape[0]
     pow2 = a.pow2_scales and b.pow2_scales
     blocked = (not pow2) and ep.out is fm.F32 and a.fixed_quantum is not None and b.fixed_quantum is not None
-
-    step = _chunk_rows(m, n, k)
     # float32 outputs have 2^16 times finer roundings than bf16 ones: the GEMM's a priori bound
     # leaves a few percent of the elements undecided at large K unless K is blocked.
     kblock = _KBLOCK_F32 if ep.out is fm.F32 and k > 4 * _KBLOCK_F32 else 0
-    chunks = _CertifiedChunks(a, b, blocked, step, kblock)
+    gemm = _Gemm(a, b, blocked, _chunk_rows(m, n, k), kblock)
     lock = threading.Lock()
+    open_rows: list[np.ndarray] = []
+    open_cols: list[np.ndarray] = []
 
     def process(ch: _Chunk) -> None:
         st: dict[str, int] = {}
-        r0, r1, y, exact, finite = ch.r0, ch.r1, ch.y, ch.exact, ch.finite
+        r0, r1, y = ch.r0, ch.r1, ch.y
         if acc is not None:
             acc[r0:r1] = y
-        acc_rows = acc[r0:r1] if acc is not None else None
-        lo_rows = acc_lo[r0:r1] if acc_lo is not None else None
 
-        def bound(at: Points | None) -> np.ndarray:
-            return gamma(ch.n_round) * (ch.S if at is None else ch.S[at])
+        def tile(t0: int, t1: int) -> None:
+            g0, g1 = r0 + t0, r0 + t1
+            yt = y[t0:t1]
+            if ch.all_exact:
+                out_codes[g0:g1] = ep.apply(yt, g0, g1)
+                return
 
-        def tiers(at: Points) -> np.ndarray:
-            return _exact_tiers(a, b, ep, at[0] + r0, at[1], r0, acc_rows, lo_rows, st)
+            def bound(at: Points | None) -> np.ndarray:
+                assert at is not None
+                return gemm.bound(ch, (at[0] + t0, at[1]))
 
-        # Exact elements (and non-finite ones: IEEE semantics of the float64 GEMM carried
-        # through) take the epilogue of y itself; the others must give the same bits at both
-        # ends of their error interval, or go to the exact tiers.
-        codes, pending = round_certified(y, bound, _RowsRounding(ep, r0, r1), final=exact | ~finite,
-                                         fallback=tiers)
-        if ch.all_exact:
-            st["exact"] = exact.size
-        else:
-            st["exact"] = int(exact.sum())
-            st["bounded"] = int((~pending & ~exact & finite).sum())
-        out_codes[r0:r1] = codes
+            def final(at: Points) -> np.ndarray:
+                return gemm.final(ch, (at[0] + t0, at[1]))
+
+            codes, pending = round_certified(yt, bound, _RowsRounding(ep, g0, g1), final=final,
+                                             margin=gemm.row_bound(ch, t0, t1))
+            out_codes[g0:g1] = codes
+            if pending.any():
+                pr, pc = np.nonzero(pending)
+                with lock:
+                    open_rows.append(pr + g0)
+                    open_cols.append(pc)
+
+        parallel_chunks(r1 - r0, _tile_rows(n), tile)
+        st["exact" if ch.all_exact else "bounded"] = (r1 - r0) * n
         with lock:
             for key, v in st.items():
                 stats[key] = stats.get(key, 0) + v
 
-    chunks.for_each(process)
+    gemm.for_each(process)
+    if open_rows:
+        rows, cols = np.concatenate(open_rows), np.concatenate(open_cols)
+        stats["bounded"] -= rows.size
+        out_codes[rows, cols] = _exact_points(a, b, ep, rows, cols, acc, acc_lo, stats)
     if S_all is not None:
-        chunks.error_scale(S_all)
-    return MatmulResult(out_codes.view(ep.out.storage), acc, acc_lo, S_all, stats)
+        gemm.error_scale(S_all)
 
 
 _BF16_LSB: np.ndarray | None = None
@@ -737,43 +1278,6 @@ def _bf16_lsb_table() -> np.ndarray:
             v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
             _BF16_LSB = _lsb_exponent(v.reshape(-1, 1))
     return _BF16_LSB
-
-
-def _row_norms(op: Operand) -> tuple[np.ndarray, np.ndarray]:
-    """(upper bounds of the 2-norms of the scaled rows, whether each row is finite), row-chunked."""
-    n, k = op.shape
-    norms = np.empty(n)
-    finite = np.ones(n, bool)
-    step = max(1, (4 << 20) // max(8 * k, 1))
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        x = op.rows(r0, r1)
-        norms[r0:r1] = np.sqrt(np.einsum("ij,ij->i", x, x))
-        if k:
-            finite[r0:r1] = np.isfinite(x).all(axis=1)
-    return norms * (1 + 2 * gamma(k + 2)), finite
-
-
-def _quantum_exponents(op: Operand, x64: np.ndarray, r0: int = 0, r1: int | None = None) -> np.ndarray:
-    """Per row, the exponent q with every scaled value a multiple of 2^q (assumes pow2 scales)."""
-    r1 = x64.shape[0] + r0 if r1 is None else r1
-    if op.values.dtype == ml_dtypes.bfloat16 and op.scales is None and op.codes_fmt is None:
-        out = np.full(r1 - r0, np.inf)
-        if op.values.shape[1]:
-            step = max(1, (1 << 20) // op.values.shape[1])  # bound the (rows, K) temporary
-            table = _bf16_lsb_table()
-            for i in range(r0, r1, step):
-                j = min(r1, i + step)
-                out[i - r0:j - r0] = np.take(table, op.values[i:j].view(np.uint16)).min(axis=1)
-        return out
-    fq = op.fixed_quantum
-    if fq is not None:
-        if op.scales is None:
-            return np.full(r1 - r0, float(fq))
-        with np.errstate(divide="ignore"):
-            se = np.log2(op.scales[r0:r1])  # exact for powers of two
-        return fq + se.min(axis=1) if se.shape[1] else np.full(r1 - r0, np.inf)
-    return _lsb_exponent(x64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -819,30 +1323,59 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> 
     """The fp32 model on pre-scaled operands: per K block one float64 GEMM of the scaled values
     (exact: FP8 / FP4 elements times powers of two stay far inside float64's range), one rounding
     to float32, one float32 add.  This is the model itself under MMA block scaling, and equals
-    the promotion-multiply model under :func:`_prescaled_fp32_ok`."""
+    the promotion-multiply model under :func:`_prescaled_fp32_ok`.
+
+    The output is cut into tiles small enough that a tile's block sums and its float32
+    accumulator stay in the core's cache while every K block passes over them (one ufunc pass
+    per block: ``np.add`` with ``dtype=float32`` rounds the float64 block sum once, then adds);
+    the tiles run on the package's pool with a one-thread BLAS each.
+    """
     m, k = a.shape
     n = b.shape[0]
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    b_s = b.rows(0, n)  # NaN / inf elements follow IEEE through the GEMM, as on the device
+    b_s = np.empty((n, k))
+    _convert(b, 0, n, b_s, scaled_norms=False)  # NaN / inf elements follow IEEE through the GEMM, as on the device
     step = _chunk_rows(m, n, k)
     acc_all = np.empty((m, n), np.float32)
     nb = ceil_div(k, blk) if k else 0
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+    a_s = np.empty((min(step, m), k))
+    with single_threaded_blas(), np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
-            a_s = a.rows(r0, r1)
-            acc = np.zeros((r1 - r0, n), np.float32)
-            y = np.empty((r1 - r0, n))  # reused buffers: no page faults per block
-            part = np.empty((r1 - r0, n), np.float32)
-            for j in range(nb):
-                ks = slice(j * blk, min(k, (j + 1) * blk))
-                np.matmul(a_s[:, ks], b_s[:, ks].T, out=y)  # exact block sum
-                np.copyto(part, y, casting="same_kind")  # one rounding to float32 (RNE)
-                acc += part
-            acc_all[r0:r1] = acc
-            out_codes[r0:r1] = ep.apply(acc.astype(np.float64), r0, r1)
+            rows = r1 - r0
+            _convert(a, r0, r1, a_s[:rows], scaled_norms=False)
+            tr = min(rows, 256)
+            tc = max(16, _FP32_TILE // tr)
+            tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
+
+            def run(t0: int, t1: int, r0: int = r0, rows: int = rows, tr: int = tr, tc: int = tc,
+                    tiles: list[tuple[int, int]] = tiles) -> None:
+                y = np.empty((tr, tc))
+                for i0, j0 in tiles[t0:t1]:
+                    i1, j1 = min(rows, i0 + tr), min(n, j0 + tc)
+                    acc = acc_all[r0 + i0:r0 + i1, j0:j1]
+                    yt = y[:i1 - i0, :j1 - j0]
+                    for j in range(nb):
+                        ks = slice(j * blk, min(k, (j + 1) * blk))
+                        np.matmul(a_s[i0:i1, ks], b_s[j0:j1, ks].T, out=yt)  # exact block sum
+                        if j == 0:
+                            np.copyto(acc, yt, casting="same_kind")  # f32(+0 + f32(y)) = f32(y), -0 -> +0 below
+                            acc += np.float32(0.0)
+                        else:
+                            np.add(acc, yt, out=acc, dtype=np.float32)  # one rounding of y, one of the sum
+
+            parallel_chunks(len(tiles), 1, run)
+            acc = acc_all[r0:r1]
+
+            def epi(t0: int, t1: int, r0: int = r0, acc: np.ndarray = acc) -> None:
+                out_codes[r0 + t0:r0 + t1] = ep.apply(acc[t0:t1].astype(np.float64), r0 + t0, r0 + t1)
+
+            parallel_chunks(rows, _tile_rows(n), epi)
     return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
                         {"fp32": m * n})
+
+
+_FP32_TILE = 1 << 15  # output elements per tile of the fp32 model (a float64 block sum and a float32 accumulator)
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
@@ -1038,8 +1571,7 @@ def scaled_matmul(
     else:  # pragma: no cover - validated by config
         raise ValueError(f"unknown accumulation model {model!r}")
     if want_S:
-        with single_threaded_blas():
-            res.S = _exact_model(a, b, OutputStage(fm.F32), False, True).S
+        res.S = error_scale(a, b)
     if not want_acc:
         res.acc = None
     return res

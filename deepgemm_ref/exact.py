@@ -12,7 +12,13 @@ Everything that certifies a float64 evaluation, or makes one exact, is written h
   double-double sum (two levels of pairwise TwoSum, the rest bounded), an exact ``Fraction`` sum;
 * **gamma bounds** (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., section
   3.1): a float64 sum or dot product of ``n`` terms, in any order, errs by at most
-  ``gamma(n) * sum |terms|`` with ``gamma(n) = n u / (1 - n u)`` and ``u = U64 = 2^-53``;
+  ``gamma(n) * sum |terms|`` with ``gamma(n) = n u / (1 - n u)`` and ``u = U64 = 2^-53``
+  (``gamma(n, U32)`` for float32 arithmetic);
+* **exponent-window slices** (:func:`split_windows`): rows split exactly into slices of at most
+  ``b`` significant bits each, so that a GEMM of two slices is exact when
+  ``2 b + ceil(log2 K) <= 53`` (:func:`slice_bits`), the error-free splitting of Ozaki et al.
+  ("Error-free transformations of matrix multiplication by using fast routines of matrix
+  multiplication and its applications", 2012), with windows placed where each row's bits are;
 * **integer helpers**: :func:`ceil_div` and :func:`align` (DeepGEMM's ``deep_gemm.utils.math``
   names, re-exported there by :mod:`deepgemm_ref.quant`).
 
@@ -23,6 +29,7 @@ their own; callers decide which IEEE exceptions to silence.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TypeVar
 
@@ -31,6 +38,7 @@ import numpy.typing as npt
 
 __all__ = [
     "U64",
+    "U32",
     "gamma",
     "sum_upper_bound",
     "two_sum",
@@ -44,21 +52,29 @@ __all__ = [
     "dd_sum",
     "dd_interval",
     "fraction_sum",
+    "slice_bits",
+    "Slices",
+    "split_windows",
     "ceil_div",
     "align",
 ]
 
 #: Unit roundoff of float64 (round to nearest): every rounding errs by at most U64 relative.
 U64 = 2.0**-53
+#: Unit roundoff of float32 (round to nearest), for bounds of float32 arithmetic.
+U32 = 2.0**-24
 
 
 # ----------------------------------------------------------------------------------------------
 # error bounds
 # ----------------------------------------------------------------------------------------------
 
-def gamma(n: int) -> float:
-    """Higham's ``gamma_n = n u / (1 - n u)``: the relative error bound of n float64 roundings."""
-    nu = n * U64
+def gamma(n: int, u: float = U64) -> float:
+    """Higham's ``gamma_n = n u / (1 - n u)``: the relative error bound of n roundings of unit
+    roundoff ``u`` (float64 by default; ``U32`` for float32).  Requires ``n u < 1``."""
+    nu = n * u
+    if nu >= 1:
+        raise ValueError(f"gamma: n u = {nu} must be below 1")
     return nu / (1 - nu)
 
 
@@ -249,6 +265,98 @@ def dd_interval(s: np.ndarray, e: np.ndarray, bound: np.ndarray) -> tuple[np.nda
 def fraction_sum(values: Iterable[float]) -> Fraction:
     """The exact sum of float values (each read exactly as a binary fraction)."""
     return sum((Fraction(float(v)) for v in values), Fraction(0))
+
+
+# ----------------------------------------------------------------------------------------------
+# exponent-window slices: exact splits whose GEMMs are exact
+# ----------------------------------------------------------------------------------------------
+
+def slice_bits(k: int) -> int:
+    """Bits ``b`` per slice such that a float64 dot product of ``k`` products of two ``b``-bit
+    slices is exact in any order: the largest ``b`` with ``2 b + ceil(log2 k) <= 53``."""
+    return (53 - max(k - 1, 0).bit_length()) // 2
+
+
+@dataclass
+class Slices:
+    """An exact split of the rows of a float64 matrix ``x`` (R, K): ``x == sum(parts)`` elementwise.
+
+    parts:   float64 (R, K) arrays.  In ``parts[s]`` every value of row ``i`` is an integer
+             multiple of ``2^low[s][i]`` below ``2^(low[s][i] + bits)`` in magnitude (at most
+             ``bits`` significant bits), and every value of the later parts is below
+             ``2^low[s][i]``: the window of each row starts at the highest bit it has left, so
+             runs of empty exponents cost nothing.
+    low:     int64 (R,) arrays (0 for a row whose part is zero).
+    columns: bool (K,) arrays: the columns where the part has a non-zero value.
+    norms:   float64 (R,) upper bounds of the 2-norms of the parts' rows.
+
+    Two parts ``p`` of ``x`` and ``q`` of ``y`` with ``bits <= slice_bits(K)`` have an exact float64
+    product ``p @ q.T`` in any summation order: every product is a multiple of
+    ``Q = 2^(low_p[i] + low_q[j])`` below ``2^(2 bits) Q``, so every partial sum of at most ``K``
+    of them is a multiple of ``Q`` below ``2^53 Q`` (given ``Q >= 2^-1074`` and no overflow:
+    :meth:`products_exact`).
+    """
+
+    bits: int
+    parts: list[np.ndarray]
+    low: list[np.ndarray]
+    columns: list[np.ndarray]
+    norms: list[np.ndarray]
+
+    def lowest(self, s: int) -> int:
+        """Smallest ``low`` of part ``s`` over the rows where it is not zero (0 if none)."""
+        live = self.norms[s] > 0
+        return int(self.low[s][live].min()) if live.any() else 0
+
+    def highest(self, s: int) -> int:
+        """Largest ``low + bits`` of part ``s`` over its non-zero rows (0 if none)."""
+        live = self.norms[s] > 0
+        return int(self.low[s][live].max()) + self.bits if live.any() else 0
+
+    def products_exact(self, other: Slices, k: int) -> bool:
+        """Whether every product of a part of self and one of ``other`` is free of underflow and
+        overflow (the condition the class docstring assumes)."""
+        if not self.parts or not other.parts:
+            return True  # a zero operand: every product is zero
+        lo = min(map(self.lowest, range(len(self.parts)))) + min(map(other.lowest, range(len(other.parts))))
+        hi = max(map(self.highest, range(len(self.parts)))) + max(map(other.highest, range(len(other.parts))))
+        return lo >= -1074 and hi + max(k - 1, 0).bit_length() <= 1020
+
+
+def split_windows(x: np.ndarray, bits: int) -> Slices | None:
+    """Split the rows of ``x`` (R, K) exactly into :class:`Slices` of at most ``bits`` bits.
+
+    Row by row: the window of the next part ends at the row's largest remaining magnitude
+    ``2^e`` (``amax < 2^e``), and the part is the remainder truncated toward zero to a multiple of
+    ``2^(e - bits)``; the remainder keeps the bits below.  ``x`` must be finite; None where a window
+    would leave float64's normal range (values beyond 2^1000 or below 2^-1000: the caller falls
+    back to per-element sums).  ``x`` is not modified.
+    """
+    if x.size and not np.isfinite(x).all():
+        return None
+    k = x.shape[1]
+    rest = np.array(x, dtype=np.float64, copy=True)
+    out = Slices(bits, [], [], [], [])
+    norm_up = 1 + 2 * gamma(k + 2)
+    with np.errstate(under="ignore"):
+        while True:
+            amax = np.maximum(rest.max(axis=1, initial=0.0), -rest.min(axis=1, initial=0.0))
+            live = amax > 0
+            if not live.any():
+                return out
+            _, e = np.frexp(amax)  # amax < 2^e
+            low = np.where(live, e.astype(np.int64) - bits, 0)
+            if int(low[live].min()) < -1000 or int(e[live].max()) > 1000:
+                return None
+            up = np.ldexp(1.0, -low)[:, None]
+            part = np.trunc(rest * up)  # integers below 2^bits (values under 2^low truncate to 0)
+            ss = np.einsum("ij,ij->i", part, part)  # exact: integers below 2^(2 bits) * k <= 2^53
+            part *= np.ldexp(1.0, low)[:, None]  # exact: integers times a normal power of two
+            rest -= part  # exact: the bits below the window
+            out.parts.append(part)
+            out.low.append(low)
+            out.columns.append(np.any(part != 0, axis=0))
+            out.norms.append(np.sqrt(ss) * norm_up * np.ldexp(1.0, low))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import core, dryrun, trace
-from ._parallel import parallel_chunks
+from ._parallel import num_threads, parallel_chunks, single_threaded_blas
 from .config import get_numerics
 from .profiles import get_profile
 
@@ -188,12 +188,15 @@ def execute(
             col.add_stats(t.sink(res, col))
         col.add(t.index, res)
 
-    if parallel and len(tasks) > 1:
+    if parallel and len(tasks) > 1 and num_threads() > 1:
         def chunk(i0: int, i1: int) -> None:
             for t in tasks[i0:i1]:
                 one(t)
 
-        parallel_chunks(len(tasks), 1, chunk)
+        # The tasks share the cores: a one-thread BLAS each (the pool's threads are the
+        # parallelism), so that two tasks' BLAS calls do not compete for the same cores.
+        with single_threaded_blas():
+            parallel_chunks(len(tasks), 1, chunk)
     else:
         for t in tasks:
             one(t)

@@ -69,6 +69,7 @@ __all__ = [
     "dd_to_f64_round_odd",
     "round_f64",
     "round_dd",
+    "encode_f32",
     "two_sum",
     "two_prod",
 ]
@@ -469,6 +470,39 @@ def encode(x: npt.ArrayLike, fmt: Format, policy: CastPolicy) -> np.ndarray:
     if policy.negative_zero == "to_positive":
         codes[codes == fmt.sign_bit] = 0
     return codes
+
+
+_F32_TABLES: dict[tuple[str, CastPolicy, bool], np.ndarray] = {}
+
+
+def encode_f32(x: np.ndarray, fmt: Format, policy: CastPolicy, low_bits_zero: bool = False) -> np.ndarray:
+    """:func:`encode` of float32 values into a format of at most 6 mantissa bits, by table lookup.
+
+    The rounding of a float32 value to such a format (E4M3, E5M2, E2M1: any policy) depends only
+    on its top 16 bits (sign, exponent, 7 mantissa bits) and on whether any of the 16 bits below
+    is set (the sticky bit: it tells a tie from a value just above it).  So a table of the codes
+    of 2^17 representatives (the top 16 bits, and the lowest bit set for "sticky") gives the code
+    of every float32 value, NaN, infinities and subnormals included, bit for bit equal to
+    :func:`encode` by construction.  ``low_bits_zero``: the caller knows that every value with a
+    non-zero low half rounds like its top half (bf16 values times powers of two: their low 16
+    bits are zero unless they are float32 subnormals, which round to zero in these formats);
+    the table is then indexed by the top 16 bits alone.
+    """
+    if fmt.mantissa_bits > 6 or fmt is UE8M0:
+        raise DGArgumentError(f"encode_f32: {fmt.name} has more than 6 mantissa bits; use encode")
+    key = (fmt.name, policy, low_bits_zero)
+    table = _F32_TABLES.get(key)
+    if table is None:
+        idx = np.arange(1 << (16 if low_bits_zero else 17), dtype=np.uint32)
+        rep = (((idx & np.uint32(0xFFFF)) << np.uint32(16)) | (idx >> np.uint32(16))).view(np.float32)
+        table = encode(rep, fmt, policy).astype(fmt.code_dtype)
+        _F32_TABLES[key] = table
+    x = np.asarray(x, np.float32)
+    u = (x if x.flags.c_contiguous else x.copy()).view(np.uint32)  # (ascontiguousarray makes a 0-d array 1-D)
+    if low_bits_zero:
+        return np.take(table, u >> np.uint32(16))
+    sticky = ((u & np.uint32(0xFFFF)) + np.uint32(0xFFFF)) >> np.uint32(16)
+    return np.take(table, (u >> np.uint32(16)) | (sticky << np.uint32(16)))
 
 
 def cast(x: npt.ArrayLike, fmt: Format, policy: CastPolicy) -> np.ndarray:

@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _F32 = np.float32
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 _AMAX_FLOOR = np.float32(1e-4)  # DeepGEMM's clamp(1e-4) on a float32 tensor: float32(1e-4)
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -136,14 +137,18 @@ def _reciprocal(sf: np.ndarray) -> np.ndarray:
         return (_F32(1.0) / sf).astype(_F32)
 
 
-def _to_e4m3(y: np.ndarray, options: NumericsOptions | None = None) -> np.ndarray:
-    """torch's ``.to(torch.float8_e4m3fn)``: float64 goes through float32 (torch double-rounds)."""
+def _to_e4m3(y: np.ndarray, options: NumericsOptions | None = None, low_bits_zero: bool = False) -> np.ndarray:
+    """torch's ``.to(torch.float8_e4m3fn)``: float64 goes through float32 (torch double-rounds).
+
+    By table lookup on the float32 bits (:func:`deepgemm_ref.formats.encode_f32`, the same codes
+    as ``formats.cast``); ``low_bits_zero``: every value is a bf16 value times a power of two.
+    """
     # Note: the overflow behaviour depends on the torch version; the option picks one.
     options = options or get_numerics()
     with np.errstate(over="ignore", invalid="ignore"):
         y32 = y.astype(_F32) if y.dtype == np.float64 else y
     policy = fm.SATURATING_RNE if options.e4m3_overflow == "saturate" else fm.IEEE_RNE
-    return fm.cast(y32, fm.E4M3, policy)
+    return fm.encode_f32(y32, fm.E4M3, policy, low_bits_zero and y.dtype == _F32).view(ml_dtypes.float8_e4m3fn)
 
 
 def _padded_groups(x: np.ndarray, gran_k: int) -> np.ndarray:
@@ -260,7 +265,7 @@ def per_token_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
         sf = _scale_from_amax(_amax_f32(xw, axis=2), 448.0, options)
         if use_ue8m0:
             sf = _ceil_to_ue8m0_f32(sf)
-        q = _to_e4m3(_scaled(xw, _reciprocal(sf)), options)
+        q = _to_e4m3(_scaled(xw, _reciprocal(sf)), options, low_bits_zero=use_ue8m0 and xa.dtype == _BF16)
         x_fp8[r0:r1] = q.reshape(r1 - r0, padded_n)[:, :n]
         sf2[r0:r1] = sf.reshape(r1 - r0, groups)
 
@@ -295,24 +300,42 @@ def per_block_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128) -> Any:
     """Quantise ``gran_k x gran_k`` blocks to E4M3 with one scale per block.
 
     x: (m, n) float.  Returns ``(x_fp8 (m, n) E4M3, sf float32 (ceil(m / gran_k),
-    ceil(n / gran_k)))``; both dimensions are zero-padded to multiples of gran_k first.
+    ceil(n / gran_k)))``; both dimensions are zero-padded to multiples of gran_k first (padding
+    never changes a block's amax, so only the scale count sees it).  Rows of blocks are
+    quantised in chunks on the package's pool: amax, scale and cast per chunk, in one pass over
+    the input each.
     """
     func = "per_block_cast_to_fp8"
     kind = caller_kind(x)
     gran_k = _gran(func, gran_k)
     xa = _float_input(x, func, ndim=2)
     m, n = xa.shape
-    mp, np_ = align(m, gran_k), align(n, gran_k)
-    _check_padding(func, mp, np_, f"({m}, {n}) padded to ({mp}, {np_})")
-    xp = np.zeros((mp, np_), xa.dtype)
-    xp[:m, :n] = xa
-    xw = _wide(xp.reshape(mp // gran_k, gran_k, np_ // gran_k, gran_k))
-    sf = _scale_from_amax(_amax_f32(xw, axis=(1, 3)), 448.0)
-    if use_ue8m0:
-        sf = _ceil_to_ue8m0_f32(sf)
-    q = _to_e4m3(_scaled(xw, _reciprocal(sf)))
-    out = np.ascontiguousarray(q.reshape(mp, np_)[:m, :n])
-    return from_numpy((out, sf.reshape(mp // gran_k, np_ // gran_k)), kind)
+    mb, nb = ceil_div(m, gran_k), ceil_div(n, gran_k)
+    block_rows = max(1, _rows_per_chunk(nb * gran_k) // gran_k)  # row blocks per parallel chunk
+    _check_padding(func, min(m, block_rows * gran_k), nb * gran_k,
+                   f"row blocks of ({m}, {n}) padded to {nb * gran_k} columns")
+    out = np.empty((m, n), ml_dtypes.float8_e4m3fn)
+    sf_all = np.empty((mb, nb), _F32)
+    options = get_numerics()
+    low_zero = use_ue8m0 and xa.dtype == _BF16
+
+    def work(b0: int, b1: int) -> None:
+        r0, r1 = b0 * gran_k, min(m, b1 * gran_k)
+        xw = _wide(_padded_groups(xa[r0:r1], gran_k))  # (rows, nb, gran_k)
+        col = _amax_f32(xw, axis=2)[:, :, 0]  # (rows, nb), clamped
+        if (b1 - b0) * gran_k != r1 - r0:  # the last row block is short: zero rows do not change amax
+            col = np.concatenate([col, np.zeros(((b1 - b0) * gran_k - (r1 - r0), nb), _F32)])
+        amax = col.reshape(b1 - b0, gran_k, nb).max(axis=1)
+        sf = _scale_from_amax(amax, 448.0, options)
+        if use_ue8m0:
+            sf = _ceil_to_ue8m0_f32(sf)
+        inv = np.repeat(_reciprocal(sf), gran_k, axis=0)[:r1 - r0]  # (rows, nb) per row
+        q = _to_e4m3(_scaled(xw, inv[:, :, None]), options, low_bits_zero=low_zero)
+        out[r0:r1] = q.reshape(r1 - r0, nb * gran_k)[:, :n]
+        sf_all[b0:b1] = sf
+
+    parallel_chunks(mb, block_rows, work)
+    return from_numpy((out, sf_all), kind)
 
 
 def per_custom_dims_cast_to_fp8(x: Any, dims: Sequence[int], use_ue8m0: bool) -> Any:
@@ -382,7 +405,11 @@ def per_token_cast_to_fp4(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
         if use_ue8m0:
             sf = _ceil_to_ue8m0_f32(sf)
         # Thresholds are compared in the product's own precision (float64 stays float64 in torch).
-        codes = fm.encode(_scaled(xw, _reciprocal(sf)), fm.E2M1, fm.DEEPGEMM_FP4)
+        y = _scaled(xw, _reciprocal(sf))
+        if y.dtype == _F32:  # a table on the float32 bits: the same codes as the threshold compares
+            codes = fm.encode_f32(y, fm.E2M1, fm.DEEPGEMM_FP4, low_bits_zero=use_ue8m0 and xa.dtype == _BF16)
+        else:
+            codes = fm.encode(y, fm.E2M1, fm.DEEPGEMM_FP4)
         packed[r0:r1] = fm.pack_fp4(codes.reshape(r1 - r0, padded_n))[:, : n // 2]
         sf2[r0:r1] = sf.reshape(r1 - r0, groups)
 

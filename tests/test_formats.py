@@ -367,3 +367,24 @@ def test_two_prod_two_sum_exact():
     for i in range(0, 2000, 7):
         assert Fraction(p[i]) + Fraction(e[i]) == Fraction(a[i]) * Fraction(b[i])
         assert Fraction(s[i]) + Fraction(f[i]) == Fraction(a[i]) + Fraction(b[i])
+
+
+@pytest.mark.parametrize("fmt,policy", [(fm.E4M3, fm.SATURATING_RNE), (fm.E4M3, fm.IEEE_RNE), (fm.E5M2, fm.IEEE_RNE),
+                                        (fm.E5M2, fm.SATURATING_RNE), (fm.E2M1, fm.DEEPGEMM_FP4)])
+def test_encode_f32_table_equals_encode_on_every_top_half(fmt, policy):
+    """The lookup table indexes the top 16 bits and a sticky bit: every top half with the low
+    halves that matter (zero, the lowest bit, a tie bit pattern, all ones) and random words."""
+    rng = np.random.default_rng(11)
+    top = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    words = [rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)]
+    words += [top | np.uint32(low) for low in (0, 1, 0x8000, 0x7FFF, 0xFFFF)]
+    x = np.concatenate(words).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = fm.encode(x, fmt, policy)
+        assert np.array_equal(fm.encode_f32(x, fmt, policy), want)
+        # bf16 values (zero low halves) through the 16-bit table
+        x16 = top.view(np.float32)
+        assert np.array_equal(fm.encode_f32(x16, fmt, policy, low_bits_zero=True), fm.encode(x16, fmt, policy))
+    assert fm.encode_f32(np.float32(3.0), fmt, policy).shape == ()
+    with pytest.raises(fm.DGArgumentError):
+        fm.encode_f32(x[:4], fm.BF16, fm.IEEE_RNE)

@@ -177,7 +177,8 @@ def test_long_k_float32_output_tiers_against_fractions():
     with trace.capture() as cap:
         gemm.bf16_gemm_nt(a16, b16, d)
     stats = cap.records[-1].stats
-    assert stats.get("double_double", 0) >= 2 * n and stats.get("bounded", 0) > 0
+    # rows 1 and 2 need an exact tier: the GEMM-based one (or the per-element double-double)
+    assert stats.get("sliced", 0) + stats.get("double_double", 0) >= 2 * n and stats.get("bounded", 0) > 0
     expect = ref.ref_gemm(a16.astype(np.float64), b16.astype(np.float64), fm.F32)
     assert np.array_equal(_codes(d), expect)
     assert np.all(d[1] == np.float32(1.0)) and np.all(d[2] == np.float32(1 + 2.0**-23))

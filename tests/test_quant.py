@@ -427,3 +427,123 @@ def test_zero_dim_inputs_keep_zero_dims():
     assert float(q) == 448.0 and sf == np.float32(3.0) * np.float32(1 / 448)  # default "cuda" division
     r = dg.ceil_to_ue8m0(np.array(3.0, np.float32))
     assert r.shape == () and r == 4.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+def test_per_block_wide_range_every_input_dtype(dtype, use_ue8m0):
+    """Blocks whose values span many binades (E4M3 subnormals and zeros after scaling), a block
+    of zeros (the amax floor), partial blocks in both dimensions: bytes of the reference."""
+    g = 16
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((37, 45)) * np.exp2(rng.integers(-30, 30, (37, 45)))).astype(np.float32).astype(dtype)
+    x[:16, 16:32] = 0
+    q, sf = dg.per_block_cast_to_fp8(x, use_ue8m0=use_ue8m0, gran_k=g)
+    assert q.shape == (37, 45) and sf.shape == (3, 3)
+    wide64 = np.dtype(dtype) == np.float64
+    for bi in range(3):
+        for bj in range(3):
+            rows = range(bi * g, min(37, (bi + 1) * g))
+            cols = range(bj * g, min(45, (bj + 1) * g))
+            vals = [float(x[i, j]) for i in rows for j in cols]
+            s, scaled = ref.quantise_group(vals + [0.0], 448, use_ue8m0, "cuda", wide64)
+            assert sf[bi, bj] == np.float32(s)
+            got = [int(q.view(np.uint8)[i, j]) for i in rows for j in cols]
+            assert got == [ref.e4m3_code(v) for v in scaled[: len(vals)]]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+@pytest.mark.parametrize("division", ["cpu", "cuda"])
+def test_per_block_matches_the_torch_algorithm(dtype, use_ue8m0, division):
+    torch = pytest.importorskip("torch")
+    from . import torch_reference as tref
+
+    g = torch.Generator().manual_seed(13)
+    for shape, gran_k in (((300, 700), 128), ((64, 96), 32)):
+        x = (torch.randn(shape, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-20, 20, shape,
+                                                                                            generator=g))).to(
+            getattr(torch, dtype))
+        qt, st = tref.per_block_cast_to_fp8(x, use_ue8m0, gran_k, division)
+        xn = x.view(torch.int16).numpy().view(BF16) if dtype == "bfloat16" else x.numpy()
+        with dg.numerics(scale_division=division):
+            qn, sn = dg.per_block_cast_to_fp8(xn, use_ue8m0=use_ue8m0, gran_k=gran_k)
+        assert np.array_equal(_bytes(qn), qt.view(torch.uint8).numpy())
+        assert np.array_equal(sn.view(np.uint32), st.float().numpy().view(np.uint32))
+
+
+def _special_groups(rows: int, groups: int, gran: int, top: float, grid: np.ndarray, seed: int) -> np.ndarray:
+    """(rows, groups * gran) float64: each group one recipe of values that stress a quantiser.
+
+    top:  the format's largest magnitude (448 or 6); grid: its non-negative values.  Recipes: an
+    amax of ``top * 2^e`` with the other elements on the format's rounding ties times ``2^e``
+    (subnormal ties included, signed zeros, e across float32's range); NaN; +-inf; bfloat16 /
+    float32 subnormals only; values just around the saturation boundary.
+    """
+    rng = np.random.default_rng(seed)
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = np.zeros((rows, groups * gran))
+    for i in range(rows):
+        for g in range(groups):
+            kind = rng.integers(6)
+            e = int(rng.integers(-140, 118))
+            v = rng.choice(np.concatenate([mids, grid, [0.0]]), gran) * rng.choice([-1.0, 1.0], gran)
+            v[rng.integers(gran)] = top * rng.choice([-1.0, 1.0])
+            v = v * 2.0**e
+            if kind == 1:
+                v[rng.integers(gran)] = np.nan
+            elif kind == 2:
+                v[rng.integers(gran)] = rng.choice([np.inf, -np.inf])
+            elif kind == 3:
+                v = rng.integers(-127, 128, gran) * 2.0**-133  # bf16 subnormals (and float32 ones)
+            elif kind == 4:
+                v = top * 2.0**e * (1 + rng.integers(-8, 9, gran) * 2.0**-6)
+            x[i, g * gran:(g + 1) * gran] = v
+    return x
+
+
+def _nan_class(a: np.ndarray) -> np.ndarray:
+    """Bytes of E4M3 codes (uint8) or float32 scales with every NaN made one value: NaN compares
+    by class and position (its sign bit follows the CPU's NaN propagation, not DeepGEMM's math)."""
+    if a.dtype == np.uint8:
+        return np.where((a & 0x7F) == 0x7F, 0x7F, a)
+    return np.where(np.isnan(a), np.uint32(0x7FC00000), a.view(np.uint32))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+@pytest.mark.parametrize("division", ["cpu", "cuda"])
+def test_quantisers_match_torch_on_special_values(dtype, use_ue8m0, division):
+    """NaN, inf, subnormals, rounding ties and saturation: every quantiser's bytes equal the
+    torch algorithm's (DeepGEMM's utilities run by torch on the CPU, tests/torch_reference.py)."""
+    torch = pytest.importorskip("torch")
+    from . import torch_reference as tref
+
+    def torch_x(x64: np.ndarray):
+        return torch.from_numpy(x64).to(getattr(torch, dtype))
+
+    def numpy_x(xt):
+        return xt.view(torch.int16).numpy().view(BF16) if dtype == "bfloat16" else xt.numpy()
+
+    e4m3 = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)))
+    e4m3 = e4m3[np.isfinite(e4m3)]
+    e2m1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    for gran in (32, 128):
+        xt = torch_x(_special_groups(40, 4, gran, 448.0, e4m3, seed=gran))
+        qt, st = tref.per_token_cast_to_fp8(xt, use_ue8m0, gran, division)
+        bt, bs = tref.per_block_cast_to_fp8(xt, use_ue8m0, gran, division)
+        with dg.numerics(scale_division=division):
+            qn, sn = dg.per_token_cast_to_fp8(numpy_x(xt), use_ue8m0=use_ue8m0, gran_k=gran)
+            bn, bsn = dg.per_block_cast_to_fp8(numpy_x(xt), use_ue8m0=use_ue8m0, gran_k=gran)
+        assert np.array_equal(_nan_class(_bytes(qn)), _nan_class(qt.view(torch.uint8).numpy()))
+        assert np.array_equal(_nan_class(sn), _nan_class(st.numpy()))
+        assert np.array_equal(_nan_class(_bytes(bn)), _nan_class(bt.view(torch.uint8).numpy()))
+        assert np.array_equal(_nan_class(bsn), _nan_class(bs.float().numpy()))
+        xt = torch_x(_special_groups(40, 4, gran, 6.0, e2m1, seed=gran + 1))
+        pt, s4 = tref.per_token_cast_to_fp4(xt, use_ue8m0, gran, division)
+        with dg.numerics(scale_division=division):
+            pn, s4n = dg.per_token_cast_to_fp4(numpy_x(xt), use_ue8m0=use_ue8m0, gran_k=gran)
+        assert np.array_equal(pn, pt.numpy())
+        assert np.array_equal(_nan_class(s4n), _nan_class(s4.numpy()))

@@ -62,3 +62,19 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128, d
     code = code.view(m, padded)
     packed = (code[:, 0::2] & 0xF) | ((code[:, 1::2] & 0xF) << 4)
     return packed[:, : n // 2].contiguous().view(torch.int8), sf
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128,
+                          division: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per gran_k x gran_k block of the zero-padded input (DeepGEMM's per-block utility)."""
+    m, n = x.shape
+    pm, pn = _align(m, gran_k), _align(n, gran_k)
+    xp = torch.zeros((pm, pn), dtype=x.dtype)
+    xp[:m, :n] = x
+    xv = xp.view(pm // gran_k, gran_k, pn // gran_k, gran_k)
+    amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
+    sf = _scale(amax, 448.0, division)
+    if use_ue8m0:
+        sf = ceil_pow2(sf)
+    q = (xv * (1.0 / sf)).to(torch.float8_e4m3fn)
+    return q.view(pm, pn)[:m, :n].contiguous(), sf.view(pm // gran_k, pn // gran_k)

@@ -760,8 +760,9 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any) -> dict[str, Any]
                 results = _run_dask(specs, work, overwrite, plan.case_limit, scheduler, sig)
             elif inline:
                 results = _run_inline(specs, work, overwrite, plan.case_limit, sig)
-            else:
-                results = _run_pool(specs, work, overwrite, plan.case_limit, plan.jobs, sig)
+            else:  # the largest cases first, so that no worker is left with one at the end
+                by_work = sorted(specs, key=lambda spec: -costs.get(spec.id, 0.0))
+                results = _run_pool(by_work, work, overwrite, plan.case_limit, plan.jobs, sig)
             for n, (case_id, entry, failure) in enumerate(results, start=1):
                 if entry is not None:
                     finished[case_id] = entry

@@ -1,0 +1,563 @@
+"""The exact model's fast paths against the slow ones, bit for bit, on adversarial inputs.
+
+The margin certificate (certified.within_half_gap, OutputStage.margin), the exponent-window slices
+(exact.split_windows), the GEMM-based exact tier (core._sliced_tier) and the float32 error scale
+(core.error_scale) are each checked against the per-element double-double / Fraction tiers
+(core._exact_tiers) and against tests/reference.py (Fractions only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import deepgemm_ref as dg
+from deepgemm_ref import _parallel, certified, core, exact
+from deepgemm_ref import formats as fm
+
+from . import reference as ref
+from .adversarial import tie_cancel_breaker
+
+BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
+F = Fraction
+
+
+def _codes(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def _bf16_op(x: np.ndarray) -> core.Operand:
+    return core.Operand(x.astype(np.float32).astype(BF16))
+
+
+# ---------------------------------------------------------------------------------------------
+# exponent-window slices
+# ---------------------------------------------------------------------------------------------
+
+def test_slice_bits():
+    assert [exact.slice_bits(k) for k in (1, 2, 4096, 4097, 8192, 16384, 16385)] == [26, 26, 20, 20, 20, 19, 19]
+    for k in (1, 3, 100, 4096, 16385, 10**6):
+        b = exact.slice_bits(k)
+        assert 2 * b + math.ceil(math.log2(k)) <= 53 < 2 * (b + 1) + math.ceil(math.log2(k))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(8, 26))
+def test_split_windows_is_an_exact_split_into_narrow_parts(seed, k, bits):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((5, k)) * np.exp2(rng.integers(-300, 300, (5, k)))
+    x[rng.random((5, k)) < 0.3] = 0.0
+    x[0] = 0.0
+    x[1, : k // 2] = -0.0
+    s = exact.split_windows(x, bits)
+    assert s is not None
+    total = [[F(0)] * k for _ in range(5)]
+    for p, low, cols, norms in zip(s.parts, s.low, s.columns, s.norms, strict=True):
+        for i in range(5):
+            q = p[i] / 2.0 ** float(low[i]) if low[i] > -1000 else p[i]
+            assert np.all(q == np.trunc(q)) and np.all(np.abs(q) < 2.0**bits)
+            assert F(float(norms[i])) ** 2 >= sum((F(float(v)) ** 2 for v in p[i]), F(0))
+            for j in range(k):
+                total[i][j] += F(float(p[i, j]))
+        assert np.array_equal(cols, np.any(p != 0, axis=0))
+    assert all(total[i][j] == F(float(x[i, j])) for i in range(5) for j in range(k))
+    for s0 in range(len(s.parts) - 1):  # every later part lies below the window of the earlier one
+        later = np.abs(sum(s.parts[s0 + 1:]))
+        live = s.norms[s0] > 0
+        assert np.all(later[live] < np.exp2(s.low[s0][live].astype(float))[:, None])
+    assert exact.split_windows(np.array([[1.0, np.nan]]), 20) is None
+    assert exact.split_windows(np.array([[2.0**1010]]), 20) is None
+
+
+def test_slice_products_are_exact_gemms():
+    """The class invariant: a slice-pair GEMM is exact (against Fractions), even at K = 16385."""
+    rng = np.random.default_rng(3)
+    k = 16385
+    a = rng.standard_normal((3, k)).astype(np.float32).astype(np.float64) * np.exp2(rng.integers(-40, 40, (3, k)))
+    b = rng.standard_normal((2, k)).astype(np.float32).astype(np.float64)
+    sa, sb = exact.split_windows(a, exact.slice_bits(k)), exact.split_windows(b, exact.slice_bits(k))
+    assert sa is not None and sb is not None and sa.products_exact(sb, k)
+    for s in range(len(sa.parts)):
+        for t in range(len(sb.parts)):
+            c = sa.parts[s] @ sb.parts[t].T
+            for i in range(3):
+                for j in range(2):
+                    assert F(float(c[i, j])) == ref.exact_dot(sa.parts[s][i], sb.parts[t][j])
+
+
+# ---------------------------------------------------------------------------------------------
+# the margin certificate
+# ---------------------------------------------------------------------------------------------
+
+def _rn_code(v: Fraction, fmt: fm.Format) -> int:
+    return fm.encode_scalar(v, fmt, fm.IEEE_RNE)
+
+
+@pytest.mark.parametrize("fmt", [fm.BF16, fm.F32])
+def test_half_gap_bounds_the_distance_to_every_rounding_boundary(fmt):
+    rng = np.random.default_rng(7)
+    codes = rng.integers(0, 1 << fmt.bits, 3000).astype(fmt.code_dtype)
+    codes = np.concatenate([codes, np.array([0, 1, 0x80, 0x7F7F if fmt is fm.BF16 else 0x7F7FFFFF,
+                                             0x3F80 if fmt is fm.BF16 else 0x3F800000], fmt.code_dtype)])
+    exp_field = (codes.astype(np.uint64) >> np.uint64(fmt.mantissa_bits)) & np.uint64((1 << fmt.exponent_bits) - 1)
+    codes = codes[exp_field != (1 << fmt.exponent_bits) - 1]  # finite codes only
+    codes = codes[(codes & ~np.array(fmt.sign_bit, fmt.code_dtype)) != 0]  # -0 is +0's value
+    r = certified.decode_codes(codes, fmt)
+    hg = certified.half_gap(r, fmt)
+    inside = F(1) - F(1, 2**20)
+    for v, h, c in zip(r.tolist(), hg.tolist(), codes.tolist(), strict=True):
+        # every real strictly closer than h rounds to v (midpoints are at least h away) ...
+        assert _rn_code(F(v) + F(h) * inside, fmt) == c == _rn_code(F(v) - F(h) * inside, fmt)
+        # ... and h is the distance to a boundary (or half of it, below a power of two)
+        assert _rn_code(F(v) + 2 * F(h), fmt) != c or _rn_code(F(v) - 2 * F(h), fmt) != c
+
+
+@pytest.mark.parametrize("fmt", [fm.BF16, fm.F32])
+def test_margin_certificate_never_certifies_a_straddling_interval(fmt):
+    rng = np.random.default_rng(8)
+    n = 4000
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 120, n))
+    # put a quarter of them on or next to a rounding boundary (midpoints)
+    near = fm.round_f64(x[: n // 4], fmt).astype(np.float64)
+    ulp = np.abs(np.nextafter(near.astype(fmt.storage), np.array(np.inf, fmt.storage)).astype(np.float64) - near)
+    x[: n // 4] = near + ulp / 2 * rng.choice([-1.0, 1.0], n // 4) + rng.choice([0.0, 1.0, -1.0], n // 4) * ulp * 2.0**-30
+    err = np.abs(x) * np.exp2(rng.integers(-60, -fmt.mantissa_bits - 3, n).astype(float))
+    err[::7] = 0.0
+    codes, ok = certified.FormatRounding(fmt).margin(x, err)
+    assert np.array_equal(codes, fm.round_f64(x, fmt).view(fmt.code_dtype))
+    for i in np.flatnonzero(ok):
+        lo, hi = F(float(x[i])) - F(float(err[i])), F(float(x[i])) + F(float(err[i]))
+        assert _rn_code(lo, fmt) == _rn_code(hi, fmt) == int(codes[i]), (x[i], err[i])
+    assert ok.mean() > 0.6  # it decides most: the test is not vacuous
+
+
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+@pytest.mark.parametrize("alpha", [None, 0.75, -3.0])
+@pytest.mark.parametrize("c_mode", [None, "kernel", "fused", "rounded"])
+def test_output_stage_margin_is_apply_and_is_sound(out, alpha, c_mode):
+    rng = np.random.default_rng(9)
+    n = 600
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
+    c = None if c_mode is None else (rng.standard_normal((1, n)) * 4).astype(out.storage).astype(np.float64)
+    ep = core.OutputStage(out, alpha, c, c_mode or "kernel")
+    err = np.abs(x) * np.exp2(rng.integers(-50, -8, n).astype(float))
+    codes, ok = ep.margin(x[None, :], 0, 1, err[None, :])
+    assert np.array_equal(codes, ep.apply(x[None, :], 0, 1))
+    pc, pok = ep.margin_points(x, np.zeros(n, np.int64), np.arange(n), err)
+    assert np.array_equal(pc, codes[0]) and np.array_equal(pok, ok[0])
+    for j in np.flatnonzero(ok[0])[::3]:
+        for end in (F(float(x[j])) - F(float(err[j])), F(float(x[j])) + F(float(err[j]))):
+            want = ref.ref_epilogue(end, out, alpha, None if c is None else float(c[0, j]), c_mode or "kernel")
+            assert want == int(codes[0, j])
+    assert ok.mean() > 0.5
+
+
+def test_round_certified_with_margin_and_callable_final():
+    est = np.array([1.0, 1.0 + 2.0**-8, 3.0, np.nan])
+    asked = []
+
+    def bound(at):
+        asked.append(at[0].tolist())
+        return np.full(at[0].size, 2.0**-30)
+
+    def final(at):
+        return np.isnan(est[at])
+
+    codes, pending = certified.round_certified(est, bound, certified.FormatRounding(fm.BF16), final=final,
+                                               margin=np.full(4, 2.0**-30))
+    # the margin leaves 1 (a tie) and 3 (NaN) open; the bound is asked for those two only
+    assert pending.tolist() == [False, True, False, False] and asked == [[1, 3]]
+    assert np.array_equal(codes, fm.round_f64(est, fm.BF16).view(np.uint16))
+    with pytest.raises(TypeError):
+        certified.round_certified(est, bound, certified.FormatRounding(fm.BF16), final=final)
+
+
+# ---------------------------------------------------------------------------------------------
+# the GEMM-based exact tier against the per-element tiers and Fractions
+# ---------------------------------------------------------------------------------------------
+
+def _all_points(m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    r, c = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
+    return r.reshape(-1), c.reshape(-1)
+
+
+def _tiers_agree(a: core.Operand, b: core.Operand, ep: core.OutputStage, av: np.ndarray, bv: np.ndarray,
+                 want: np.ndarray | None = None) -> dict[str, int]:
+    m, n = a.shape[0], b.shape[0]
+    rows, cols = _all_points(m, n)
+    stats: dict[str, int] = {}
+    acc = np.full((m, n), np.nan)
+    lo = np.full((m, n), np.nan)
+    sliced, done = core._sliced_tier(a, b, ep, rows, cols, acc, lo, stats)
+    assert done.all()
+    stats2: dict[str, int] = {}
+    per_element = core._exact_tiers(a, b, ep, rows, cols, 0, None, None, stats2)
+    assert np.array_equal(sliced, per_element)
+    if want is None:
+        c = ep.c
+        want = ref.ref_gemm(av, bv, ep.out, ep.alpha, c, ep.c_mode).reshape(-1)
+    assert np.array_equal(sliced, want.reshape(-1))
+    # with acc asked for, every pair is summed: acc is the exact dot product's nearest float64
+    # and acc + lo the exact value to about 106 bits (exactly, where it fits)
+    for i, j in zip(rows[::5].tolist(), cols[::5].tolist(), strict=True):
+        ex = ref.exact_dot(av[i], bv[j])
+        assert acc[i, j] == float(ex)
+        assert abs(F(float(acc[i, j])) + F(float(lo[i, j])) - ex) <= abs(ex) * F(2) ** -104
+    # and without it the tier stops at the first level that certifies, with the same codes
+    early, _ = core._sliced_tier(a, b, ep, rows, cols, None, None, {})
+    assert np.array_equal(early, sliced)
+    return stats
+
+
+@pytest.mark.parametrize("fill", ["cancel", "zero", "random"])
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_sliced_tier_on_ties_cancelling_pairs_and_tie_breakers(fill, out):
+    av, bv = tie_cancel_breaker(6, 5, 301, seed=1, out_bits=8 if out is fm.BF16 else 24, fill=fill)
+    stats = _tiers_agree(_bf16_op(av), _bf16_op(bv), core.OutputStage(out), av, bv)
+    assert stats.get("sliced", 0) > 0
+
+
+@pytest.mark.parametrize("alpha", [None, 0.75])
+@pytest.mark.parametrize("c_mode", ["kernel", "fused", "rounded"])
+def test_sliced_tier_with_alpha_and_c(alpha, c_mode):
+    av, bv = tie_cancel_breaker(4, 5, 64, seed=2)
+    rng = np.random.default_rng(2)
+    c = (rng.standard_normal((4, 5)) * 2).astype(BF16).astype(np.float64)
+    _tiers_agree(_bf16_op(av), _bf16_op(bv), core.OutputStage(fm.BF16, alpha, c, c_mode), av, bv)
+
+
+def test_sliced_tier_fp8_with_ue8m0_scales_across_the_whole_range():
+    rng = np.random.default_rng(4)
+    m, n, k, blk = 4, 3, 300, 32  # K not a multiple of the block
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    nb = -(-k // blk)
+    sa = np.exp2(rng.integers(-127, 128, (m, nb)).astype(np.float64))
+    sb = np.exp2(rng.integers(-127, 128, (n, nb)).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    for out in (fm.BF16, fm.F32):
+        _tiers_agree(a, b, core.OutputStage(out), av, bv)
+
+
+def test_sliced_tier_fp32_scales_and_subnormal_results():
+    rng = np.random.default_rng(5)
+    m, n, k, blk = 3, 4, 256, 128
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    sa = rng.uniform(0.5, 3, (m, 2)).astype(np.float32).astype(np.float64) * 2.0**-70
+    sb = rng.uniform(0.5, 3, (n, 2)).astype(np.float32).astype(np.float64) * 2.0**-70
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    for out in (fm.BF16, fm.F32):  # results near 2^-135: bf16 / float32 subnormals
+        _tiers_agree(a, b, core.OutputStage(out), av, bv)
+
+
+def test_sliced_tier_near_saturation_and_signed_zeros():
+    av = np.zeros((3, 8))
+    bv = np.zeros((4, 8))
+    big = float(np.float32(BF16(3.3e38)))
+    av[0, :2], bv[:, :2] = [1.0, 1.0], [[big, 2.0**120], [big, -big], [-(2.0**127), -(2.0**127)], [big, 2.0**119]]
+    av[1, :3] = [-0.0, 0.0, -0.0]
+    bv[:, 2] = [-1.0, 1.0, 0.0, -0.0]
+    av[2, 3:5], bv[:, 3:5] = [2.0**-70, -(2.0**-70)], [[2.0**-70, 2.0**-70]] * 4
+    a, b = _bf16_op(av), _bf16_op(bv)
+    want = ref.ref_gemm(av, bv, fm.BF16)
+    _tiers_agree(a, b, core.OutputStage(fm.BF16), av, bv, want)
+
+
+@pytest.mark.slow
+def test_sliced_tier_long_k_16385():
+    av, bv = tie_cancel_breaker(3, 3, 16385, seed=6, fill="random")
+    _tiers_agree(_bf16_op(av), _bf16_op(bv), core.OutputStage(fm.BF16), av, bv)
+
+
+# ---------------------------------------------------------------------------------------------
+# scaled_matmul end to end on adversarial inputs (every tier on the way)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fill", ["cancel", "zero", "random"])
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_scaled_matmul_adversarial_against_rationals(fill, out):
+    av, bv = tie_cancel_breaker(5, 7, 777, seed=11, out_bits=8 if out is fm.BF16 else 24, fill=fill)
+    res = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), core.OutputStage(out), want_acc=True, want_S=True)
+    assert np.array_equal(_codes(res.out), ref.ref_gemm(av, bv, out))
+    for i in range(5):
+        for j in range(7):
+            ex = ref.exact_dot(av[i], bv[j])
+            assert res.acc[i, j] == float(ex)  # the tier's accumulator is the exact sum's float64
+            assert F(float(res.S[i, j])) >= ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
+    assert res.stats.get("sliced", 0) > 0
+
+
+def test_scaled_matmul_long_k_not_a_multiple_of_the_block():
+    rng = np.random.default_rng(12)
+    m, n, k, blk = 3, 4, 16385, 128
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    sa = np.exp2(rng.integers(-127, 128, (m, -(-k // blk))).astype(np.float64))
+    sb = np.exp2(rng.integers(-127, 128, (n, -(-k // blk))).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    res = core.scaled_matmul(a, b, core.OutputStage(fm.F32), want_S=True)
+    assert np.array_equal(_codes(res.out), ref.ref_gemm(av, bv, fm.F32))
+    for i in range(m):
+        for j in range(n):
+            assert F(float(res.S[i, j])) >= ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
+
+
+def test_scaled_matmul_nan_and_inf_follow_ieee():
+    rng = np.random.default_rng(13)
+    av = rng.standard_normal((6, 64)).astype(BF16).astype(np.float64)
+    bv = rng.standard_normal((5, 64)).astype(BF16).astype(np.float64)
+    av[1, 3], av[2, 7], bv[3, 9] = np.nan, np.inf, -np.inf
+    av[4, 0], bv[4, 0] = 2.0**100, 2.0**100  # a finite row with large products
+    res = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), core.OutputStage(fm.BF16))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ieee = fm.round_f64(av @ bv.T, fm.BF16).view(np.uint16)
+    got = _codes(res.out)
+    nonfin = ~(np.isfinite(av).all(axis=1)[:, None] & np.isfinite(bv).all(axis=1)[None, :])
+    assert np.array_equal(got[nonfin], ieee[nonfin])
+    fin = ~nonfin
+    want = np.zeros_like(got)
+    for i, j in zip(*np.nonzero(fin), strict=True):
+        want[i, j] = ref.ref_epilogue(ref.exact_dot(av[i], bv[j]), fm.BF16)
+    assert np.array_equal(got[fin], want[fin])
+
+
+# ---------------------------------------------------------------------------------------------
+# the error scale S
+# ---------------------------------------------------------------------------------------------
+
+def _S_factor(k: int) -> float:
+    g = exact.gamma(k + 2, exact.U32)
+    return (1 + g) / (1 - g) * (1 + 2.0**-40) ** 2
+
+
+@pytest.mark.parametrize("case", ["bf16", "fp8-wide-scales", "fp32-scales", "tiny", "zero-rows"])
+def test_error_scale_is_an_upper_bound_within_the_documented_factor(case):
+    rng = np.random.default_rng(21)
+    m, n, k = 4, 5, 2049
+    if case == "fp8-wide-scales" or case == "fp32-scales":
+        blk = 128
+        qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+        qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+        nb = -(-k // blk)
+        if case == "fp8-wide-scales":
+            sa = np.exp2(rng.integers(-127, 128, (m, nb)).astype(np.float64))
+            sb = np.exp2(rng.integers(-127, 128, (n, nb)).astype(np.float64))
+            sa[0] = 2.0 ** rng.integers(-3, 3, nb)  # a row inside float32's range: the float32 path
+            sb[0] = 2.0 ** rng.integers(-3, 3, nb)
+        else:
+            sa = rng.uniform(0.5, 3, (m, nb)).astype(np.float32).astype(np.float64)
+            sb = rng.uniform(0.5, 3, (n, nb)).astype(np.float32).astype(np.float64)
+        a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+        av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+        bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    else:
+        av = rng.standard_normal((m, k)).astype(BF16).astype(np.float64)
+        bv = rng.standard_normal((n, k)).astype(BF16).astype(np.float64)
+        if case == "tiny":  # normalised magnitudes below 2^-62: float32 products would underflow
+            av[1, ::2] *= 2.0**-100
+            bv[2, 5] = 2.0**120
+        if case == "zero-rows":
+            av[2] = 0.0
+            bv[1] = 0.0
+        a, b = _bf16_op(av), _bf16_op(bv)
+    S = core.error_scale(a, b)
+    for i in range(m):
+        for j in range(n):
+            s = ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
+            assert F(float(S[i, j])) >= s
+            assert F(float(S[i, j])) <= s * F(_S_factor(k)) + F(2.0**-999)
+            if s == 0:
+                assert S[i, j] == 2.0**-1000  # the floor of old, unchanged
+
+
+@pytest.mark.slow
+def test_error_scale_long_k():
+    rng = np.random.default_rng(22)
+    k = 16385
+    av = np.abs(rng.standard_normal((2, k))).astype(BF16).astype(np.float64)  # no cancellation in S
+    bv = np.abs(rng.standard_normal((2, k))).astype(BF16).astype(np.float64)
+    S = core.error_scale(_bf16_op(av), _bf16_op(bv))
+    for i in range(2):
+        for j in range(2):
+            s = ref.exact_dot(av[i], bv[j])
+            assert s <= F(float(S[i, j])) <= s * F(_S_factor(k))
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism: bytes independent of chunking, the pool size and the BLAS thread count
+# ---------------------------------------------------------------------------------------------
+
+def test_bytes_do_not_depend_on_chunks_pool_or_blas_threads(monkeypatch):
+    av, bv = tie_cancel_breaker(40, 24, 300, seed=31, fill="random")
+    rng = np.random.default_rng(31)
+    av[:20] = rng.standard_normal((20, 300)).astype(BF16).astype(np.float64)  # half certified, half tiers
+    a, b = _bf16_op(av), _bf16_op(bv)
+    runs = []
+    for step, threads, blas in ((1 << 30, "1", 1), (7, "2", 2), (16, "3", 1)):
+        monkeypatch.setattr(core, "_chunk_rows", lambda m, n, k, s=step: min(m, s))
+        monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", threads)
+        _parallel.limit_blas_threads(blas)
+        out = []
+        for want in (False, True):
+            r = core.scaled_matmul(a, b, core.OutputStage(fm.F32), want_acc=want, want_S=want)
+            out.append(r.out.tobytes() + (b"" if not want else r.acc.tobytes() + r.S.tobytes() + r.acc_lo.tobytes()))
+        runs.append(out)
+    _parallel.limit_blas_threads(os.cpu_count() or 1)
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_swapped_operands_give_the_same_bytes(monkeypatch):
+    """A GEMM with N much larger than M keeps a whole and streams b (core._swap_operands): same
+    bytes as the plain orientation."""
+    rng = np.random.default_rng(32)
+    av = rng.standard_normal((9, 200)).astype(BF16).astype(np.float64)
+    bv = rng.standard_normal((30, 200)).astype(BF16).astype(np.float64)
+    av[0, :5], bv[:, :5] = tie_cancel_breaker(1, 30, 5, seed=3)[0], tie_cancel_breaker(1, 30, 5, seed=3)[1]
+    c = rng.standard_normal((9, 30)).astype(np.float32).astype(np.float64)
+    ep = core.OutputStage(fm.BF16, 0.5, c, "fused")
+    plain = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), ep, want_acc=True, want_S=True)
+    monkeypatch.setattr(core, "_swap_operands", lambda m, n, k: True)
+    swapped = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), ep, want_acc=True, want_S=True)
+    assert plain.out.tobytes() == swapped.out.tobytes()
+    assert np.array_equal(plain.S, swapped.S)
+    assert np.array_equal(_codes(plain.out), ref.ref_gemm(av, bv, fm.BF16, 0.5, c, "fused"))
+
+
+def test_gemm_kernels_through_the_tiers():
+    """A public kernel on adversarial inputs: DeepGEMM's bf16_gemm_nt gives the exact bytes."""
+    av, bv = tie_cancel_breaker(8, 6, 96, seed=41)
+    d = np.zeros((8, 6), BF16)
+    dg.bf16_gemm_nt(av.astype(np.float32).astype(BF16), bv.astype(np.float32).astype(BF16), d)
+    assert np.array_equal(_codes(d), ref.ref_gemm(av, bv, fm.BF16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the GEMM-based tier against the per-element tiers through scaled_matmul (specials included)
+# ---------------------------------------------------------------------------------------------
+
+def _per_element_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the GEMM-based tier decide nothing: every open element goes to the per-element tiers."""
+    def nothing(a, b, ep, rows, cols, acc, acc_lo, stats):
+        return np.zeros(rows.size, ep.out.code_dtype), np.zeros(rows.size, bool)
+
+    monkeypatch.setattr(core, "_sliced_tier", nothing)
+
+
+def _same_bytes_and_acc_at_least_as_exact(fast: core.MatmulResult, slow: core.MatmulResult, av: np.ndarray,
+                                          bv: np.ndarray) -> None:
+    """Codes and S byte-identical; the stored accumulator may differ only where the per-element
+    tier's was not the exact sum's nearest float64, and the GEMM-based tier's always is."""
+    assert fast.out.tobytes() == slow.out.tobytes()
+    assert fast.S.tobytes() == slow.S.tobytes()
+    differ = ~((fast.acc == slow.acc) | (np.isnan(fast.acc) & np.isnan(slow.acc)))
+    for i, j in zip(*np.nonzero(differ), strict=True):
+        ex = float(ref.exact_dot(av[i], bv[j]))
+        assert fast.acc[i, j] == ex != slow.acc[i, j], (i, j)
+
+
+def _mixed_adversarial(m: int, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """bf16-valued rows: ties with cancelling pairs and tiny tie-breakers, rows whose results are
+    subnormal, signed zeros, NaN and +-inf entries."""
+    av, bv = tie_cancel_breaker(m, n, k, seed=seed, fill="cancel")
+    av[1] *= 2.0**-70  # results of about 2^-133: bf16 / float32 subnormals
+    bv[1] *= 2.0**-70
+    av[2, :] = -0.0
+    av[3, 7], bv[2, 9], bv[3, 11] = np.nan, np.inf, -np.inf
+    return av, bv
+
+
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_sliced_tier_bytes_equal_the_per_element_tiers_end_to_end(out, monkeypatch):
+    av, bv = _mixed_adversarial(8, 6, 203, seed=51)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    ep = core.OutputStage(out)
+    fast = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    assert fast.stats.get("sliced", 0) > 0
+    _per_element_only(monkeypatch)
+    slow = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    assert slow.stats.get("sliced", 0) == 0
+    _same_bytes_and_acc_at_least_as_exact(fast, slow, av, bv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ieee = fm.round_f64(av @ bv.T, out).view(out.code_dtype)
+    fin = np.isfinite(av).all(axis=1)[:, None] & np.isfinite(bv).all(axis=1)[None, :]
+    assert np.array_equal(_codes(fast.out)[~fin], ieee[~fin])  # non-finite: IEEE arithmetic
+    for i, j in zip(*np.nonzero(fin), strict=True):
+        assert int(_codes(fast.out)[i, j]) == ref.ref_epilogue(ref.exact_dot(av[i], bv[j]), out), (i, j)
+
+
+def test_sliced_tier_bytes_equal_the_per_element_tiers_fp8_ue8m0_extremes(monkeypatch):
+    rng = np.random.default_rng(52)
+    m, n, k, blk = 5, 4, 300, 128
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    qa[0, :2], qb[:, :2] = E4M3(448), np.array([[448, -448]] * n, np.float32).astype(E4M3)  # cancelling pair
+    nb = -(-k // blk)
+    sa = np.exp2(rng.integers(-127, 128, (m, nb)).astype(np.float64))
+    sb = np.exp2(rng.integers(-127, 128, (n, nb)).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    ep = core.OutputStage(fm.BF16)
+    fast = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    _per_element_only(monkeypatch)
+    slow = core.scaled_matmul(a, b, ep, want_acc=True, want_S=True)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    assert fast.stats.get("sliced", 0) > 0
+    _same_bytes_and_acc_at_least_as_exact(fast, slow, av, bv)
+    assert np.array_equal(_codes(fast.out), ref.ref_gemm(av, bv, fm.BF16))
+
+
+# ---------------------------------------------------------------------------------------------
+# the cheap certificate at the edge of its bound: never a wrong rounding (Fractions decide)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tiny", [-30, -44, -50, -54, -58])
+@pytest.mark.parametrize("out", [fm.BF16, fm.F32])
+def test_certificate_near_ties_never_certifies_a_wrong_rounding(tiny, out):
+    """Ties broken by 2^tiny (no cancelling pair: the float64 GEMM's bound is small, so the margin
+    certificate and the per-element test decide most elements right at their bound's edge)."""
+    av, bv = tie_cancel_breaker(12, 10, 257, seed=53 - tiny, out_bits=8 if out is fm.BF16 else 24, big=-300,
+                                tiny=tiny, fill="random")
+    res = core.scaled_matmul(_bf16_op(av), _bf16_op(bv), core.OutputStage(out))
+    assert np.array_equal(_codes(res.out), ref.ref_gemm(av, bv, out))
+    if tiny >= -44:  # the breaker is far above the GEMM's error: the certificates decide
+        assert res.stats.get("bounded", 0) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# S at long K with block scales across the whole UE8M0 range (the float64 fallback) and inside
+# float32's range (the float32 GEMM), against Fraction sums
+# ---------------------------------------------------------------------------------------------
+
+def test_error_scale_long_k_wide_scales_against_fractions():
+    rng = np.random.default_rng(54)
+    m, n, k, blk = 2, 3, 16385, 128
+    nb = -(-k // blk)
+    qa = rng.standard_normal((m, k)).clip(-448, 448).astype(E4M3)
+    qb = rng.standard_normal((n, k)).clip(-448, 448).astype(E4M3)
+    sa = np.exp2(rng.integers(-4, 5, (m, nb)).astype(np.float64))  # row 0: float32 range suffices
+    sb = np.exp2(rng.integers(-4, 5, (n, nb)).astype(np.float64))
+    sa[1] = np.exp2(rng.integers(-127, 128, nb).astype(np.float64))  # products beyond float32's range
+    sb[2] = np.exp2(rng.integers(-127, 128, nb).astype(np.float64))
+    a, b = core.Operand(qa, sa, blk), core.Operand(qb, sb, blk)
+    av = ref.dequant(qa.view(np.uint8), sa, blk, fm.E4M3)
+    bv = ref.dequant(qb.view(np.uint8), sb, blk, fm.E4M3)
+    S = core.error_scale(a, b)
+    for i in range(m):
+        for j in range(n):
+            s = ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
+            assert s <= F(float(S[i, j])) <= s * F(_S_factor(k)) + F(2.0**-999), (i, j)
