@@ -143,6 +143,8 @@ transform_sf_into_required_layout                      layout             top
 transform_k_grouped_sf_into_required_layout            layout             top
 layout                                                 =utils.layout      utils
 ASCEND_NPU_ARCH                                        runtime            -
+set_dry_run                                            runtime            -
+get_dry_run                                            runtime            -
 reset_runtime                                          runtime            -
 runtime_state                                          runtime            -
 restore_runtime                                        runtime            -

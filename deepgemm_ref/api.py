@@ -6,6 +6,11 @@ defaults differ, ...).  A :class:`ProfiledFunction` holds one implementation per
 it runs the implementation of the active profile, and ``inspect.signature`` reports that
 implementation's signature, so signature-parity checks see exactly what a caller would.
 A name the active target does not provide raises the argument error saying so.
+
+The dispatcher resolves the profile once per call and hands it on: an implementation whose
+first parameter is the positional-only ``profile`` receives the active :class:`Profile` there
+(kernels validate and compute for that profile without reading the global again), and the
+signature reported for it leaves that parameter out.
 """
 
 from __future__ import annotations
@@ -22,9 +27,27 @@ from . import dryrun
 from .errors import DGArgumentError
 from .profiles import Profile, get_profile
 
-__all__ = ["ProfiledFunction", "profiled", "not_implemented", "TARGET_LABEL", "CallLog", "log_calls"]
+__all__ = ["ProfiledFunction", "profiled", "takes_profile", "public_signature", "not_implemented", "TARGET_LABEL",
+           "CallLog", "log_calls"]
 
 TARGET_LABEL = {"deepgemm": "DeepGEMM 2.6.1", "deepgemm-ascend": "DeepGEMM-Ascend"}
+
+
+def takes_profile(impl: Callable[..., Any]) -> bool:
+    """Whether ``impl``'s first parameter is the positional-only ``profile`` the dispatcher fills."""
+    try:
+        params = list(inspect.signature(impl).parameters.values())
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+    return bool(params) and params[0].name == "profile" and params[0].kind is inspect.Parameter.POSITIONAL_ONLY
+
+
+def public_signature(impl: Callable[..., Any]) -> inspect.Signature:
+    """``impl``'s signature as callers see it (without the ``profile`` the dispatcher fills)."""
+    sig = inspect.signature(impl)
+    if takes_profile(impl):
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return sig
 
 
 class ProfiledFunction:
@@ -45,6 +68,7 @@ class ProfiledFunction:
         first = next(iter(self._impls.values()))
         self.__doc__ = first.__doc__
         self.__wrapped_impls__ = self._impls
+        self._with_profile = {id(f) for f in self._impls.values() if takes_profile(f)}
 
     def impl_for(self, profile: Profile | None = None) -> Callable[..., Any] | None:
         p = profile or get_profile()
@@ -77,17 +101,22 @@ class ProfiledFunction:
             # returns without launching (deepgemm_ref.dryrun).
             with dryrun.call(self.__name__) as outermost:
                 try:
-                    return impl(*args, **kwargs)
+                    return self._run(impl, p, args, kwargs)
                 except dryrun.Stop as done:
                     if not outermost:  # a public function called by another: the outer one returns
                         raise
                     return done.result
+        return self._run(impl, p, args, kwargs)
+
+    def _run(self, impl: Callable[..., Any], p: Profile, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if id(impl) in self._with_profile:
+            return impl(p, *args, **kwargs)
         return impl(*args, **kwargs)
 
     @property
     def __signature__(self) -> inspect.Signature:
         impl = self.impl_for() or next(iter(self._impls.values()))
-        return inspect.signature(impl)
+        return public_signature(impl)
 
     def __repr__(self) -> str:
         return f"<deepgemm_ref function {self.__name__} ({', '.join(self._impls)})>"

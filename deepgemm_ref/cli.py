@@ -20,7 +20,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .errors import DGArgumentError
 
 __all__ = ["main"]

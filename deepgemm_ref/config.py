@@ -11,10 +11,10 @@ the runtime settings (``deepgemm_ref.numerics`` is that function).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from ._state import Setting
 from .errors import DGArgumentError
 
 __all__ = [
@@ -98,38 +98,30 @@ class NumericsOptions:
         return replace(self, accumulation=acc)
 
 
-_lock = threading.RLock()
-_current = NumericsOptions()
+_options: Setting[NumericsOptions] = Setting("numerics", NumericsOptions())
 
 
 def get_numerics() -> NumericsOptions:
     """The current numerics options."""
-    return _current
+    return _options.get()
 
 
 def set_numerics(**changes: Any) -> NumericsOptions:
     """Change numerics options process-wide (validated first); returns the new options."""
-    global _current
-    with _lock:
-        unknown = set(changes) - set(NumericsOptions.__dataclass_fields__)
-        if unknown:
-            raise DGArgumentError(
-                f"set_numerics: unknown option(s) {sorted(unknown)}; expected some of "
-                f"{sorted(NumericsOptions.__dataclass_fields__)}"
-            )
-        _current = replace(_current, **changes).validated()
-        return _current
+    unknown = set(changes) - set(NumericsOptions.__dataclass_fields__)
+    if unknown:
+        raise DGArgumentError(
+            f"set_numerics: unknown option(s) {sorted(unknown)}; expected some of "
+            f"{sorted(NumericsOptions.__dataclass_fields__)}"
+        )
+    return _options.update(lambda current: replace(current, **changes).validated())
 
 
 def reset_numerics() -> None:
     """Back to the defaults."""
-    global _current
-    with _lock:
-        _current = NumericsOptions()
+    _options.reset()
 
 
 def restore_numerics(options: NumericsOptions) -> None:
-    """Put back options saved with :func:`get_numerics` (``deepgemm_ref.numerics`` scoping)."""
-    global _current
-    with _lock:
-        _current = options
+    """Put back options saved with :func:`get_numerics`."""
+    _options.set(options)

@@ -17,38 +17,36 @@ the ``ascend950`` profile is a *dry call* (:func:`call`, entered by
   a call on meta tensors come back as meta tensors.  Outside a dry call a meta tensor is the
   argument error.
 
-Nothing else of the package reads the flag.  This module imports nothing from the package (it
-sits below the argument coercion that needs it).
+Nothing else of the package reads the flag.  This module imports only :mod:`._state` from the
+package (it sits below the argument coercion that needs it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ._state import Setting
+
 __all__ = ["enabled", "set_enabled", "DryCall", "call", "active", "stop", "Stop", "phantom", "has_data",
            "on_meta"]
 
-_lock = threading.Lock()
-_enabled = False
+_enabled: Setting[bool] = Setting("dry_run", False)
 
 
 def enabled() -> bool:
     """The process-wide dry-run flag (DeepGEMM-Ascend's ``_C.get_dry_run()``)."""
-    return _enabled
+    return _enabled.get()
 
 
 def set_enabled(value: bool) -> None:
     """Set the process-wide dry-run flag (DeepGEMM-Ascend's ``_C.set_dry_run(value)``)."""
-    global _enabled
-    with _lock:
-        _enabled = bool(value)
+    _enabled.set(bool(value))
 
 
 @dataclass

@@ -43,7 +43,8 @@ from . import formats as fm
 from .api import profiled
 from .epilogue import FP8Quantization
 from .errors import arg_error
-from .executor import Collected, Task, execute
+from .executor import Collected, Task, legacy_execute
+from .interop import to_numpy
 from .profiles import get_profile
 from .toolkit.args import BF16, E4M3, F32, I16, as_array, as_pair, elem_stride
 from .toolkit.operands import OUT_DTYPES, OUT_FORMAT, alpha_of, ascend_recipes, cuda_recipes, resolve_scales
@@ -191,15 +192,15 @@ def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) 
     check_written(D, func, "d", inputs=(("a", A), ("b", B)))
     check_matmul(func, "a", m, n, s * k)
     if m == 0 or n == 0:
-        execute(func, D, [])
+        legacy_execute(func, D, [])
         return
     if s * k == 0:
-        execute(func, D, [], zero=None if D.dtype == F32 else np.ones(m, bool))
+        legacy_execute(func, D, [], zero=None if D.dtype == F32 else np.ones(m, bool))
         return
     a2 = np.ascontiguousarray(A.transpose(1, 0, 2)).reshape(m, s * k)
     b2 = np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(n, s * k)
     ep = core.OutputStage(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.OutputStage(fm.BF16)
-    execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
+    legacy_execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
 
 
 def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False) -> None:
@@ -246,7 +247,7 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     check_matmul(func, "a", _m, _n, _k)
     tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.OutputStage(fm.BF16), _batch_index(perm_d, g))
              for g in range(batch)]
-    execute(func, D, tasks)
+    legacy_execute(func, D, tasks)
 
 
 def _ascend_epilogue(func: str, epilogue: Any, d_dtype: np.dtype, fp8_pair: bool, c: Any,
@@ -311,7 +312,7 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
     # separate c into d first.  Both are accepted here and in fp8_einsum (same result).
     c_val = resolve_c(c, D, func)[0] if c is not None else None
     if batch == 0 or m == 0 or n == 0:
-        execute(func, D, [])
+        legacy_execute(func, D, [])
         return
     if k == 0:
         _k_zero(func, D, c_val)
@@ -322,15 +323,15 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
         idx = _batch_index(perm_d, g)
         ep = core.OutputStage(out, alpha, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g]), core.Operand(b3[g]), ep, idx))
-    execute(func, D, tasks)
+    legacy_execute(func, D, tasks)
 
 
 def _k_zero(func: str, D: np.ndarray, c_val: np.ndarray | None) -> None:
     """early_return with K == 0: d := c, or 0 without c."""
     if c_val is None:
-        execute(func, D, [], zero=np.ones(D.shape[0], bool))
+        legacy_execute(func, D, [], zero=np.ones(D.shape[0], bool))
     else:
-        execute(func, D, [], fill=[((slice(None),), c_val)])
+        legacy_execute(func, D, [], fill=[((slice(None),), c_val)])
 
 
 einsum = profiled("einsum", deepgemm=_einsum_cuda, deepgemm_ascend=_einsum_ascend)
@@ -383,7 +384,7 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     check_written(D, func, "d", inputs=(("a[0]", a3), ("a[1]", sfa3), ("b[0]", b3), ("b[1]", sfb3)))
     check_matmul(func, "a", m, n, k)
     if batch == 0 or m == 0 or n == 0:
-        execute(func, D, [])
+        legacy_execute(func, D, [])
         return
     c_val = resolve_c(c, D, func)[0] if c is not None else None
     if k == 0:
@@ -411,7 +412,7 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         idx = _batch_index(perm_d, g)
         ep = core.OutputStage(out, None, None if c_val is None else c_val[idx])
         tasks.append(Task(core.Operand(a3[g], scales_a[g], gka), core.Operand(b3[g], scales_b[g], gkb), ep, idx))
-    execute(func, D, tasks)
+    legacy_execute(func, D, tasks)
 
 
 def _check_fp8_output(func: str, d3: np.ndarray, sfd: Any, n: int, m: int, batch: int) -> np.ndarray:
@@ -499,11 +500,11 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         check_written(sfd, func, "sfd", inputs=inputs + (("d", D),))
     check_matmul(func, "a", m, n, k)
     if batch == 0:
-        execute(func, D, [])
+        legacy_execute(func, D, [])
         return
     c_val = resolve_c(c, D, func)[0] if c is not None else None
     if m == 0 or n == 0:
-        execute(func, D, [])
+        legacy_execute(func, D, [])
         return
     if k == 0:
         dryrun.stop()  # validated: a dry run writes nothing
@@ -524,7 +525,7 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
             tasks.append(Task(a_op, b_op, ep, idx))
         else:
             tasks.append(Task(a_op, b_op, core.OutputStage(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
-    execute(func, D, tasks)
+    legacy_execute(func, D, tasks)
 
 
 def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int
@@ -617,13 +618,13 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     sq_out = np.empty((splits, m, 1), np.float32)
     sq_tasks = [Task(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.OutputStage(fm.F32), (s,))
                 for s, (k0, k1) in enumerate(ranges)]
-    sq_col = execute(func, sq_out, sq_tasks, record_trace=False)
+    sq_col = legacy_execute(func, sq_out, sq_tasks, record_trace=False)
     # the second output's accumulator and error scale, for the golden workflow
     extra = {f"sqr_sum.{key}": (arr[0, :, 0] if num_splits is None else arr[:, :, 0])
              for key, arr in (("acc", sq_col.acc), ("S", sq_col.S)) if arr is not None}
     tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.OutputStage(fm.F32),
                   (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
-    execute(func, D, tasks, extra=extra)
+    legacy_execute(func, D, tasks, extra=extra)
     S[...] = sq_out[0, :, 0] if num_splits is None else sq_out[:, :, 0]
 
 
@@ -651,3 +652,42 @@ def _hc_prenorm_ascend(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | N
 
 
 tf32_hc_prenorm_gemm = profiled("tf32_hc_prenorm_gemm", deepgemm=_hc_prenorm_cuda, deepgemm_ascend=_hc_prenorm_ascend)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepGEMM-Ascend's batched GEMMs (its ``_C.fp8_bmm`` / ``_C.bf16_bmm``, gathered by deepgemm_ref._C)
+# ----------------------------------------------------------------------------------------------
+
+def _fp8_bmm(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = (1, 1, 32), compiled_dims: str = "nk",
+             epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's batched FP8 GEMM behind ``fp8_einsum``: d[i] = c[i] + A[i] @ B[i]^T.
+
+    a = (A (batch, M, K) e4m3 or packed FP4, sfa (batch, M, K/32 or K/64 int16)), b likewise with
+    N; d (batch, M, N) bf16 / float32, or e4m3 with an ``FP8Quantization`` epilogue.  Computed as
+    ``fp8_einsum('bhr,hdr->bhd', ...)`` on transposed views (batch as the ``h`` axis).
+    """
+    def t(x: Any) -> Any:
+        x = to_numpy(x, "fp8_bmm", "operand")
+        return None if x is None else x.swapaxes(0, 1)
+
+    a_t = (t(a[0]), t(a[1])) if isinstance(a, (tuple, list)) else a
+    d_t = (t(d[0]), d[1]) if isinstance(d, (tuple, list)) else t(d)
+    c_t = None if c is None else t(c)
+    fp8_einsum("bhr,hdr->bhd", a_t, b, d_t, c=c_t, recipe=recipe, epilogue=epilogue)
+
+
+def _bf16_bmm(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = "nk", epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's batched BF16 GEMM behind ``einsum``: d[i] = c[i] + A[i] @ B[i]^T.
+
+    a (batch, M, K), b (batch, N, K) bf16; d (batch, M, N) bf16 or float32.  Computed as
+    ``einsum('bhr,hdr->bhd', ...)`` on transposed views (batch as the ``h`` axis).
+    """
+    def t(x: Any) -> Any:
+        return None if x is None else to_numpy(x, "bf16_bmm", "operand").swapaxes(0, 1)
+
+    einsum("bhr,hdr->bhd", t(a), b, t(d), c=t(c), epilogue=epilogue)
+
+
+_BMM_ONLY = {"deepgemm": "a DeepGEMM-Ascend _C addition that DeepGEMM 2.6.1 does not export"}
+fp8_bmm = profiled("fp8_bmm", _BMM_ONLY, deepgemm_ascend=_fp8_bmm)
+bf16_bmm = profiled("bf16_bmm", _BMM_ONLY, deepgemm_ascend=_bf16_bmm)

@@ -1,22 +1,30 @@
 """The one executor: a kernel call's tasks through the core, into ``d``, into the trace.
 
-A kernel function validates its arguments, translates them into :class:`Task` s and calls
-:func:`execute`::
+Every kernel reads check -> tasks -> execute::
 
-    tasks = [Task(a_op, b_op, OutputStage(out, alpha, c), index=(slice(r0, r1),)) for ...]
-    execute(func, d, tasks, defined=rows_defined, zero=padding_rows)
+    req = check(profile, ...)          # a Request: the validated call, nothing computed or written
+    execute(req, tasks(req))           # tasks(req): the math, as a list of Task / Fill
 
-A task is one matmul: two canonical operands (:class:`~deepgemm_ref.core.Operand`), the output
-stage (format, ``alpha``, ``c``), and where the result goes: ``d[index]`` (and the same place in
-the output-shaped trace arrays), or a ``sink`` that writes it itself (DeepGEMM-Ascend's FP8
-output, MQA logits).  A task without an output stage computes the dot products themselves
-(:func:`~deepgemm_ref.core.dot_products`) for a sink that finishes them.
+A :class:`Request` is what a kernel's check step returns: the public name, the profile the
+dispatcher resolved for the call (read once, passed on), the output ``d`` and the call's output
+policy (the elements the contract defines, the padding rows that receive +0.0).  Families extend
+it with their validated operands.
+
+A :class:`Task` is one matmul: two canonical operands (:class:`~deepgemm_ref.core.Operand`), the
+output stage (format, ``alpha``, ``c``), and where the result goes: ``d[index]`` (and the same
+place in the output-shaped trace arrays), or a ``sink`` that writes it itself (DeepGEMM-Ascend's
+FP8 output, MQA logits).  A task without an output stage computes the dot products themselves
+(:func:`~deepgemm_ref.core.dot_products`) for a sink that finishes them.  A :class:`Fill` writes
+given values instead of computing them (an early return's ``c``, a cleaned logit, the old ``c``
+that ACLNN's addmm leaves in ``d``).
 
 :func:`execute` owns everything around the core: the accumulation model and MMA block arithmetic
-in force (:func:`active_accumulation`, read once per call and passed to the core as values), the
-padding policy's zero rows and copied blocks, writing ``d`` only after each task's result exists,
-the accumulator / error-scale / stats collection a trace capture asks for, and the one
-:class:`~deepgemm_ref.trace.KernelRecord` of the public call.
+in force for the request's profile (:func:`active_accumulation`, read once per call and passed to
+the core as values), the padding policy's zero rows, the fills, writing ``d`` only after each
+task's result exists, the accumulator / error-scale / stats collection a trace capture asks for,
+and the one :class:`~deepgemm_ref.trace.KernelRecord` of the public call (with the labels of the
+tasks it ran).  Kernels whose call makes several records (Mega MoE, one per rank) or assembles
+stage arrays report them with :func:`record`; nothing else writes the trace.
 """
 
 from __future__ import annotations
@@ -31,15 +39,41 @@ import numpy as np
 from . import core, dryrun, trace
 from ._parallel import num_threads, parallel_chunks, single_threaded_blas
 from .config import get_numerics
-from .profiles import get_profile
+from .profiles import Profile
 
-__all__ = ["Task", "Collected", "active_accumulation", "run", "execute", "record"]
+__all__ = ["Request", "Task", "Fill", "Collected", "active_accumulation", "run", "execute", "record"]
 
 
-def active_accumulation() -> core.Accumulation:
-    """The accumulation in force: the numerics option and the active profile's MMA arithmetic."""
-    p = get_profile()
-    return core.Accumulation(get_numerics().accumulation, p.fp32_block, p.mma_block_scaling)
+def active_accumulation(profile: Profile | None = None) -> core.Accumulation:
+    """The accumulation in force: the numerics option and ``profile``'s MMA block arithmetic."""
+    if profile is None:  # TRANSITIONAL: removed once every family passes its request's profile
+        from .profiles import get_profile
+
+        profile = get_profile()
+    return core.Accumulation(get_numerics().accumulation, profile.fp32_block, profile.mma_block_scaling)
+
+
+@dataclass(kw_only=True)
+class Request:
+    """A validated kernel call: what a check step returns and a tasks step reads.
+
+    func:       the public name (messages and the trace record).
+    profile:    the profile the dispatcher resolved for the call.
+    d:          the array the tasks' results go into (the caller's output, or a view of it).
+    defined:    bool mask over ``d``'s leading axes (or its whole shape) of the elements the
+                contract defines; ``"all"``: all of ``d``; None: no mask in the record (dense GEMMs).
+    zero:       bool mask over the same axes: elements that receive +0.0 (the padding policy).
+    trace_fill: the trace arrays' value where no task reports one (NaN for MQA logits).
+    parallel:   run the tasks on the package's thread pool (their destinations are disjoint).
+    """
+
+    func: str
+    profile: Profile
+    d: np.ndarray
+    defined: np.ndarray | Literal["all"] | None = "all"
+    zero: np.ndarray | None = None
+    trace_fill: float = 0.0
+    parallel: bool = False
 
 
 @dataclass
@@ -58,6 +92,7 @@ class Collected:
     acc_lo: np.ndarray | None = None
     S: np.ndarray | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    tasks: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def array(self, name: str) -> np.ndarray:
@@ -102,6 +137,7 @@ class Task:
     transposed: compute ``b @ a^T`` and transpose the result (the core decodes its ``b`` whole
                 and streams ``a`` in row chunks: a large weight matrix passed as ``a`` is decoded
                 chunk by chunk, and every chunk's BLAS call sees all rows of ``b``).
+    label:      what the task computes, as the trace record lists it.
     """
 
     a: core.Operand
@@ -110,6 +146,26 @@ class Task:
     index: tuple[Any, ...] = ()
     sink: Sink | None = None
     transposed: bool = False
+    label: str = "matmul"
+
+
+@dataclass
+class Fill:
+    """Values written instead of computed: ``into[index] = values``.
+
+    into:  the array written (default None: the request's ``d``); another output of the call
+           (ACLNN's addmm leaves the old ``c`` in ``d`` and writes its result into ``c``).
+    acc:   the accumulator the trace reports for these elements of ``d`` (their error scale is 0:
+           written, not computed), or None: the trace arrays keep the request's ``trace_fill``.
+    label: what the fill stands for, as the trace record lists it.
+    Fills listed before the computed tasks run before them, fills listed after run after them.
+    """
+
+    index: tuple[Any, ...]
+    values: Any
+    into: np.ndarray | None = None
+    acc: Any = None
+    label: str = "fill"
 
 
 def run(task: Task, accumulation: core.Accumulation, *, want_acc: bool = False, want_S: bool = False) -> Result:
@@ -133,47 +189,57 @@ def _expand(mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
     return np.array(np.broadcast_to(m, shape))
 
 
+Item = Task | Fill | Callable[[], Task]
+
+
+def _label(item: Item) -> str:
+    return item.label if isinstance(item, (Task, Fill)) else "matmul (built when it runs)"
+
+
+def _split(items: Sequence[Item]) -> tuple[list[Fill], list[Task | Callable[[], Task]], list[Fill]]:
+    """(fills before the computed tasks, the computed tasks, fills after them)."""
+    first = next((i for i, t in enumerate(items) if not isinstance(t, Fill)), len(items))
+    last = max((i for i, t in enumerate(items) if not isinstance(t, Fill)), default=first - 1)
+    middle = items[first:last + 1]
+    if any(isinstance(t, Fill) for t in middle):
+        raise ValueError("executor: a Fill between computed tasks (fills run before or after them)")
+    return list(items[:first]), list(middle), list(items[last + 1:])  # type: ignore[arg-type]
+
+
 def execute(
-    func: str,
-    d: np.ndarray,
-    tasks: Sequence[Task | Callable[[], Task]],
+    req: Request,
+    tasks: Sequence[Item],
     *,
     accumulation: core.Accumulation | None = None,
     want: tuple[bool, bool] | None = None,
-    defined: np.ndarray | Literal["all"] | None = "all",
-    zero: np.ndarray | None = None,
-    fill: Sequence[tuple[tuple[Any, ...], np.ndarray]] = (),
-    trace_fill: float = 0.0,
-    parallel: bool = False,
     record_trace: bool = True,
     extra: dict[str, np.ndarray] | None = None,
 ) -> Collected:
-    """Run validated tasks, write ``d``, and report one trace record for the public call.
+    """Run a request's tasks, write its outputs, and report one trace record for the public call.
 
     A task may be given as a function building it when it runs (operands gathered from a paged
     cache, for instance, exist only while their task does: memory stays bounded).
 
-    accumulation: the core's accumulation (default: :func:`active_accumulation`).
+    accumulation: the core's accumulation (default: :func:`active_accumulation` of the profile).
     want:         (want_acc, want_S) (default: what an active trace capture asks for).
-    defined:      bool mask over ``d``'s leading axes (rows), True where the contract defines
-                  the values; ``"all"``: all of ``d``; None: no mask in the record (dense GEMMs).
-    zero:         bool mask over the same axes: rows that receive +0.0 (the padding policy).
-    fill:         (index, values) pairs copied into ``d`` as they are (k-grouped empty groups: c[g]).
-    trace_fill:   the trace arrays' value where no task reports one.
-    parallel:     run the tasks on the package's thread pool (their destinations are disjoint).
-    record_trace: False: return the collected arrays without recording (the caller records).
+    record_trace: False: return the collected arrays without recording (the caller records
+                  them with :func:`record`, e.g. once per rank).
     extra:        kernel-specific arrays for the record (e.g. a second output's accumulator).
-    Returns the :class:`Collected` trace arrays and stats.  Under DeepGEMM-Ascend's dry run the
-    call ends here, before anything is computed or written (:func:`deepgemm_ref.dryrun.stop`).
+    Returns the :class:`Collected` trace arrays, stats and task labels.  Under DeepGEMM-Ascend's
+    dry run the call ends here, before anything is computed or written
+    (:func:`deepgemm_ref.dryrun.stop`).
     """
     dryrun.stop()
-    acc = active_accumulation() if accumulation is None else accumulation
+    d = req.d
+    acc = active_accumulation(req.profile) if accumulation is None else accumulation
     want_acc, want_S = trace.wants() if want is None else want
-    col = Collected(tuple(d.shape), want_acc, want_S, trace_fill)
-    if zero is not None and zero.any():
-        d[zero] = np.zeros((), d.dtype)
-    for index, values in fill:
-        d[index] = values
+    col = Collected(tuple(d.shape), want_acc, want_S, req.trace_fill)
+    col.tasks = [_label(t) for t in tasks]
+    before, computed, after = _split(tasks)
+    if req.zero is not None and req.zero.any():
+        d[req.zero] = np.zeros((), d.dtype)
+    for f in before:
+        _fill(f, d, col)
 
     def one(item: Task | Callable[[], Task]) -> None:
         t = item if isinstance(item, Task) else item()
@@ -188,30 +254,65 @@ def execute(
             col.add_stats(t.sink(res, col))
         col.add(t.index, res)
 
-    if parallel and len(tasks) > 1 and num_threads() > 1:
+    if req.parallel and len(computed) > 1 and num_threads() > 1:
         def chunk(i0: int, i1: int) -> None:
-            for t in tasks[i0:i1]:
+            for t in computed[i0:i1]:
                 one(t)
 
         # The tasks share the cores: a one-thread BLAS each (the pool's threads are the
         # parallelism), so that two tasks' BLAS calls do not compete for the same cores.
         with single_threaded_blas():
-            parallel_chunks(len(tasks), 1, chunk)
+            parallel_chunks(len(computed), 1, chunk)
     else:
-        for t in tasks:
+        for t in computed:
             one(t)
-    if record_trace and trace.active() is not None:
+    for f in after:
+        _fill(f, d, col)
+    if record_trace:
+        defined = req.defined
         mask = None if defined is None else _expand(None if isinstance(defined, str) else defined, tuple(d.shape))
-        record(func, col, mask, extra=extra or {})
+        record(req.func, col, mask, extra=extra or {})
     return col
 
 
-def record(func: str, col: Collected, defined: np.ndarray | None, **extra: Any) -> None:
-    """The call's :class:`~deepgemm_ref.trace.KernelRecord` (no-op without an active capture)."""
+def _fill(f: Fill, d: np.ndarray, col: Collected) -> None:
+    (d if f.into is None else f.into)[f.index] = f.values
+    if f.acc is not None and f.into is None:
+        if col.want_acc:
+            col.array("acc")[f.index] = f.acc
+        if col.want_S:
+            col.array("S")[f.index] = 0.0  # written, not computed: no error
+
+
+def record(func: str, col: Collected | None, defined: np.ndarray | None = None, **fields: Any) -> None:
+    """The call's :class:`~deepgemm_ref.trace.KernelRecord` (no-op without an active capture):
+    ``col``'s accumulator, error scale, stats and task labels (None: a record of ``fields`` alone,
+    e.g. a stage that only moves data), and ``fields`` (``extra``, ``stats``, ...) given."""
     if trace.active() is None:
+        return
+    if col is None:
+        trace.record(func, defined=defined, **fields)
         return
     if col.want_acc:
         col.array("acc")
     if col.want_S:
         col.array("S")
-    trace.record(func, acc=col.acc, acc_lo=col.acc_lo, S=col.S, defined=defined, stats=dict(col.stats), **extra)
+    stats = {**col.stats, **fields.pop("stats", {})}
+    trace.record(func, acc=col.acc, acc_lo=col.acc_lo, S=col.S, defined=defined, stats=stats,
+                 tasks=tuple(col.tasks), **fields)
+
+
+def legacy_execute(func: str, d: np.ndarray, tasks: Sequence[Task | Callable[[], Task]], *,
+                   accumulation: core.Accumulation | None = None, want: tuple[bool, bool] | None = None,
+                   defined: np.ndarray | Literal["all"] | None = "all", zero: np.ndarray | None = None,
+                   fill: Sequence[tuple[tuple[Any, ...], np.ndarray]] = (), trace_fill: float = 0.0,
+                   parallel: bool = False, record_trace: bool = True,
+                   extra: dict[str, np.ndarray] | None = None) -> Collected:
+    """TRANSITIONAL: the former signature, for families not yet in check -> tasks -> execute form."""
+    from .profiles import get_profile
+
+    req = Request(func=func, profile=get_profile(), d=d, defined=defined, zero=zero, trace_fill=trace_fill,
+                  parallel=parallel)
+    items: list[Item] = [Fill(index, values) for index, values in fill]
+    return execute(req, items + list(tasks), accumulation=accumulation, want=want, record_trace=record_trace,
+                   extra=extra)

@@ -17,6 +17,11 @@ Shapes and dtypes (NT): ``a = (A (M, K) float8_e4m3fn or int8 packed FP4 (M, K/2
 in the user form (float32 ``(ceil(MN / gran_mn), ceil(K / gran_k))``) or in the layout each
 target's kernels require (DeepGEMM sm100: packed UE8M0 int32, MN-major, TMA-aligned;
 DeepGEMM-Ascend: int16 UE8M0 pairs, any major).
+
+Every function reads check -> tasks -> execute: a ``_check_*`` step validates the call for the
+profile the dispatcher hands it and returns a :class:`GemmRequest` (nothing computed or written),
+:func:`_tasks` states the math as executor tasks, and :func:`~deepgemm_ref.executor.execute`
+runs them into ``d`` and the trace.
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from . import core, dryrun, trace
+from . import core
 from . import formats as fm
 from .api import profiled
 from .errors import arg_error
-from .executor import Task, execute
-from .profiles import get_profile
+from .executor import Fill, Request, Task, execute
+from .profiles import Profile
 from .toolkit.args import (
     BF16,
     E4M3,
@@ -47,6 +52,7 @@ from .toolkit.args import (
 from .toolkit.operands import (
     OUT_DTYPES,
     OUT_FORMAT,
+    OperandSpec,
     ab_operand,
     alpha_of,
     ascend_recipes,
@@ -71,54 +77,80 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------------------
-# shared machinery
+# the request and its tasks
 # ----------------------------------------------------------------------------------------------
 
-@dataclass
-class _Gemm:
-    """A validated dense GEMM: the one task and the array its result goes into."""
+@dataclass(kw_only=True)
+class GemmRequest(Request):
+    """A validated dense GEMM ``d = out(alpha * A_s @ B_s^T ; c)`` (nothing computed or written).
 
-    d: np.ndarray  # the caller's output (a view), written at the end
-    task: Task
+    a, b:     the operands in (M, K) / (N, K) orientation (FP8, packed FP4 or unscaled BF16).
+    scales:   float64 scales of every row and K block of A and B (None: unscaled), with their
+              K block sizes ``gran_k``.
+    output:   the output stage: format, alpha, a snapshot of c and how c is added.
+    columns:  the column of ``d`` that each column of A @ B^T lands in (skip_head_mid), or None.
+    old_c_to: where ACLNN's addmm leaves c's old value (the caller's ``d`` when the result goes
+              into a separate ``c``), or None.
+    """
+
+    a: OperandSpec
+    b: OperandSpec
+    scales: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+    gran_k: tuple[int, int] = (0, 0)
+    output: core.OutputStage
+    columns: np.ndarray | None = None
+    old_c_to: np.ndarray | None = None
 
 
-def _gemm(d: np.ndarray, a: core.Operand, b: core.Operand, out: core.OutputStage) -> _Gemm:
-    dryrun.stop()  # validated: a dry run ends here
-    return _Gemm(d, Task(a, b, out, (slice(None),)))
+def _tasks(req: GemmRequest) -> list[Task | Fill]:
+    """d[m, n] = out(alpha * sum_k A[m, k] sa[m, k // gka] B[n, k] sb[n, k // gkb] ; c): one task.
+
+    An empty M or N computes nothing; an empty K writes c (or +0.0) into d, as every target's
+    early return does.  skip_head_mid writes the product's columns to ``columns`` of d; ACLNN's
+    addmm first leaves c's old value in the caller's d (its result goes into c).
+    """
+    m, n, k = req.a.mn, req.b.mn, req.a.k
+    c = req.output.c
+    if m == 0 or n == 0:
+        return []
+    if k == 0:
+        return [Fill((...,), np.zeros((), req.d.dtype) if c is None else c, label="empty K: d = c")]
+    a = req.a.operand(req.scales[0], req.gran_k[0])
+    b = req.b.operand(req.scales[1], req.gran_k[1])
+    index = (slice(None),) if req.columns is None else (slice(None), req.columns)
+    tasks: list[Task | Fill] = [Task(a, b, req.output, index)]
+    if req.old_c_to is not None and c is not None:
+        tasks.insert(0, Fill((...,), c, into=req.old_c_to, label="addmm: d keeps c's old value"))
+    return tasks
 
 
-def _run(func: str, g: _Gemm) -> None:
-    """Execute the task into ``g.d`` (written only after success); the record has no defined mask."""
-    execute(func, g.d, [g.task], defined=None)
+def _launch(req: GemmRequest | None) -> None:
+    if req is not None:
+        execute(req, _tasks(req))
 
 
-def _early_return(func: str, m: int, n: int, k: int, d: np.ndarray, c: Any) -> tuple[bool, np.ndarray | None]:
-    """DeepGEMM's early_return: (done, snapshot of C or None)."""
+def _bf16_spec(x: np.ndarray, major: str) -> OperandSpec:
+    return OperandSpec(x, major, False, int(x.shape[0]), int(x.shape[1]))
+
+
+def _resolve_c_early(func: str, m: int, n: int, dd: np.ndarray, c: Any) -> np.ndarray | None:
+    """A snapshot of ``c`` after DeepGEMM's early-return checks (none for an empty M or N)."""
     # Note: under ascend950 a separate c is accepted (the port snapshot copies it into d); the
     # newest official DeepGEMM-Ascend asserts that c is d.  The result is the same.
     if m == 0 or n == 0:
-        return True, None
-    c_val, _same = resolve_c(c, d, func)
-    if k == 0:
-        dryrun.stop()  # validated: a dry run writes nothing
-        if c_val is not None:
-            d[...] = c_val
-        else:
-            d[...] = np.zeros((), d.dtype)
-        return True, None
-    return False, c_val
+        return None
+    return resolve_c(c, dd, func)[0]
 
 
 # ----------------------------------------------------------------------------------------------
 # FP8 / FP4 GEMMs
 # ----------------------------------------------------------------------------------------------
 
-def _fp8_fp4_request(
-    func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
+def _check_fp8_fp4(
+    profile: Profile, func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
     compiled_dims: Any, disable_ue8m0_cast: Any, alpha: Any, epilogue: Any,
-) -> _Gemm | None:
-    """Validate an NT FP8/FP4 GEMM for the active profile; None when there is nothing to compute."""
-    profile = get_profile()
+) -> GemmRequest:
+    """Validate an NT FP8/FP4 GEMM for ``profile`` (the other layouts are transposed views)."""
     rules = profile.rules
     check_compiled_dims(func, compiled_dims)
     A, sfa = as_pair(a, func, "a", sf_optional=True)
@@ -160,12 +192,9 @@ def _fp8_fp4_request(
             if gran_n != 1 and (c_arr is not None or dd.dtype != BF16):
                 raise arg_error(func, "d", f"bfloat16 d without c for the {profile.name} 1D2D kernel",
                                 f"d {dd.dtype}, c {'given' if c_arr is not None else 'None'}")
-    done, c_val = _early_return(func, m, n, k, dd, c_arr)
-    if done:
-        return None
-    assert scales_a is not None and scales_b is not None
-    return _gemm(dd, sa.operand(scales_a, gka), sb.operand(scales_b, gkb),
-                 core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val))
+    c_val = _resolve_c_early(func, m, n, dd, c_arr)
+    return GemmRequest(func=func, profile=profile, d=dd, defined=None, a=sa, b=sb, scales=(scales_a, scales_b),
+                       gran_k=(gka, gkb), output=core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val))
 
 
 def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -174,17 +203,15 @@ def _make_fp8_fp4_variant(layout: str, cuda: bool) -> Callable[..., None]:
     name = f"fp8_fp4_gemm_{layout}"
     cd = "nk" if layout in ("nt", "nn") else "mn"
 
-    def impl(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
+    def impl(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
              recipe_b: Any = None, compiled_dims: str = cd, disable_ue8m0_cast: bool = False,
              alpha: float | None = None, epilogue: Any = None) -> None:
         if layout[0] == "t":
             a = transposed_pair(a, name, "a", (0, 1))
         if layout[1] == "n":
             b = transposed_pair(b, name, "b", (0, 1))
-        req = _fp8_fp4_request(name, a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                               disable_ue8m0_cast, alpha, epilogue)
-        if req is not None:
-            _run(name, req)
+        _launch(_check_fp8_fp4(profile, name, a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
+                               disable_ue8m0_cast, alpha, epilogue))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -214,17 +241,9 @@ fp8_gemm_tn = fp8_fp4_gemm_tn
 fp8_gemm_tt = fp8_fp4_gemm_tt
 
 
-def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe: Any = None,
-                               compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
-    """G = A @ B^T (FP8 x FP8, per-128 K scales), written to d skipping each head's middle columns.
-
-    a = (A (M, K) e4m3, sfa), b = (B (N, K) e4m3, sfb), head_splits = (left, mid, right) with
-    N divisible by left + right; d (M, N + heads * mid) bfloat16 (sm90) or bfloat16/float32.
-    Column n of G goes to column n + floor((n + right) / (left + right)) * mid; the mid columns
-    of every head are not written.
-    """
-    func = "fp8_gemm_nt_skip_head_mid"
-    profile = get_profile()
+def _check_skip_head_mid(profile: Profile, func: str, a: Any, b: Any, d: Any, head_splits: Any, recipe: Any,
+                         compiled_dims: Any, disable_ue8m0_cast: Any) -> GemmRequest:
+    """Validate fp8_gemm_nt_skip_head_mid; the request's ``columns`` place G's columns in d."""
     check_compiled_dims(func, compiled_dims)
     if not (isinstance(head_splits, (tuple, list)) and len(head_splits) == 3
             and all(isinstance(v, (int, np.integer)) and v >= 0 for v in head_splits)):
@@ -258,26 +277,25 @@ def _fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: Any, head_splits: Any, recipe:
                               disable_ue8m0_cast=bool(disable_ue8m0_cast))
     scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, None, profile, is_b=True,
                               disable_ue8m0_cast=bool(disable_ue8m0_cast))
-    if m == 0:
-        return
     cols = np.arange(n)
-    out_cols = cols + (cols + right) // (left + right) * mid
-    full = np.empty((m, n), dd.dtype)
-    task = Task(sa.operand(scales_a, gka), sb.operand(scales_b, gkb), core.OutputStage(OUT_FORMAT[dd.dtype]),
-                (slice(None),))
-    col = execute(func, full, [task], record_trace=False)
-    dd[:, out_cols] = full
-    if trace.active() is not None:
-        defined = np.zeros(dd.shape, bool)
-        defined[:, out_cols] = True
-        acc = S = None
-        if col.acc is not None:
-            acc = np.zeros(dd.shape)
-            acc[:, out_cols] = col.acc
-        if col.S is not None:
-            S = np.zeros(dd.shape)
-            S[:, out_cols] = col.S
-        trace.record(func, acc=acc, S=S, defined=defined, stats=col.stats)
+    columns = cols + (cols + right) // (left + right) * mid
+    defined = np.zeros(dd.shape, bool)
+    defined[:, columns] = True  # the mid columns of every head are not written
+    return GemmRequest(func=func, profile=profile, d=dd, defined=defined, a=sa, b=sb, scales=(scales_a, scales_b),
+                       gran_k=(gka, gkb), output=core.OutputStage(OUT_FORMAT[dd.dtype]), columns=columns)
+
+
+def _fp8_gemm_nt_skip_head_mid(profile: Profile, /, a: Any, b: Any, d: Any, head_splits: Any, recipe: Any = None,
+                               compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """G = A @ B^T (FP8 x FP8, per-128 K scales), written to d skipping each head's middle columns.
+
+    a = (A (M, K) e4m3, sfa), b = (B (N, K) e4m3, sfb), head_splits = (left, mid, right) with
+    N divisible by left + right; d (M, N + heads * mid) bfloat16 (sm90) or bfloat16/float32.
+    Column n of G goes to column n + floor((n + right) / (left + right)) * mid; the mid columns
+    of every head are not written.
+    """
+    _launch(_check_skip_head_mid(profile, "fp8_gemm_nt_skip_head_mid", a, b, d, head_splits, recipe, compiled_dims,
+                                 disable_ue8m0_cast))
 
 
 fp8_gemm_nt_skip_head_mid = profiled(
@@ -290,16 +308,16 @@ fp8_gemm_nt_skip_head_mid = profiled(
 # BF16 GEMMs
 # ----------------------------------------------------------------------------------------------
 
-def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any, epilogue: Any,
-                  *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel", c_written: bool = False
-                  ) -> _Gemm | None:
-    """Validate a BF16 (or unscaled) NT GEMM; None when there is nothing to compute.  ``c_written``:
-    a separate ``c`` is also written (ACLNN's in-place addmm), so it is checked as an output."""
+def _check_bf16(profile: Profile, func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any, alpha: Any,
+                epilogue: Any, *, dtypes: tuple[np.dtype, ...] = (BF16,), c_mode: str = "kernel",
+                c_written: bool = False) -> GemmRequest:
+    """Validate a BF16 (or unscaled) NT GEMM.  ``c_written``: a separate ``c`` is also written
+    (ACLNN's in-place addmm), so it is checked as an output."""
     check_compiled_dims(func, compiled_dims)
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
     dd = as_array(d, func, "d")
-    bf16_operands(func, (("a", A, 2), ("b", B, 2)), dtypes)
+    major_a, major_b = bf16_operands(func, (("a", A, 2), ("b", B, 2)), dtypes)
     if A.dtype != B.dtype:
         raise arg_error(func, "b", f"dtype {A.dtype} (a's dtype)", B)
     alpha_f = alpha_of(func, alpha, epilogue)
@@ -313,10 +331,9 @@ def _bf16_request(func: str, a: Any, b: Any, d: Any, c: Any, compiled_dims: Any,
         ca = as_array(c, func, "c")
         if not shares_memory(ca, dd):  # c is d is in-place; any other overlap is refused with c's checks
             check_written(ca, func, "c", inputs=(("a", A), ("b", B)))
-    done, c_val = _early_return(func, m, n, k, dd, c)
-    if done:
-        return None
-    return _gemm(dd, core.Operand(A), core.Operand(B), core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode))
+    c_val = _resolve_c_early(func, m, n, dd, c)
+    return GemmRequest(func=func, profile=profile, d=dd, defined=None, a=_bf16_spec(A, major_a),
+                       b=_bf16_spec(B, major_b), output=core.OutputStage(OUT_FORMAT[dd.dtype], alpha_f, c_val, c_mode))
 
 
 def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
@@ -324,13 +341,11 @@ def _make_bf16_variant(layout: str, cuda: bool) -> Callable[..., None]:
     name = f"bf16_gemm_{layout}"
     cd = "nk" if layout in ("nt", "nn") else "mn"
 
-    def impl(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = cd,
+    def impl(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = cd,
              alpha: float | None = None, epilogue: Any = None) -> None:
         a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
         b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
-        req = _bf16_request(name, a2, b2, d, c, compiled_dims, alpha, epilogue)
-        if req is not None:
-            _run(name, req)
+        _launch(_check_bf16(profile, name, a2, b2, d, c, compiled_dims, alpha, epilogue))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -362,15 +377,13 @@ bf16_gemm_tt = _profiled_bf16("tt")
 def _make_cublaslt(layout: str) -> Callable[..., None]:
     name = f"cublaslt_gemm_{layout}"
 
-    def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
+    def impl(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None) -> None:
         a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
         b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
         # cuBLASLt's FP32 epilogue adds C once: out(acc + C) with a single rounding.  FP8 inputs
         # are unscaled (DeepGEMM's tests call it with raw FP8 data for timing).
         # Note: float32 inputs are rejected: cuBLASLt computes them in TF32, not emulated here.
-        req = _bf16_request(name, a2, b2, d, c, "", None, None, dtypes=(BF16, E4M3), c_mode="fused")
-        if req is not None:
-            _run(name, req)
+        _launch(_check_bf16(profile, name, a2, b2, d, c, "", None, None, dtypes=(BF16, E4M3), c_mode="fused"))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -380,24 +393,25 @@ def _make_cublaslt(layout: str) -> Callable[..., None]:
     return impl
 
 
+def _check_aclnn_bf16(profile: Profile, func: str, a: Any, b: Any, d: Any, c: Any) -> GemmRequest:
+    """Validate ACLNN's bf16 matmul; with a separate ``c`` the result goes into ``c`` and ``d``
+    keeps c's old value (DeepGEMM-Ascend copies c into d, then runs aclnnInplaceAddmm on c; its
+    tests always pass c = d)."""
+    req = _check_bf16(profile, func, a, b, d, c, "", None, None, c_mode="fused", c_written=True)
+    if c is not None and req.output.c is not None:
+        ca = as_array(c, func, "c")
+        if not np.shares_memory(ca, req.d):
+            req.old_c_to, req.d = req.d, ca
+    return req
+
+
 def _make_aclnn_bf16(layout: str) -> Callable[..., None]:
     name = f"aclnn_bf16_gemm_{layout}"
 
-    def impl(a: Any, b: Any, d: Any, c: Any = None) -> None:
+    def impl(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None) -> None:
         a2 = transposed(a, name, "a", (0, 1)) if layout[0] == "t" else a
         b2 = transposed(b, name, "b", (0, 1)) if layout[1] == "n" else b
-        req = _bf16_request(name, a2, b2, d, c, "", None, None, c_mode="fused", c_written=True)
-        if req is None:
-            return
-        c_val = req.task.output.c if req.task.output is not None else None
-        if c is not None and c_val is not None:
-            ca = as_array(c, name, "c")
-            if not np.shares_memory(ca, req.d):
-                # DeepGEMM-Ascend copies c into d, then runs aclnnInplaceAddmm on c: d keeps the
-                # old c and the result lands in c (its tests always pass c = d).
-                req.d[...] = c_val
-                req.d = ca
-        _run(name, req)
+        _launch(_check_aclnn_bf16(profile, name, a2, b2, d, c))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (
@@ -428,46 +442,48 @@ def _aclnn_fp8_bytes(func: str, arg: str, sf: np.ndarray | None, mn: int, k: int
     raise arg_error(func, arg, "float32, float8_e8m0fnu or uint8 scales", sf)
 
 
+def _check_aclnn_fp8(profile: Profile, func: str, a: Any, b: Any, d: Any, c: Any, recipe: Any, recipe_a: Any,
+                     recipe_b: Any) -> GemmRequest:
+    """Validate ACLNN's MX quantised matmul (aclnnQuantMatmulV5)."""
+    A, sfa = as_pair(a, func, "a")
+    B, sfb = as_pair(b, func, "b")
+    dd = as_array(d, func, "d")
+    sa, sb = ab_operand(A, func, "a"), ab_operand(B, func, "b")
+    if sa.is_fp4 and not sb.is_fp4:
+        raise arg_error(func, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) (aclnnQuantMatmulV5)", "FP4 A, FP8 B")
+    if not sa.is_fp4 and sb.is_fp4:
+        if sa.major != "K" or sb.major != "K":
+            raise arg_error(func, "b", "K-major A and B for FP8 x FP4", "an MN-major operand")
+        if dd.dtype != BF16:
+            raise arg_error(func, "d", "bfloat16 d for FP8 x FP4", dd)
+    m, k, n = sa.mn, sa.k, sb.mn
+    if sb.k != k:
+        raise arg_error(func, "b", f"K = {k} (from a)", B)
+    check_out(dd, func, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
+    check_matmul(func, "a", m, n, k)
+    if k % 64:
+        raise arg_error(func, "a", "K divisible by 64", f"K = {k}")
+    ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, recipe_a, recipe_b, profile)
+    if (ga, gka, gb, gkb) != (1, 32, 1, 32):
+        raise arg_error(func, "recipe", "(1, 1, 32): the only group size ACLNN accepts", repr(recipe))
+    bytes_a = _aclnn_fp8_bytes(func, "a[1]", sfa, m, k)
+    bytes_b = _aclnn_fp8_bytes(func, "b[1]", sfb, n, k)
+    c_val = _resolve_c_early(func, m, n, dd, as_array(c, func, "c", allow_none=True))
+    return GemmRequest(func=func, profile=profile, d=dd, defined=None, a=sa, b=sb,
+                       scales=(fm.ue8m0_decode(bytes_a), fm.ue8m0_decode(bytes_b)), gran_k=(32, 32),
+                       output=core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val, "rounded"))
+
+
 def _make_aclnn_fp8(layout: str) -> Callable[..., None]:
     name = f"aclnn_fp8_fp4_gemm_{layout}"
 
-    def impl(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
+    def impl(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None, recipe: Any = None, recipe_a: Any = None,
              recipe_b: Any = None, disable_ue8m0_cast: bool = False) -> None:
         if layout[0] == "t":
             a = transposed_pair(a, name, "a", (0, 1))
         if layout[1] == "n":
             b = transposed_pair(b, name, "b", (0, 1))
-        A, sfa = as_pair(a, name, "a")
-        B, sfb = as_pair(b, name, "b")
-        dd = as_array(d, name, "d")
-        assert dd is not None
-        sa, sb = ab_operand(A, name, "a"), ab_operand(B, name, "b")
-        if sa.is_fp4 and not sb.is_fp4:
-            raise arg_error(name, "a", "FP8 x FP8, FP4 x FP4 or FP8 (A) x FP4 (B) (aclnnQuantMatmulV5)", "FP4 A, FP8 B")
-        if not sa.is_fp4 and sb.is_fp4:
-            if sa.major != "K" or sb.major != "K":
-                raise arg_error(name, "b", "K-major A and B for FP8 x FP4", "an MN-major operand")
-            if dd.dtype != BF16:
-                raise arg_error(name, "d", "bfloat16 d for FP8 x FP4", dd)
-        m, k, n = sa.mn, sa.k, sb.mn
-        if sb.k != k:
-            raise arg_error(name, "b", f"K = {k} (from a)", B)
-        check_out(dd, name, (m, n), OUT_DTYPES, inputs=(("a[0]", A), ("a[1]", sfa), ("b[0]", B), ("b[1]", sfb)))
-        check_matmul(name, "a", m, n, k)
-        if k % 64:
-            raise arg_error(name, "a", "K divisible by 64", f"K = {k}")
-        ga, gka, gb, gkb = ascend_recipes(name, None, None, recipe, recipe_a, recipe_b, get_profile())
-        if (ga, gka, gb, gkb) != (1, 32, 1, 32):
-            raise arg_error(name, "recipe", "(1, 1, 32): the only group size ACLNN accepts", repr(recipe))
-        bytes_a = _aclnn_fp8_bytes(name, "a[1]", sfa, m, k)
-        bytes_b = _aclnn_fp8_bytes(name, "b[1]", sfb, n, k)
-        c_arr = as_array(c, name, "c", allow_none=True)
-        done, c_val = _early_return(name, m, n, k, dd, c_arr)
-        if done:
-            return
-        out = core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val, "rounded")
-        _run(name, _gemm(dd, sa.operand(fm.ue8m0_decode(bytes_a), 32),
-                          sb.operand(fm.ue8m0_decode(bytes_b), 32), out))
+        _launch(_check_aclnn_fp8(profile, name, a, b, d, c, recipe, recipe_a, recipe_b))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = (

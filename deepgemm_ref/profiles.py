@@ -9,14 +9,14 @@ Switch with :func:`set_arch` or scope with ``deepgemm_ref.numerics(arch=...)``.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from ._state import Setting
+from .dtypes import BF16, E4M3, F32, I8, I16, I32
 from .errors import DGArgumentError
-from .toolkit.args import BF16, E4M3, F32, I8, I16, I32
 
 __all__ = ["Profile", "KernelRules", "ScaleRules", "PROFILES", "get_arch", "set_arch", "get_profile", "get_arch_major",
            "DEFAULT_ARCH"]
@@ -212,27 +212,24 @@ PROFILES: dict[str, Profile] = {
 }
 DEFAULT_ARCH = "sm100"
 
-_lock = threading.RLock()
-_arch = DEFAULT_ARCH
+_arch: Setting[str] = Setting("arch", DEFAULT_ARCH)
 
 
 def get_arch() -> str:
     """Name of the active profile."""
-    return _arch
+    return _arch.get()
 
 
 def get_profile() -> Profile:
     """The active profile record."""
-    return PROFILES[_arch]
+    return PROFILES[_arch.get()]
 
 
 def set_arch(arch: str) -> None:
     """Switch the active profile (``"sm90"``, ``"sm100"`` or ``"ascend950"``) process-wide."""
-    global _arch
     if arch not in PROFILES:
         raise DGArgumentError(f"set_arch: arch: expected one of {sorted(PROFILES)}; got {arch!r}")
-    with _lock:
-        _arch = arch
+    _arch.set(arch)
 
 
 def get_arch_major() -> int:

@@ -10,11 +10,11 @@ and are saved and restored by ``deepgemm_ref.numerics(...)``.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import profiles
+from . import dryrun, profiles
+from ._state import Setting
 from .api import profiled
 from .errors import DGArgumentError
 
@@ -40,6 +40,8 @@ __all__ = [
     "get_library_root_path",
     "ASCEND_HOME",
     "ASCEND_NPU_ARCH",
+    "set_dry_run",
+    "get_dry_run",
     "reset_runtime",
     "runtime_state",
     "restore_runtime",
@@ -62,33 +64,26 @@ class RuntimeState:
     deterministic: bool = False
 
 
-_lock = threading.RLock()
-_state = RuntimeState()
+_runtime: Setting[RuntimeState] = Setting("runtime", RuntimeState())
 
 
 def runtime_state() -> RuntimeState:
     """The recorded runtime settings."""
-    return _state
+    return _runtime.get()
 
 
 def _set(**changes: Any) -> None:
-    global _state
-    with _lock:
-        _state = replace(_state, **changes)
+    _runtime.update(lambda state: replace(state, **changes))
 
 
 def reset_runtime() -> None:
     """All runtime settings back to their defaults."""
-    global _state
-    with _lock:
-        _state = RuntimeState()
+    _runtime.reset()
 
 
 def restore_runtime(state: RuntimeState) -> None:
-    """Put back settings saved with :func:`runtime_state` (``deepgemm_ref.numerics`` scoping)."""
-    global _state
-    with _lock:
-        _state = state
+    """Put back settings saved with :func:`runtime_state`."""
+    _runtime.set(state)
 
 
 def _int_arg(func: str, arg: str, v: Any) -> int:
@@ -127,7 +122,7 @@ def _set_num_sms_ascend(n: int, /) -> None:
 
 def _get_num_sms() -> int:
     """The recorded SM (AI-core) count, or the device's count when none was set."""
-    return _state.num_sms or profiles.get_profile().device_num_sms
+    return _runtime.get().num_sms or profiles.get_profile().device_num_sms
 
 
 set_num_sms = profiled("set_num_sms", deepgemm=_set_num_sms_cuda, deepgemm_ascend=_set_num_sms_ascend)
@@ -148,7 +143,7 @@ def _set_tc_util(new_tc_util: int, /) -> None:
 
 def _get_tc_util() -> int:
     """The tensor-core utilisation hint (100 when unset)."""
-    return _state.tc_util or 100
+    return _runtime.get().tc_util or 100
 
 
 def _set_pdl(new_enable_pdl: bool, /) -> None:
@@ -158,7 +153,7 @@ def _set_pdl(new_enable_pdl: bool, /) -> None:
 
 def _get_pdl() -> bool:
     """The programmatic-dependent-launch flag (default False)."""
-    return _state.pdl
+    return _runtime.get().pdl
 
 
 def _set_ignore_compile_dims(new_value: bool, /) -> None:
@@ -213,7 +208,7 @@ def _set_mk_alignment_ascend(value: int, /) -> None:
 
 def _get_mk_alignment_cuda() -> int:
     """The M/K segment alignment of grouped contiguous layouts (default 128)."""
-    return _state.mk_alignment
+    return _runtime.get().mk_alignment
 
 
 def _get_mk_alignment_ascend() -> int:
@@ -259,7 +254,7 @@ get_theoretical_mk_alignment_for_contiguous_layout = profiled(
 def current_mk_alignment() -> int:
     """The alignment in force for the active profile (for the kernels and layout helpers)."""
     fixed = profiles.get_profile().rules.fixed_mk_alignment
-    return _state.mk_alignment if fixed is None else fixed
+    return _runtime.get().mk_alignment if fixed is None else fixed
 
 
 # --- DeepGEMM-Ascend additions --------------------------------------------------------------------
@@ -274,7 +269,7 @@ def _set_npu_arch(arch: int, /) -> None:
 
 def _get_npu_arch() -> int:
     """The recorded NPU arch, else the emulated device's (3510, CANN's ``dav-3510`` for Ascend 950)."""
-    return _state.npu_arch or ASCEND_NPU_ARCH
+    return _runtime.get().npu_arch or ASCEND_NPU_ARCH
 
 
 def _use_deterministic_algorithms(enabled: bool) -> None:
@@ -284,7 +279,7 @@ def _use_deterministic_algorithms(enabled: bool) -> None:
 
 def _get_deterministic_algorithms() -> bool:
     """The deterministic-algorithms flag (default False)."""
-    return _state.deterministic
+    return _runtime.get().deterministic
 
 
 #: DeepGEMM-Ascend's module constant: the CANN toolkit directory it found at import (from
@@ -306,3 +301,21 @@ get_deterministic_algorithms = profiled(
     "get_deterministic_algorithms", _ASCEND_ONLY, deepgemm_ascend=_get_deterministic_algorithms
 )
 get_library_root_path = profiled("get_library_root_path", _ASCEND_ONLY, deepgemm_ascend=_get_library_root_path)
+
+
+# --- DeepGEMM-Ascend's dry run (its ``_C.set_dry_run`` / ``_C.get_dry_run``) ----------------------
+
+def _set_dry_run(value: bool, /) -> None:
+    """DeepGEMM-Ascend's dry run: while set, every kernel entry point validates its arguments
+    (raising the same errors) and returns without computing or writing anything; ``meta`` tensors
+    are accepted as arguments (see :mod:`deepgemm_ref.dryrun`)."""
+    dryrun.set_enabled(bool(value))
+
+
+def _get_dry_run() -> bool:
+    """The dry-run flag."""
+    return dryrun.enabled()
+
+
+set_dry_run = profiled("set_dry_run", _ASCEND_ONLY, deepgemm_ascend=_set_dry_run)
+get_dry_run = profiled("get_dry_run", _ASCEND_ONLY, deepgemm_ascend=_get_dry_run)

@@ -35,6 +35,7 @@ class KernelRecord:
              all of them).  Rows a kernel leaves unspecified (padding, masked rows, undefined
              logits) are False and are excluded from checks.
     extra:   kernel-specific arrays (e.g. Mega MoE stage outputs), by name.
+    tasks:   the labels of the executor tasks the call ran, in order (matmuls, fills).
     """
 
     func: str
@@ -44,6 +45,7 @@ class KernelRecord:
     defined: np.ndarray | None = None
     stats: dict[str, int] = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass

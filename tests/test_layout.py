@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import deepgemm_ref as dg
 from deepgemm_ref import layout as L
+from deepgemm_ref.toolkit import scales
 from deepgemm_ref.errors import DGArgumentError
 
 
@@ -758,7 +759,7 @@ def test_pack_le_matches_formats_spec(rows, n, per, seed):
     strided = np.zeros((rows, 2 * n), np.uint8)
     strided[:, ::2] = b
     for x in (b, strided[:, ::2]):  # contiguous and strided inputs
-        got = L.sf._pack_le(x, per)
+        got = scales.pack_le(x, per)
         assert got.dtype == spec.dtype and got.shape == spec.shape and np.array_equal(got, spec)
 
 

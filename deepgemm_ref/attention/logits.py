@@ -29,7 +29,7 @@ from .. import core, dryrun, trace
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import U64, align, gamma
-from ..executor import Collected, Task, execute, record
+from ..executor import Collected, Task, legacy_execute, record
 from .keys import Keys, KeySource, Queries
 from .reduction import data_flow_roundings, model_logits
 
@@ -299,7 +299,7 @@ def run(plan: Plan, view: np.ndarray, defined: Callable[[], np.ndarray],
     contract defines and of those the clean pass set to -inf.
     """
     tasks = [partial(_task, plan, view, *t) for t in _tasks(plan, TASK_ELEMENTS)]
-    col = execute(plan.func, view, tasks, accumulation=plan.accumulation, trace_fill=np.nan, parallel=True,
+    col = legacy_execute(plan.func, view, tasks, accumulation=plan.accumulation, trace_fill=np.nan, parallel=True,
                   record_trace=False)
     if trace.active() is None:
         return

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import ml_dtypes
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..config import get_numerics
 from ..errors import DGArgumentError
 from ..profiles import PROFILES

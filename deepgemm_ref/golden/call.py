@@ -23,6 +23,7 @@ from .._parallel import single_threaded_blas
 from ..settings import numerics
 from .bundle import BundleError
 from .cases import FAMILIES, ArgRef, BuiltCase, Family, family_for, family_of
+from .emulator import emulator
 
 __all__ = ["DTYPES", "call_kernel", "run_case_call", "fresh_outputs", "compute_golden", "golden_of_call",
            "entry_family", "registered_function", "quiet_float_errors"]
@@ -135,25 +136,29 @@ def _entry_of(built: BuiltCase) -> dict[str, Any]:
             "kernel": built.spec.kernel}
 
 
-def compute_golden(built: BuiltCase) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def compute_golden(built: BuiltCase, module: Any = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Run the case through the emulator's exact model; returns (golden tensors, stats).
+
+    module: the emulator to run (default this package's namespace, :func:`.emulator.emulator`).
 
     Goldens: every output; from the kernel's trace record ``acc``, ``acc_lo``, ``S``,
     ``defined`` and ``extra.<name>`` (or what the family's finish hook makes of a driver's
     records, e.g. Mega MoE's per-rank stack).
     """
     return golden_of_call(_entry_of(built), built.args, built.kwargs, built.inputs, built.outputs,
-                          family_for(built.spec))
+                          family_for(built.spec), module=module)
 
 
 def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping[str, ArgRef],
                    inputs: Mapping[str, Any], outputs: Mapping[str, Mapping[str, Any]], family: Family, *,
-                   accumulation: Any = "exact",
-                   overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                   accumulation: Any = "exact", overrides: Mapping[str, Any] | None = None,
+                   module: Any = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The golden tensors of one call (``entry``: its ``id``, ``function``, ``setup``,
     ``derived``, ``returns``, ``driver`` and ``profile``) under an accumulation model (default
-    the exact one: :func:`compute_golden`); the diagnosis regenerates mutated calls with it."""
-    import deepgemm_ref
+    the exact one: :func:`compute_golden`); the diagnosis regenerates mutated calls with it.
+    ``module``: the emulator whose trace records give the accumulator and error scale (default
+    this package's namespace)."""
+    emu = emulator() if module is None else module
 
     # One BLAS thread: stored float64 tensors (acc, S) that no certificate makes exact would
     # otherwise depend on the BLAS thread count (see _parallel.single_threaded_blas).
@@ -163,7 +168,7 @@ def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping
         outs = fresh_outputs(outputs, inputs)
         tensors = dict(inputs)
         with trace.capture(want_acc=True, want_S=True) as cap:
-            run_case_call(deepgemm_ref, entry, args, kwargs, tensors, outs, overrides)
+            run_case_call(emu, entry, args, kwargs, tensors, outs, overrides)
     golden: dict[str, np.ndarray] = {}
     for name in outputs:
         golden[name] = np.ascontiguousarray(outs[name])

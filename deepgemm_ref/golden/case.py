@@ -33,6 +33,7 @@ from .bundle import CaseData, case_entry, load_bundle
 from .call import compute_golden, quiet_float_errors
 from .cases import BuiltCase, CaseSpec, SpecError, build_case, validate_spec
 from .check import CaseReport, CheckOptions, check_case, element_bounds, output_golden
+from .emulator import emulator, is_emulator
 from .replay import _check_device, call_case
 
 __all__ = ["Case", "Golden", "Comparison", "case_id_for"]
@@ -209,10 +210,8 @@ class Case:
         accumulation: with this package, the accumulation model to emulate (``"fp32"``,
         ``"limited(13, 128)"``; default: the active numerics option).
         """
-        import deepgemm_ref
-
-        mod = deepgemm_ref if module is None else module
-        ours = mod is deepgemm_ref
+        mod = emulator() if module is None else module
+        ours = is_emulator(mod)
         use_torch = device is not None
         if use_torch and device == "cpu":
             try:

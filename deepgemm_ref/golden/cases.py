@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import DGArgumentError
 from ..profiles import PROFILES
+from .emulator import emulator
 from .resources import Estimate, ResourceError, default_memory_limit, format_size
 from .schema import MAX_ID_LENGTH, MAX_SEED, Params, Schema, SpecError, as_int, did_you_mean, validate_params
 from .values import VALUE_MODES, apply_value_mode, generator_for
@@ -214,12 +215,10 @@ def family_of(kernel: str) -> str:
 
 
 def _unknown_kernel(kernel: str) -> str:
-    import deepgemm_ref
-
     known = _known_kernels()
     near = did_you_mean(kernel, known)
     hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else f" (kernels: {', '.join(known)})"
-    if callable(getattr(deepgemm_ref, kernel, None)) and not kernel.startswith("_"):
+    if callable(getattr(emulator(), kernel, None)) and not kernel.startswith("_"):
         near_text = f"; near ones with a builder: {', '.join(near)}" if near else ""
         return (f"kernel: {kernel!r} has no golden case builder{near_text} (deepgemm-ref list -v and "
                 "docs/case-specs.md list the kernels each family builds)")

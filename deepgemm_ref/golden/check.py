@@ -35,7 +35,7 @@ import numpy as np
 from .. import core
 from .. import formats as fm
 from ..errors import DGArgumentError
-from ..testing import ulp_distance
+from ..testing.numeric import ulp_distance
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle
 from .progress import as_progress

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from .bundle import atomic_write_text
 from .check import CaseReport, describe_bound
 

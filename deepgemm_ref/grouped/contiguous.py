@@ -19,8 +19,7 @@ import numpy as np
 from .. import core
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import Task, execute
-from ..layout import RowGroups, m_indices_layout, psum_gap_scale_rows, psum_layout
+from ..executor import Task, legacy_execute
 from ..profiles import Profile, get_profile
 from ..runtime import current_mk_alignment
 from ..toolkit.args import (
@@ -34,6 +33,7 @@ from ..toolkit.args import (
     transposed,
     transposed_pair,
 )
+from ..toolkit.groups import RowGroups, m_indices_layout, psum_gap_scale_rows, psum_layout
 from ..toolkit.operands import (
     OUT_FORMAT,
     ab_operand,
@@ -96,10 +96,10 @@ def _m_grouped_early_return(func: str, dd: np.ndarray, layout: RowGroups, m: int
     """M == 0 or N == 0: nothing to do; K == 0 (DeepGEMM-Ascend only): d := 0, all of it (the
     port's early return clears the whole output)."""
     if m == 0 or n == 0:
-        execute(func, dd, [], defined=layout.defined)
+        legacy_execute(func, dd, [], defined=layout.defined)
         return True
     if k == 0:
-        execute(func, dd, [], zero=np.ones(m, bool))
+        legacy_execute(func, dd, [], zero=np.ones(m, bool))
         return True
     return False
 
@@ -162,7 +162,7 @@ def _m_grouped_fp8(
             b_ops[g] = sb.operand(scales_b, gkb, group=g)
         tasks.append(Task(sa.operand(scales_a, gka, rows=(r0, r1)), b_ops[g], core.OutputStage(out, alpha),
                           (slice(r0, r1),)))
-    execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+    legacy_execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
 
 
 def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: Any,
@@ -194,7 +194,7 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
     out = OUT_FORMAT[dd.dtype]
     tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
              for g, r0, r1 in layout.runs]
-    execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+    legacy_execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
 
 
 _M_GROUPED_DOC = """{what} m-grouped contiguous GEMM: d[r, :] = out(A[r, :] @ B[g(r)]^T) for every row r of a group.

@@ -26,8 +26,7 @@ from .. import core
 from .. import formats as fm
 from ..api import profiled
 from ..errors import DGArgumentError, arg_error
-from ..executor import Task, execute
-from ..layout import KGroups, k_groups_ascend, k_groups_cuda, pack_k_grouped_ue8m0, psum_gap_scale_blocks, sf_values
+from ..executor import Task, legacy_execute
 from ..profiles import get_profile
 from ..runtime import ASCEND_MK_ALIGNMENT, current_mk_alignment
 from ..toolkit.args import (
@@ -48,6 +47,7 @@ from ..toolkit.args import (
     transposed,
     transposed_pair,
 )
+from ..toolkit.groups import KGroups, k_groups_ascend, k_groups_cuda, psum_gap_scale_blocks
 from ..toolkit.operands import (
     OUT_DTYPES,
     OUT_FORMAT,
@@ -60,6 +60,7 @@ from ..toolkit.operands import (
     resolve_scales,
 )
 from ..toolkit.outputs import Inputs, check_out, input_view, snapshot_c
+from ..toolkit.scales import pack_k_grouped_ue8m0, sf_values
 from ..toolkit.sizes import check_matmul
 
 __all__ = ["k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
@@ -186,13 +187,13 @@ def _execute(func: str, dd: np.ndarray, kg: KGroups, c_val: np.ndarray,
     """Execute an FP8 k-grouped GEMM: nothing for an empty d, c copied when SUM_K is 0, else one
     task per group from ``prepare()`` (which checks and decodes the scales, so only when needed)."""
     if dd.shape[1] == 0 or dd.shape[2] == 0:
-        execute(func, dd, [])
+        legacy_execute(func, dd, [])
         return
     if kg.sum_k == 0:
-        execute(func, dd, [], fill=[((slice(None),), c_val)])
+        legacy_execute(func, dd, [], fill=[((slice(None),), c_val)])
         return
     tasks, fill = _tasks(kg, c_val, prepare())
-    execute(func, dd, tasks, fill=fill)
+    legacy_execute(func, dd, tasks, fill=fill)
 
 
 def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
@@ -327,7 +328,7 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
         raise arg_error(func, "ks_cpu", f"K sizes divisible by {rules.k_grouped_bf16_k_multiple} on {profile.name}",
                         repr(ks))
     if m == 0 or n == 0:
-        execute(func, dd, [])
+        legacy_execute(func, dd, [])
         return
     out = OUT_FORMAT[dd.dtype]
 
@@ -336,7 +337,7 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
         return Task(core.Operand(A[k0:k1].T), core.Operand(B[k0:k1].T), core.OutputStage(out, None, c_val[g]), (g,))
 
     tasks, fill = _tasks(kg, c_val, task)
-    execute(func, dd, tasks, fill=fill)
+    legacy_execute(func, dd, tasks, fill=fill)
 
 
 def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any, recipe: Any,
@@ -396,10 +397,10 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
             scales_a = resolve_scales(func, "a[1]", sfa_r, m, k, ga, gka, None, profile, is_b=False)
             scales_b = resolve_scales(func, "b[1]", sfb_r, n, k, gb, gkb, None, profile, is_b=True)
     if m == 0 or n == 0:
-        execute(func, dd, [])
+        legacy_execute(func, dd, [])
         return
     if k == 0:
-        execute(func, dd, [], fill=[((slice(None),), c_val)])
+        legacy_execute(func, dd, [], fill=[((slice(None),), c_val)])
         return
     out = OUT_FORMAT[dd.dtype]
 
@@ -409,7 +410,7 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
                     core.OutputStage(out, alpha, c_val[g]), (g,))
 
     tasks, fill = _tasks(kg, c_val, task)
-    execute(func, dd, tasks, fill=fill)
+    legacy_execute(func, dd, tasks, fill=fill)
 
 
 def _make_k_grouped_fp8(layout: str) -> tuple[Callable[..., None], Callable[..., None]]:

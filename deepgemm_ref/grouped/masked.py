@@ -19,10 +19,10 @@ from .. import core
 from .. import formats as fm
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import Task, execute
-from ..layout import masked_rows
+from ..executor import Task, legacy_execute
 from ..profiles import get_profile
 from ..toolkit.args import BF16, as_array, as_pair, bool_arg, check_compiled_dims, int32_vector
+from ..toolkit.groups import masked_rows
 from ..toolkit.operands import ab_operand, bf16_operands, cuda_recipes, resolve_scales
 from ..toolkit.outputs import check_out, input_view
 from ..toolkit.sizes import check_matmul, size_arg
@@ -52,7 +52,7 @@ def _masked_tasks(func: str, dd: np.ndarray, mm: np.ndarray,
     # Note: the kernels also store A_row @ B_g^T (sm90 FP8: zeros per 64-row chunk) into the
     # padding rows of each group's last visited block; here every row past masked_m[g] keeps
     # the caller's value (spec 7.2: "the emulator should leave them untouched").
-    execute(func, dd, tasks, defined=defined)
+    legacy_execute(func, dd, tasks, defined=defined)
 
 
 def _m_grouped_fp8_masked(a: Any, b: Any, d: Any, masked_m: Any, expected_m: int, recipe: Any = None,

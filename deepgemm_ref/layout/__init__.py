@@ -1,9 +1,10 @@
 """Layouts: scale-factor layouts of both targets (:mod:`.sf`) and grouped layouts (:mod:`.groups`).
 
-:mod:`.sf` holds DeepGEMM's TMA layout helpers, both targets' SF transforms and their inverse
-for kernels (:func:`sf_values`: the scale of every row and K block, from any accepted form).
-:mod:`.groups` parses the grouped GEMMs' layouts (m_indices, psum END offsets, masked row counts,
-k-grouped sizes) into the groups the kernels compute.
+:mod:`.sf` holds DeepGEMM's TMA layout helpers and both targets' public, profile-dispatched SF
+transforms.  What the kernels read lives one layer down, in the kernel toolkit, and is re-exported
+here under its documented names: the inverse of the transforms (:func:`sf_values`: the scale of
+every row and K block, from any accepted form; :mod:`deepgemm_ref.toolkit.scales`) and the
+grouped-layout parsers (:mod:`.groups`, from :mod:`deepgemm_ref.toolkit.groups`).
 """
 
 from . import groups, sf

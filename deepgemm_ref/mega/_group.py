@@ -19,12 +19,9 @@ Kernel calls are collective, as on the devices:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import arg_error
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._buffer import SymmBuffer
 
 __all__ = ["GroupRegistry", "EmulatedRank", "resolve_group"]
 
@@ -42,7 +39,7 @@ class GroupRegistry:
             raise arg_error("EmulatedGroup", "size", "a positive int", repr(size))
         self._size = size
         self.collective = bool(collective)
-        self._buffers: list[SymmBuffer | None] = [None] * size
+        self._buffers: list[Any] = [None] * size  # each rank's SymmBuffer (this module stores, never reads them)
         self._pending: dict[int, Any] = {}
         self._bound: dict[int, Any] = {}
 
@@ -56,11 +53,12 @@ class GroupRegistry:
             raise arg_error("EmulatedGroup.rank", "rank", f"an int in [0, {self._size})", repr(rank))
         return EmulatedRank(self, rank)
 
-    def buffer(self, rank: int) -> SymmBuffer | None:
-        """The symmetric buffer most recently made for ``rank`` (None before the first)."""
+    def buffer(self, rank: int) -> Any:
+        """The symmetric buffer (a :class:`~deepgemm_ref.mega.SymmBuffer`) most recently made for ``rank``
+        (None before the first)."""
         return self._buffers[rank]
 
-    def register_buffer(self, rank: int, buffer: SymmBuffer) -> None:
+    def register_buffer(self, rank: int, buffer: Any) -> None:
         """Record ``buffer`` as rank ``rank``'s symmetric buffer."""
         self._buffers[rank] = buffer
 

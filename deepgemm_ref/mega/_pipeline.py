@@ -257,8 +257,8 @@ def _gemm(tokens: core.Operand, weights: core.Operand, cfg: PipelineConfig, stat
     """
     out = np.empty((tokens.shape[0], weights.shape[0]), BF16)
     task = executor.Task(tokens, weights, core.OutputStage(fm.BF16), (slice(None),), transposed=True)
-    col = executor.execute("mega_moe", out, [task], accumulation=cfg.accumulation, want=(cfg.want_acc, cfg.want_S),
-                           record_trace=False)
+    col = executor.legacy_execute("mega_moe", out, [task], accumulation=cfg.accumulation,
+                                  want=(cfg.want_acc, cfg.want_S), record_trace=False)
     for key, val in col.stats.items():
         stats[key] = stats.get(key, 0) + val
     return core.MatmulResult(out, col.acc, None, col.S, col.stats)

@@ -24,11 +24,12 @@ from .. import core, trace
 from .. import formats as fm
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import Task, active_accumulation, execute
+from ..executor import Task, active_accumulation, legacy_execute
 from ..interop import caller_kind, from_numpy
-from ..layout import psum_ranges, sf_values
 from ..profiles import get_profile
 from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg, packed_fp4
+from ..toolkit.groups import psum_ranges
+from ..toolkit.scales import sf_values
 from . import _swiglu as sw
 from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
 from ._weights import PlainWeights
@@ -280,7 +281,7 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         # the weights as the core's row-chunked operand (see executor.Task.transposed)
         tasks.append(Task(op_a, weights.operand(g), core.OutputStage(fm.BF16), (slice(r0, r1),), transposed=True))
         defined[r0:r1] = True
-    execute(func, d, tasks, defined=defined)
+    legacy_execute(func, d, tasks, defined=defined)
     return from_numpy(d, caller_kind(a))
 
 

@@ -32,8 +32,8 @@ from .. import core
 from .. import formats as fm
 from ..errors import DGArgumentError, arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
-from ..layout import sf_values
 from ..toolkit.args import E4M3, I8, I16, packed_fp4
+from ..toolkit.scales import sf_values
 
 __all__ = [
     "transform_cuda",

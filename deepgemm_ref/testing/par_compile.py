@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
+from ..runtime import set_dry_run
+
 __all__ = ["dry_run", "par_compile"]
 
 #: The torch module whose ``npu`` namespace pins workers to the caller's device (None: the
@@ -43,9 +45,7 @@ def dry_run() -> Iterator[None]:
     ``meta`` tensors are accepted.  Needs the ``ascend950`` profile (DeepGEMM's 2.6.1 ``_C`` has no
     dry run: the argument error says so).
     """
-    # The profiled function itself (from the module's dictionary: under DeepGEMM's profiles the
-    # namespace hides the name, and the function's argument error says why).
-    set_dry_run = vars(importlib.import_module("deepgemm_ref._C"))["set_dry_run"]
+    # The profiled function itself: under DeepGEMM's profiles its argument error says why.
     set_dry_run(True)
     try:
         yield

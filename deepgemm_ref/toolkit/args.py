@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, overload
 
-import ml_dtypes
 import numpy as np
 
+from ..dtypes import BF16, E4M3, F32, I8, I16, I32, U8, dtype_name  # re-exported for the kernels
 from ..errors import DGArgumentError, arg_error
 from ..exact import align, ceil_div  # re-exported for the kernels
 from ..interop import to_numpy
@@ -50,22 +50,6 @@ __all__ = [
     "ceil_div",
     "align",
 ]
-
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-F32 = np.dtype(np.float32)
-I8 = np.dtype(np.int8)
-U8 = np.dtype(np.uint8)
-I16 = np.dtype(np.int16)
-I32 = np.dtype(np.int32)
-
-_DTYPE_NAMES = {E4M3: "float8_e4m3fn", I8: "int8 (packed FP4)", BF16: "bfloat16"}
-
-
-def dtype_name(t: np.dtype) -> str:
-    """How error messages name a dtype (int8 operands are packed FP4)."""
-    return _DTYPE_NAMES.get(t, str(t))
-
 
 def packed_fp4(x: np.ndarray) -> np.ndarray:
     """Packed FP4 in uint8 bytes as DeepGEMM's int8 storage (a view of the same bytes); other

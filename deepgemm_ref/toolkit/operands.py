@@ -24,9 +24,9 @@ from .. import formats as fm
 from ..core import Operand
 from ..epilogue import Alpha, Epilogue, FP8Quantization, Identity
 from ..errors import DGArgumentError, arg_error
-from ..layout import check_sf_shape, sf_values
 from ..profiles import Profile
 from .args import BF16, E4M3, F32, I8, I32, U8, align, ceil_div, dtype_name, elem_stride, major_of, packed_fp4
+from .scales import check_sf_shape, sf_values
 from .sizes import INT_MAX
 
 __all__ = [
