@@ -29,23 +29,30 @@ float32 ``b``:
   :data:`HF32_MANTISSA_BITS` = 11 stored mantissa bits, CANN's documented HF32 precision
   ("HF32 shares the same value range with float32, but its mantissa precision (11 bits) is
   close to FP16 (10 bits)": CANN ENABLE_HF32_EXECUTION), :func:`hf32_round`.
+
+Every function reads check -> tasks -> execute: a ``_check_*`` step validates the call for the
+profile the dispatcher hands it and returns a request (:class:`BatchedRequest`,
+:class:`PrenormRequest`), :func:`_batched_tasks` / :func:`_contraction_tasks` /
+:func:`_prenorm_tasks` state the math as executor tasks, and
+:func:`~deepgemm_ref.executor.execute` runs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import core, dryrun
+from . import core
 from . import formats as fm
 from .api import profiled
 from .epilogue import FP8Quantization
 from .errors import arg_error
-from .executor import Collected, Task, legacy_execute
+from .executor import Collected, Fill, Request, Task, execute
 from .interop import to_numpy
-from .profiles import get_profile
+from .profiles import Profile
 from .toolkit.args import BF16, E4M3, F32, I16, as_array, as_pair, elem_stride
 from .toolkit.operands import OUT_DTYPES, OUT_FORMAT, alpha_of, ascend_recipes, cuda_recipes, resolve_scales
 from .toolkit.outputs import check_written, resolve_c
@@ -167,10 +174,90 @@ def _bmm_shapes(func: str, a3: np.ndarray, b3: np.ndarray, d3: np.ndarray) -> tu
 
 
 # ----------------------------------------------------------------------------------------------
+# the request and its tasks
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class BatchedRequest(Request):
+    """A validated batched GEMM: ``d[idx(g)] = out(alpha * A_s[g] @ B_s[g]^T ; c[idx(g)])``.
+
+    a, b:    (batch, M, K) and (batch, N, K) views of the operands (the expression's permutation).
+    scales:  float64 (batch, MN, ceil(K / gran_k)) scales of A and B (None: unscaled bf16).
+    perm_d:  how d's axes map to (batch, M, N) (None: d is not permuted).
+    contraction: 'bmk,bnk->mn': one GEMM over the whole (s, k) contraction into a 2-D d.
+    out, alpha, c: the output format, DeepGEMM-Ascend's alpha and the snapshot of c (d-shaped).
+    sfd:     DeepGEMM-Ascend's FP8 output scales (int16), or None.
+    """
+
+    a: np.ndarray
+    b: np.ndarray
+    scales: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+    gran_k: tuple[int, int] = (0, 0)
+    perm_d: tuple[int, ...] | None
+    contraction: bool = False
+    out: fm.Format
+    alpha: float | None = None
+    c: np.ndarray | None = None
+    sfd: np.ndarray | None = None
+
+
+def _batched_tasks(req: BatchedRequest) -> list[Task | Fill]:
+    """For every batch g: d[idx(g)] = out(alpha * sum_k A[g, m, k] sa[g, m, k // gka]
+    B[g, n, k] sb[g, n, k // gkb] ; c[idx(g)]); FP8 output: the bf16 result quantised per 32
+    columns (:func:`_fp8_quantize_rows`).  An empty batch, M or N computes nothing; an empty K
+    writes c or +0.0 (and zero FP8 scales)."""
+    batch, m, k = req.a.shape
+    n = req.b.shape[1]
+    if batch == 0 or m == 0 or n == 0:
+        return []
+    if k == 0:
+        fills: list[Task | Fill] = []
+        if req.sfd is not None:
+            fills.append(Fill((...,), 0, into=req.sfd, label="empty K: sfd = 0"))
+        if req.c is not None:
+            fills.append(Fill((slice(None),), req.c, label="empty K: d = c"))
+        return fills  # without c, the request's zero rows clear d
+    sa, sb = req.scales
+    tasks: list[Task | Fill] = []
+    for g in range(batch):
+        idx = _batch_index(req.perm_d, g)
+        a = core.Operand(req.a[g], None if sa is None else sa[g], req.gran_k[0])
+        b = core.Operand(req.b[g], None if sb is None else sb[g], req.gran_k[1])
+        if req.sfd is None:
+            tasks.append(Task(a, b, core.OutputStage(req.out, req.alpha, None if req.c is None else req.c[idx]), idx))
+        else:
+            tasks.append(Task(a, b, core.OutputStage(fm.BF16), idx, _fp8_sink(req.d, req.sfd, idx, g, n),
+                              label="matmul, FP8 quantisation"))
+    return tasks
+
+
+def _contraction_tasks(req: BatchedRequest) -> list[Task | Fill]:
+    """'bmk,bnk->mn': d = out(sum_s A[s] @ B[s]^T ; c), one GEMM over the (s, k) contraction
+    (float32 d accumulates into itself, c = d)."""
+    s, m, k = req.a.shape
+    n = req.b.shape[1]
+    if m == 0 or n == 0 or s * k == 0:
+        return []  # an empty contraction: the request's zero rows (bf16 d) or d = c itself (float32)
+    a2 = np.ascontiguousarray(req.a.transpose(1, 0, 2)).reshape(m, s * k)
+    b2 = np.ascontiguousarray(req.b.transpose(1, 0, 2)).reshape(n, s * k)
+    return [Task(core.Operand(a2), core.Operand(b2), core.OutputStage(req.out, None, req.c), (slice(None),))]
+
+
+def _launch(req: BatchedRequest) -> None:
+    execute(req, _contraction_tasks(req) if req.contraction else _batched_tasks(req))
+
+
+def _empty_k_rows(d: np.ndarray, k: int, c: np.ndarray | None) -> np.ndarray | None:
+    """The rows an empty K clears: all of d without c (early_return: d := 0), none otherwise."""
+    return np.ones(d.shape[0], bool) if k == 0 and c is None else None
+
+
+# ----------------------------------------------------------------------------------------------
 # einsum (bf16)
 # ----------------------------------------------------------------------------------------------
 
-def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) -> None:
+def _check_bmk_bnk_mn(profile: Profile, func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray,
+                      c: Any) -> BatchedRequest:
     """'bmk,bnk->mn': D (+)= sum_s A[s] @ B[s]^T over the whole (s, k) contraction."""
     if D.dtype == F32:
         same = c is not None and resolve_c(c, D, func)[1]
@@ -191,19 +278,14 @@ def _bmk_bnk_mn(func: str, A: np.ndarray, B: np.ndarray, D: np.ndarray, c: Any) 
     n = B.shape[1]
     check_written(D, func, "d", inputs=(("a", A), ("b", B)))
     check_matmul(func, "a", m, n, s * k)
-    if m == 0 or n == 0:
-        legacy_execute(func, D, [])
-        return
-    if s * k == 0:
-        legacy_execute(func, D, [], zero=None if D.dtype == F32 else np.ones(m, bool))
-        return
-    a2 = np.ascontiguousarray(A.transpose(1, 0, 2)).reshape(m, s * k)
-    b2 = np.ascontiguousarray(B.transpose(1, 0, 2)).reshape(n, s * k)
-    ep = core.OutputStage(fm.F32, None, np.array(D, copy=True)) if D.dtype == F32 else core.OutputStage(fm.BF16)
-    legacy_execute(func, D, [Task(core.Operand(a2), core.Operand(b2), ep, (slice(None),))])
+    f32 = D.dtype == F32
+    zero = np.ones(m, bool) if m and n and s * k == 0 and not f32 else None
+    return BatchedRequest(func=func, profile=profile, d=D, zero=zero, a=A, b=B, perm_d=None, contraction=True,
+                          out=fm.F32 if f32 else fm.BF16, c=np.array(D, copy=True) if f32 and m and n else None)
 
 
-def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False) -> None:
+def _einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
+                 use_cublaslt: bool = False) -> None:
     """DeepGEMM's bf16 einsum (spec 8.1).
 
     'bmk,bnk->mn': a (S, M, K), b (S, N, K) bfloat16 contiguous; d (M, N): float32 with c = d
@@ -214,7 +296,11 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     d[b, h] = bf16(a[b, h] @ b[h]).  c must be None for these two; use_cublaslt selects
     cuBLASLt on the device (same single rounding here).
     """
-    func = "einsum"
+    _launch(_check_einsum_cuda(profile, "einsum", expr, a, b, d, c, use_cublaslt))
+
+
+def _check_einsum_cuda(profile: Profile, func: str, expr: str, a: Any, b: Any, d: Any, c: Any,
+                       use_cublaslt: Any) -> BatchedRequest:
     A, B, D = as_array(a, func, "a"), as_array(b, func, "b"), as_array(d, func, "d")
     if A.dtype != BF16:
         raise arg_error(func, "a", "dtype bfloat16", A)
@@ -230,8 +316,7 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
     if expr == "bmk,bnk->mn":
         if use_cublaslt:
             raise arg_error(func, "use_cublaslt", "False for 'bmk,bnk->mn'", "True")
-        _bmk_bnk_mn(func, A, B, D, c_arr)
-        return
+        return _check_bmk_bnk_mn(profile, func, A, B, D, c_arr)
     perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_CUDA)
     if c_arr is not None:
         raise arg_error(func, "c", f"None for {expr!r}", c_arr)
@@ -242,12 +327,11 @@ def _einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt:
             raise arg_error(func, name, "a 3-D array with stride(2) == 1", x)
     assert perm_d is not None
     a3, b3, d3 = A.transpose(perm_a), B.transpose(perm_b), D.transpose(perm_d)
-    batch, _m, _n, _k = _bmm_shapes(func, a3, b3, d3)
+    batch, m, n, k = _bmm_shapes(func, a3, b3, d3)
     check_written(D, func, "d", inputs=(("a", A), ("b", B)))
-    check_matmul(func, "a", _m, _n, _k)
-    tasks = [Task(core.Operand(a3[g]), core.Operand(b3[g]), core.OutputStage(fm.BF16), _batch_index(perm_d, g))
-             for g in range(batch)]
-    legacy_execute(func, D, tasks)
+    check_matmul(func, "a", m, n, k)
+    zero = _empty_k_rows(D, k, None) if batch and m and n else None
+    return BatchedRequest(func=func, profile=profile, d=D, zero=zero, a=a3, b=b3, perm_d=perm_d, out=fm.BF16)
 
 
 def _ascend_epilogue(func: str, epilogue: Any, d_dtype: np.dtype, fp8_pair: bool, c: Any,
@@ -275,18 +359,8 @@ def _ascend_epilogue(func: str, epilogue: Any, d_dtype: np.dtype, fp8_pair: bool
     return alpha_of(func, None, epilogue), None
 
 
-def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False,
-                   epilogue: Any = None) -> None:
-    """DeepGEMM-Ascend's bf16 einsum (port 1.7): batched bf16 GEMMs with optional c and alpha.
-
-    'bhr,hdr->bhd': a (B, H, R), b (H, D, R) -> d (B, H, D); 'bhd,hdr->bhr': a (B, H, D),
-    b (H, D, R) -> d (B, H, R); 'bhd,bhr->hdr': a (B, H, D), b (B, H, R) -> d (H, D, R) (the sum
-    over B).  a, b bfloat16 (one of the two last strides 1); d bfloat16 or float32 with
-    stride(-1) == 1; c None, an array of d's shape and dtype, or d itself: d = c + [alpha *] acc
-    (bf16 d: bf16(c + bf16(acc))).  epilogue: Identity() or Alpha(alpha).  use_cublaslt=True
-    raises (not implemented by the port).
-    """
-    func = "einsum"
+def _check_einsum_ascend(profile: Profile, func: str, expr: str, a: Any, b: Any, d: Any, c: Any,
+                         use_cublaslt: Any, epilogue: Any) -> BatchedRequest:
     if not isinstance(use_cublaslt, (bool, np.bool_)):
         raise arg_error(func, "use_cublaslt", "a bool", repr(use_cublaslt))
     if use_cublaslt:
@@ -311,27 +385,23 @@ def _einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublasl
     # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
     # separate c into d first.  Both are accepted here and in fp8_einsum (same result).
     c_val = resolve_c(c, D, func)[0] if c is not None else None
-    if batch == 0 or m == 0 or n == 0:
-        legacy_execute(func, D, [])
-        return
-    if k == 0:
-        _k_zero(func, D, c_val)
-        return
-    out = OUT_FORMAT[D.dtype]
-    tasks = []
-    for g in range(batch):
-        idx = _batch_index(perm_d, g)
-        ep = core.OutputStage(out, alpha, None if c_val is None else c_val[idx])
-        tasks.append(Task(core.Operand(a3[g]), core.Operand(b3[g]), ep, idx))
-    legacy_execute(func, D, tasks)
+    work = batch and m and n
+    return BatchedRequest(func=func, profile=profile, d=D, zero=_empty_k_rows(D, k, c_val) if work else None,
+                          a=a3, b=b3, perm_d=perm_d, out=OUT_FORMAT[D.dtype], alpha=alpha, c=c_val)
 
 
-def _k_zero(func: str, D: np.ndarray, c_val: np.ndarray | None) -> None:
-    """early_return with K == 0: d := c, or 0 without c."""
-    if c_val is None:
-        legacy_execute(func, D, [], zero=np.ones(D.shape[0], bool))
-    else:
-        legacy_execute(func, D, [], fill=[((slice(None),), c_val)])
+def _einsum_ascend(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False,
+                   epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's bf16 einsum (port 1.7): batched bf16 GEMMs with optional c and alpha.
+
+    'bhr,hdr->bhd': a (B, H, R), b (H, D, R) -> d (B, H, D); 'bhd,hdr->bhr': a (B, H, D),
+    b (H, D, R) -> d (B, H, R); 'bhd,bhr->hdr': a (B, H, D), b (B, H, R) -> d (H, D, R) (the sum
+    over B).  a, b bfloat16 (one of the two last strides 1); d bfloat16 or float32 with
+    stride(-1) == 1; c None, an array of d's shape and dtype, or d itself: d = c + [alpha *] acc
+    (bf16 d: bf16(c + bf16(acc))).  epilogue: Identity() or Alpha(alpha).  use_cublaslt=True
+    raises (not implemented by the port).
+    """
+    _launch(_check_einsum_ascend(profile, "einsum", expr, a, b, d, c, use_cublaslt, epilogue))
 
 
 einsum = profiled("einsum", deepgemm=_einsum_cuda, deepgemm_ascend=_einsum_ascend)
@@ -356,21 +426,8 @@ def _fp8_bmm_operands(func: str, a: Any, b: Any, perm_a: tuple[int, ...], perm_b
     return a3, sfa3, b3, sfb3
 
 
-def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
-                     recipe: tuple[int, int, int] = (1, 128, 128)) -> None:
-    """DeepGEMM's FP8 einsum (spec 8.2): a batched FP8 GEMM D[batch] = C[batch] + A[batch] @ B[batch]^T.
-
-    'bhr,hdr->bhd' (sm90, sm100): a = (x (B, H, R) float8_e4m3fn, sfa (B, H, ceil(R / 128))),
-    b = (y (H, D, R), sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, D).
-    'bhd,hdr->bhr' (sm100): a = (x (B, H, D), sfa (B, H, ceil(D / 128))), b = (y (H, D, R),
-    sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, R).
-    'bhd,bhr->hdr' (sm100): a = (x (B, H, D), sfa (ceil(B / gran_k), H, D)), b = (y (B, H, R),
-    sfb (ceil(B / gran_k), H, R)), d (H, D, R) (the sum over B; usually float32 with c = d).
-    Scales follow recipe (gran_m, gran_n, gran_k) as in fp8_fp4_gemm_nt, permuted with the data.
-    d bfloat16 or float32 (sm90: bfloat16, K-major operands, gran_k 128); c as in the dense GEMM.
-    """
-    func = "fp8_einsum"
-    profile = get_profile()
+def _check_fp8_einsum_cuda(profile: Profile, func: str, expr: str, a: Any, b: Any, d: Any, c: Any,
+                           recipe: Any) -> BatchedRequest:
     accepted = profile.rules.fp8_einsum_exprs
     perm_a, perm_b, perm_d = _permutation(func, expr, accepted)
     a3, sfa3, b3, sfb3 = _fp8_bmm_operands(func, a, b, perm_a, perm_b)
@@ -383,13 +440,13 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
         raise arg_error(func, "d", "dtype bfloat16 or float32", D)
     check_written(D, func, "d", inputs=(("a[0]", a3), ("a[1]", sfa3), ("b[0]", b3), ("b[1]", sfb3)))
     check_matmul(func, "a", m, n, k)
+    req = BatchedRequest(func=func, profile=profile, d=D, a=a3, b=b3, perm_d=perm_d, out=OUT_FORMAT[D.dtype])
     if batch == 0 or m == 0 or n == 0:
-        legacy_execute(func, D, [])
-        return
-    c_val = resolve_c(c, D, func)[0] if c is not None else None
+        return req
+    req.c = resolve_c(c, D, func)[0] if c is not None else None
     if k == 0:
-        _k_zero(func, D, c_val)
-        return
+        req.zero = _empty_k_rows(D, k, req.c)
+        return req
     ga, gka, gb, gkb = cuda_recipes(func, sfa3, sfb3, recipe, None, None, profile)
     scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
     scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
@@ -405,14 +462,25 @@ def _fp8_einsum_cuda(expr: str, a: Any, b: Any, d: Any, c: Any = None,
                             repr(recipe))
         # Note: sm90 accepts c but its 1D2D batched kernel has no accumulating epilogue: d ends
         # up bf16(A @ B^T) and c is discarded (spec 8.2); reproduced here rather than rejected.
-        c_val = None
-    out = OUT_FORMAT[D.dtype]
-    tasks = []
-    for g in range(batch):
-        idx = _batch_index(perm_d, g)
-        ep = core.OutputStage(out, None, None if c_val is None else c_val[idx])
-        tasks.append(Task(core.Operand(a3[g], scales_a[g], gka), core.Operand(b3[g], scales_b[g], gkb), ep, idx))
-    legacy_execute(func, D, tasks)
+        req.c = None
+    req.scales, req.gran_k = (scales_a, scales_b), (gka, gkb)
+    return req
+
+
+def _fp8_einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
+                     recipe: tuple[int, int, int] = (1, 128, 128)) -> None:
+    """DeepGEMM's FP8 einsum (spec 8.2): a batched FP8 GEMM D[batch] = C[batch] + A[batch] @ B[batch]^T.
+
+    'bhr,hdr->bhd' (sm90, sm100): a = (x (B, H, R) float8_e4m3fn, sfa (B, H, ceil(R / 128))),
+    b = (y (H, D, R), sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, D).
+    'bhd,hdr->bhr' (sm100): a = (x (B, H, D), sfa (B, H, ceil(D / 128))), b = (y (H, D, R),
+    sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, R).
+    'bhd,bhr->hdr' (sm100): a = (x (B, H, D), sfa (ceil(B / gran_k), H, D)), b = (y (B, H, R),
+    sfb (ceil(B / gran_k), H, R)), d (H, D, R) (the sum over B; usually float32 with c = d).
+    Scales follow recipe (gran_m, gran_n, gran_k) as in fp8_fp4_gemm_nt, permuted with the data.
+    d bfloat16 or float32 (sm90: bfloat16, K-major operands, gran_k 128); c as in the dense GEMM.
+    """
+    _launch(_check_fp8_einsum_cuda(profile, "fp8_einsum", expr, a, b, d, c, recipe))
 
 
 def _check_fp8_output(func: str, d3: np.ndarray, sfd: Any, n: int, m: int, batch: int) -> np.ndarray:
@@ -451,21 +519,8 @@ def _fp8_quantize_rows(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, e.astype(np.uint8)
 
 
-def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
-                       recipe: tuple[int, int, int] = (1, 1, 32), epilogue: Any = None) -> None:
-    """DeepGEMM-Ascend's FP8 einsum (port 1.7, 2.3): MX-scaled batched FP8 GEMMs.
-
-    Expressions and shapes as DeepGEMM's sm100 fp8_einsum; scales per 32 along K (recipe
-    default (1, 1, 32)): float32 powers of two or int16 UE8M0 pairs, permuted with the data.
-    d bfloat16 or float32 (d = c + [alpha *] acc, bf16 d with c: bf16(c + bf16(acc))), or, for
-    'bhr,hdr->bhd' only, FP8 output: d = (D (B, H, D) float8_e4m3fn, SFD int16 (B, H * D / 64))
-    or D with epilogue=FP8Quantization(SFD): acc -> bf16 -> per-32-column UE8M0 scale (floor
-    2^-22) -> E4M3 RN saturating; SFD[b, h * D / 64 + p] packs the scale bytes of columns
-    64p..64p+31 (low byte) and 64p+32..64p+63 (high byte) of head h.  epilogue: Identity(),
-    Alpha(alpha) or FP8Quantization(sfd).
-    """
-    func = "fp8_einsum"
-    profile = get_profile()
+def _check_fp8_einsum_ascend(profile: Profile, func: str, expr: str, a: Any, b: Any, d: Any, c: Any, recipe: Any,
+                             epilogue: Any) -> BatchedRequest:
     perm_a, perm_b, perm_d = _permutation(func, expr, _EXPRS_BATCHED)
     fp8_pair = isinstance(d, (tuple, list))
     if fp8_pair:
@@ -499,33 +554,37 @@ def _fp8_einsum_ascend(expr: str, a: Any, b: Any, d: Any, c: Any = None,
     if sfd is not None:
         check_written(sfd, func, "sfd", inputs=inputs + (("d", D),))
     check_matmul(func, "a", m, n, k)
+    req = BatchedRequest(func=func, profile=profile, d=D, a=a3, b=b3, perm_d=perm_d,
+                         out=fm.BF16 if fp8_out else OUT_FORMAT[D.dtype], alpha=alpha, sfd=sfd)
     if batch == 0:
-        legacy_execute(func, D, [])
-        return
-    c_val = resolve_c(c, D, func)[0] if c is not None else None
+        return req
+    req.c = resolve_c(c, D, func)[0] if c is not None else None
     if m == 0 or n == 0:
-        legacy_execute(func, D, [])
-        return
+        return req
     if k == 0:
-        dryrun.stop()  # validated: a dry run writes nothing
-        if sfd is not None:
-            sfd[...] = 0
-        _k_zero(func, D, c_val)
-        return
+        req.zero = _empty_k_rows(D, k, req.c)
+        return req
     ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, None, None, profile)
-    scales_a = resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False)
-    scales_b = resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True)
-    tasks = []
-    for g in range(batch):
-        idx = _batch_index(perm_d, g)
-        a_op = core.Operand(a3[g], scales_a[g], gka)
-        b_op = core.Operand(b3[g], scales_b[g], gkb)
-        if sfd is None:
-            ep = core.OutputStage(OUT_FORMAT[D.dtype], alpha, None if c_val is None else c_val[idx])
-            tasks.append(Task(a_op, b_op, ep, idx))
-        else:
-            tasks.append(Task(a_op, b_op, core.OutputStage(fm.BF16), idx, _fp8_sink(D, sfd, idx, g, n)))
-    legacy_execute(func, D, tasks)
+    req.scales = (resolve_scales(func, "a[1]", sfa3, m, k, ga, gka, batch, profile, is_b=False),
+                  resolve_scales(func, "b[1]", sfb3, n, k, gb, gkb, batch, profile, is_b=True))
+    req.gran_k = (gka, gkb)
+    return req
+
+
+def _fp8_einsum_ascend(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
+                       recipe: tuple[int, int, int] = (1, 1, 32), epilogue: Any = None) -> None:
+    """DeepGEMM-Ascend's FP8 einsum (port 1.7, 2.3): MX-scaled batched FP8 GEMMs.
+
+    Expressions and shapes as DeepGEMM's sm100 fp8_einsum; scales per 32 along K (recipe
+    default (1, 1, 32)): float32 powers of two or int16 UE8M0 pairs, permuted with the data.
+    d bfloat16 or float32 (d = c + [alpha *] acc, bf16 d with c: bf16(c + bf16(acc))), or, for
+    'bhr,hdr->bhd' only, FP8 output: d = (D (B, H, D) float8_e4m3fn, SFD int16 (B, H * D / 64))
+    or D with epilogue=FP8Quantization(SFD): acc -> bf16 -> per-32-column UE8M0 scale (floor
+    2^-22) -> E4M3 RN saturating; SFD[b, h * D / 64 + p] packs the scale bytes of columns
+    64p..64p+31 (low byte) and 64p+32..64p+63 (high byte) of head h.  epilogue: Identity(),
+    Alpha(alpha) or FP8Quantization(sfd).
+    """
+    _launch(_check_fp8_einsum_ascend(profile, "fp8_einsum", expr, a, b, d, c, recipe, epilogue))
 
 
 def _fp8_sink(D: np.ndarray, sfd: np.ndarray, idx: tuple[Any, ...], g: int, n: int
@@ -559,9 +618,21 @@ def _split_ranges(k: int, block: int, splits: int) -> list[tuple[int, int]]:
     return out
 
 
-def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend: bool) -> None:
-    func = "tf32_hc_prenorm_gemm"
-    profile = get_profile()
+@dataclass(kw_only=True)
+class PrenormRequest(Request):
+    """A validated prenorm GEMM: ``a`` (M, K) bf16, ``b`` (N, K) float32 read as TF32 / HF32, the
+    K ``ranges`` of the splits, and ``sqr_sum`` (the second output, written as (splits, M, 1))."""
+
+    a: np.ndarray
+    b: np.ndarray
+    ranges: list[tuple[int, int]]
+    split_output: bool
+    ascend: bool
+    sqr_sum: np.ndarray
+
+
+def _check_prenorm(profile: Profile, func: str, a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *,
+                   ascend: bool) -> PrenormRequest:
     A, B = as_array(a, func, "a"), as_array(b, func, "b")
     D, S = as_array(d, func, "d"), as_array(sqr_sum, func, "sqr_sum")
     for name, x in (("a", A), ("b", B)):
@@ -598,37 +669,51 @@ def _hc_prenorm(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend
     check_written(D, func, "d", inputs=(("a", A), ("b", B), ("sqr_sum", S)))
     check_written(S, func, "sqr_sum", inputs=(("a", A), ("b", B), ("d", D)))
     check_matmul(func, "a", m, n, k)
-    if m == 0:  # both targets return before their kernel's shape limits are checked
-        return
-    if ascend:
+    # Both targets return before their kernel's shape limits are checked when M == 0.
+    if m and ascend:
         if n > 64 or n % 8 or k % 256:
             raise arg_error(func, "b", "N <= 64, N % 8 == 0 and K % 256 == 0 (DeepGEMM-Ascend)", f"N = {n}, K = {k}")
-    else:
+    elif m:
         n_max = profile.rules.hc_prenorm_n_max
         if n > n_max or n % 8 or k % 64:
             raise arg_error(func, "b", f"N <= {n_max}, N % 8 == 0 and K % 64 == 0 on {profile.name}",
                             f"N = {n}, K = {k}")
-    b_conv = hf32_round(B) if ascend else tf32_truncate(B)
-    a_sq = np.square(A.astype(np.float64))  # exact: 16-bit significands within float64's range
-    ones = np.ones((1, k), np.float32)
-    ranges = _split_ranges(k, 64, splits)
     # Note: a split with no K block (num_splits > K / 64) stores the empty sum 0 here; the device
     # kernel stores an accumulator it never cleared.
-    # sqr_sum: one float32 GEMM per split against a row of ones, into a (splits, M, 1) buffer
-    sq_out = np.empty((splits, m, 1), np.float32)
-    sq_tasks = [Task(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.OutputStage(fm.F32), (s,))
-                for s, (k0, k1) in enumerate(ranges)]
-    sq_col = legacy_execute(func, sq_out, sq_tasks, record_trace=False)
-    # the second output's accumulator and error scale, for the golden workflow
-    extra = {f"sqr_sum.{key}": (arr[0, :, 0] if num_splits is None else arr[:, :, 0])
-             for key, arr in (("acc", sq_col.acc), ("S", sq_col.S)) if arr is not None}
-    tasks = [Task(core.Operand(A[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.OutputStage(fm.F32),
-                  (slice(None),) if num_splits is None else (s,)) for s, (k0, k1) in enumerate(ranges)]
-    legacy_execute(func, D, tasks, extra=extra)
-    S[...] = sq_out[0, :, 0] if num_splits is None else sq_out[:, :, 0]
+    return PrenormRequest(func=func, profile=profile, d=D, a=A, b=B, ranges=_split_ranges(k, 64, splits),
+                          split_output=num_splits is not None, ascend=ascend, sqr_sum=S.reshape(splits, m, 1))
 
 
-def _hc_prenorm_cuda(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
+def _prenorm_tasks(req: PrenormRequest) -> tuple[list[Task], list[Task]]:
+    """(sqr_sum tasks, d tasks) of every K split s = [k0, k1):
+    sqr_sum[s] = f32(sum_{k0 <= k < k1} a[:, k]^2) (a GEMM of a^2, exact in float64, against a row
+    of ones) and d[s] = f32(sum_{k0 <= k < k1} a[:, k] conv(b)[:, k]^T), conv = hf32 / tf32."""
+    if req.a.shape[0] == 0:
+        return [], []
+    k = req.a.shape[1]
+    b_conv = hf32_round(req.b) if req.ascend else tf32_truncate(req.b)
+    a_sq = np.square(req.a.astype(np.float64))  # exact: 16-bit significands within float64's range
+    ones = np.ones((1, k), np.float32)
+    sq = [Task(core.Operand(a_sq[:, k0:k1]), core.Operand(ones[:, : k1 - k0]), core.OutputStage(fm.F32), (s,),
+               label="sqr_sum split")
+          for s, (k0, k1) in enumerate(req.ranges)]
+    gemm = [Task(core.Operand(req.a[:, k0:k1]), core.Operand(b_conv[:, k0:k1]), core.OutputStage(fm.F32),
+                 (s,) if req.split_output else (slice(None),), label="matmul split")
+            for s, (k0, k1) in enumerate(req.ranges)]
+    return sq, gemm
+
+
+def _hc_prenorm(profile: Profile, a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: Any, *, ascend: bool) -> None:
+    req = _check_prenorm(profile, "tf32_hc_prenorm_gemm", a, b, d, sqr_sum, num_splits, ascend=ascend)
+    sq_tasks, tasks = _prenorm_tasks(req)
+    # The second output first: its accumulator and error scale go into the call's one record.
+    sq = execute(Request(func=req.func, profile=req.profile, d=req.sqr_sum), sq_tasks, record_trace=False)
+    extra = {f"sqr_sum.{key}": (arr[0, :, 0] if not req.split_output else arr[:, :, 0])
+             for key, arr in (("acc", sq.acc), ("S", sq.S)) if arr is not None}
+    execute(req, tasks, extra=extra)
+
+
+def _hc_prenorm_cuda(profile: Profile, /, a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
     """DeepGEMM's hyper-connection prenorm GEMM (spec 8.3), split K.
 
     a (M, K) bfloat16 K-major; b (N, K) float32 K-major; d float32 N-major, (M, N) or (S, M, N)
@@ -638,17 +723,18 @@ def _hc_prenorm_cuda(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | Non
     d[s] = f32(sum_{k in split} a[:, k] tf32(b)[:, k]^T), sqr_sum[s] = f32(sum_{k in split} a^2)
     (the caller sums over s).  tf32 = :func:`tf32_truncate`.
     """
-    _hc_prenorm(a, b, d, sqr_sum, num_splits, ascend=False)
+    _hc_prenorm(profile, a, b, d, sqr_sum, num_splits, ascend=False)
 
 
-def _hc_prenorm_ascend(a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
+def _hc_prenorm_ascend(profile: Profile, /, a: Any, b: Any, d: Any, sqr_sum: Any,
+                       num_splits: int | None = None) -> None:
     """DeepGEMM-Ascend's prenorm GEMM (port 1.9, 2.6): HF32 instead of TF32, no split output.
 
     a (M, K) bfloat16; b (N, K) float32; d (M, N) float32 (or (1, M, N) with num_splits=1);
     sqr_sum (M,) (or (1, M)).  N <= 64, N % 8 == 0, K % 256 == 0.
     d = f32(a @ hf32(b)^T), sqr_sum = f32(sum_k a^2), hf32 = :func:`hf32_round`.
     """
-    _hc_prenorm(a, b, d, sqr_sum, num_splits, ascend=True)
+    _hc_prenorm(profile, a, b, d, sqr_sum, num_splits, ascend=True)
 
 
 tf32_hc_prenorm_gemm = profiled("tf32_hc_prenorm_gemm", deepgemm=_hc_prenorm_cuda, deepgemm_ascend=_hc_prenorm_ascend)
@@ -658,8 +744,8 @@ tf32_hc_prenorm_gemm = profiled("tf32_hc_prenorm_gemm", deepgemm=_hc_prenorm_cud
 # DeepGEMM-Ascend's batched GEMMs (its ``_C.fp8_bmm`` / ``_C.bf16_bmm``, gathered by deepgemm_ref._C)
 # ----------------------------------------------------------------------------------------------
 
-def _fp8_bmm(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = (1, 1, 32), compiled_dims: str = "nk",
-             epilogue: Any = None) -> None:
+def _fp8_bmm(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None, recipe: Any = (1, 1, 32),
+             compiled_dims: str = "nk", epilogue: Any = None) -> None:
     """DeepGEMM-Ascend's batched FP8 GEMM behind ``fp8_einsum``: d[i] = c[i] + A[i] @ B[i]^T.
 
     a = (A (batch, M, K) e4m3 or packed FP4, sfa (batch, M, K/32 or K/64 int16)), b likewise with
@@ -673,10 +759,11 @@ def _fp8_bmm(a: Any, b: Any, d: Any, c: Any = None, recipe: Any = (1, 1, 32), co
     a_t = (t(a[0]), t(a[1])) if isinstance(a, (tuple, list)) else a
     d_t = (t(d[0]), d[1]) if isinstance(d, (tuple, list)) else t(d)
     c_t = None if c is None else t(c)
-    fp8_einsum("bhr,hdr->bhd", a_t, b, d_t, c=c_t, recipe=recipe, epilogue=epilogue)
+    _fp8_einsum_ascend(profile, "bhr,hdr->bhd", a_t, b, d_t, c=c_t, recipe=recipe, epilogue=epilogue)
 
 
-def _bf16_bmm(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = "nk", epilogue: Any = None) -> None:
+def _bf16_bmm(profile: Profile, /, a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = "nk",
+              epilogue: Any = None) -> None:
     """DeepGEMM-Ascend's batched BF16 GEMM behind ``einsum``: d[i] = c[i] + A[i] @ B[i]^T.
 
     a (batch, M, K), b (batch, N, K) bf16; d (batch, M, N) bf16 or float32.  Computed as
@@ -685,7 +772,7 @@ def _bf16_bmm(a: Any, b: Any, d: Any, c: Any = None, compiled_dims: str = "nk", 
     def t(x: Any) -> Any:
         return None if x is None else to_numpy(x, "bf16_bmm", "operand").swapaxes(0, 1)
 
-    einsum("bhr,hdr->bhd", t(a), b, t(d), c=t(c), epilogue=epilogue)
+    _einsum_ascend(profile, "bhr,hdr->bhd", t(a), b, t(d), c=t(c), epilogue=epilogue)
 
 
 _BMM_ONLY = {"deepgemm": "a DeepGEMM-Ascend _C addition that DeepGEMM 2.6.1 does not export"}
