@@ -145,6 +145,8 @@ layout                                                 =utils.layout      utils
 ASCEND_NPU_ARCH                                        runtime            -
 set_dry_run                                            runtime            -
 get_dry_run                                            runtime            -
+num_sms                                                runtime            -
+current_mk_alignment                                   runtime            -
 reset_runtime                                          runtime            -
 runtime_state                                          runtime            -
 restore_runtime                                        runtime            -

@@ -28,6 +28,7 @@ their own; callers decide which IEEE exceptions to silence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -69,11 +70,15 @@ U32 = 2.0**-24
 # error bounds
 # ----------------------------------------------------------------------------------------------
 
-def gamma(n: int, u: float = U64) -> float:
+def gamma(n: int, u: float = U64, *, unbounded: bool = False) -> float:
     """Higham's ``gamma_n = n u / (1 - n u)``: the relative error bound of n roundings of unit
-    roundoff ``u`` (float64 by default; ``U32`` for float32).  Requires ``n u < 1``."""
+    roundoff ``u`` (float64 by default; ``U32`` for float32).  Requires ``n u < 1``, unless
+    ``unbounded``: then ``n u >= 1`` gives ``inf`` (no bound: the checker's deterministic bound
+    of a very long or very coarse accumulation)."""
     nu = n * u
     if nu >= 1:
+        if unbounded:
+            return math.inf
         raise ValueError(f"gamma: n u = {nu} must be below 1")
     return nu / (1 - nu)
 

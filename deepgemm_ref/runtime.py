@@ -17,6 +17,7 @@ from . import dryrun, profiles
 from ._state import Setting
 from .api import profiled
 from .errors import DGArgumentError
+from .profiles import Profile
 
 # --- generated from deepgemm_ref._exports.TABLE: do not edit by hand ---
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "ASCEND_NPU_ARCH",
     "set_dry_run",
     "get_dry_run",
+    "num_sms",
+    "current_mk_alignment",
     "reset_runtime",
     "runtime_state",
     "restore_runtime",
@@ -101,28 +104,34 @@ def _int_arg(func: str, arg: str, v: Any) -> int:
 
 # --- SM count ------------------------------------------------------------------------------------
 
-def _set_num_sms_cuda(new_num_sms: int, /) -> None:
+def _set_num_sms_cuda(profile: Profile, new_num_sms: int, /) -> None:
     """Record the SM count used for scheduling (0 means the device's count: 132 on sm90, 148 on sm100)."""
     n = _int_arg("set_num_sms", "new_num_sms", new_num_sms)
-    dev = profiles.get_profile().device_num_sms
+    dev = profile.device_num_sms
     if not 0 <= n <= dev:
         raise DGArgumentError(f"set_num_sms: new_num_sms: expected 0 <= n <= {dev} (the device's SM count); got {n}")
     _set(num_sms=n)
 
 
-def _set_num_sms_ascend(n: int, /) -> None:
+def _set_num_sms_ascend(profile: Profile, n: int, /) -> None:
     """Record the AI-core count used for scheduling (1..32 on Ascend 950; 0 is rejected)."""
     n = _int_arg("set_num_sms", "n", n)
-    dev = profiles.get_profile().device_num_sms
+    dev = profile.device_num_sms
     # DeepGEMM-Ascend rejects 0, which DeepGEMM accepts as "reset to the device count".
     if not 0 < n <= dev:
         raise DGArgumentError(f"set_num_sms: n: expected 0 < n <= {dev} (the device's AI-core count); got {n}")
     _set(num_sms=n)
 
 
-def _get_num_sms() -> int:
+def num_sms(profile: Profile) -> int:
+    """The SM (AI-core) count in force for ``profile``: the recorded one, or the device's count
+    when none was set (what the kernels' schedules use)."""
+    return _runtime.get().num_sms or profile.device_num_sms
+
+
+def _get_num_sms(profile: Profile, /) -> int:
     """The recorded SM (AI-core) count, or the device's count when none was set."""
-    return _runtime.get().num_sms or profiles.get_profile().device_num_sms
+    return num_sms(profile)
 
 
 set_num_sms = profiled("set_num_sms", deepgemm=_set_num_sms_cuda, deepgemm_ascend=_set_num_sms_ascend)
@@ -216,10 +225,10 @@ def _get_mk_alignment_ascend() -> int:
     return ASCEND_MK_ALIGNMENT
 
 
-def _theoretical_cuda(expected_m: int | None = None) -> int:
+def _theoretical_cuda(profile: Profile, /, expected_m: int | None = None) -> int:
     """The alignment DeepGEMM's kernels would pick: 128 on sm90; on sm100 224, shrunk by 32 while
     it stays above 32 and at least ``expected_m`` (the profile's ``theoretical_mk_alignment``)."""
-    v, step = profiles.get_profile().rules.theoretical_mk_alignment
+    v, step = profile.rules.theoretical_mk_alignment
     if expected_m is not None and step:
         while v > 32 and v - step >= expected_m:
             v -= step
@@ -251,9 +260,10 @@ get_theoretical_mk_alignment_for_contiguous_layout = profiled(
 )
 
 
-def current_mk_alignment() -> int:
-    """The alignment in force for the active profile (for the kernels and layout helpers)."""
-    fixed = profiles.get_profile().rules.fixed_mk_alignment
+def current_mk_alignment(profile: Profile | None = None) -> int:
+    """The contiguous-layout alignment in force for ``profile`` (default: the active one), for the
+    kernels and layout helpers."""
+    fixed = (profile or profiles.get_profile()).rules.fixed_mk_alignment
     return _runtime.get().mk_alignment if fixed is None else fixed
 
 

@@ -29,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import core
 from .. import formats as fm
 from ..errors import DGArgumentError
+from ..exact import gamma
 from ..testing.numeric import ulp_distance
+from ..toolkit.operands import OUT_FORMAT
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle
 from .progress import as_progress
@@ -124,18 +125,10 @@ def reports_json(reports: list[CaseReport]) -> str:
     return json.dumps([r.to_json() for r in reports], indent=1, allow_nan=False)
 
 
-_OUT_FMT = {np.dtype(ml_dtypes.bfloat16): fm.BF16, np.dtype(np.float32): fm.F32}
-
-
 def _ulp_out(y: np.ndarray, fmt: fm.Format) -> np.ndarray:
     """Spacing of ``fmt`` at |y| (its subnormal spacing near zero)."""
     _, e = np.frexp(np.where(np.isfinite(y), y, 0.0))  # |y| in [2^(e-1), 2^e)
     return np.ldexp(1.0, np.maximum(e - 1, fmt.min_exponent) - fmt.mantissa_bits)
-
-
-def _gamma(n: int, u: float) -> float:
-    nu = n * u
-    return nu / (1 - nu) if nu < 1 else math.inf
 
 
 def _histogram(d: np.ndarray) -> dict[str, int]:
@@ -174,7 +167,7 @@ def error_bounds(S: np.ndarray, S_hard: np.ndarray | None, y: np.ndarray, c_abs:
         epi = u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
     epi = np.where(np.isfinite(epi), epi, 0.0)
     E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
-    E_hard = _gamma(max(n, 1), u_acc) * (S if S_hard is None else S_hard) + epi
+    E_hard = gamma(max(n, 1), u_acc, unbounded=True) * (S if S_hard is None else S_hard) + epi
     return E, E_hard
 
 
@@ -264,7 +257,7 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
     """:func:`check_case` and the element masks behind its counts (``masks_only``: the counts
     and masks, without the histogram, ``calc_diff``, worst elements and tiles)."""
     gd = golden["main"]
-    fmt = _OUT_FMT.get(gd.dtype)
+    fmt = OUT_FORMAT.get(gd.dtype)
     defined = golden.get("defined")
     defined = np.ones(gd.shape, bool) if defined is None else defined.astype(bool)
     rep = CaseReport(case_id, "pass", undefined=int(defined.size - np.count_nonzero(defined)))
@@ -682,7 +675,7 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
     :func:`output_golden` gives it): ``{"pass": (lo, hi), "warn": (lo, hi), "E": ..., "S": ...}``
     as float64 output values, or None where the output is compared bit for bit."""
     gd = golden["main"]
-    fmt = _OUT_FMT.get(gd.dtype)
+    fmt = OUT_FORMAT.get(gd.dtype)
     if fmt is None or "acc" not in golden or "S" not in golden:
         return None
     ep_desc = check.get("epilogue") or {}
@@ -700,7 +693,7 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
         epi = u_acc * (c_abs + abs(float(y[0]))) * float(check.get("c_epi", 0))
         epi = epi if math.isfinite(epi) else 0.0
         E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
-        E_hard = _gamma(max(n, 1), u_acc) * S_hard + epi
+        E_hard = gamma(max(n, 1), u_acc, unbounded=True) * S_hard + epi
         lo, hi = _interval_codes(ep, y, y_lo, np.array([E]))
         hlo, hhi = _interval_codes(ep, y, y_lo, np.array([E_hard]))
     return {"pass": (float(lo[0]), float(hi[0])), "warn": (float(hlo[0]), float(hhi[0])), "E": E, "E_hard": E_hard,

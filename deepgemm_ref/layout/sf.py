@@ -52,10 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import profiles, runtime
+from .. import runtime
 from ..api import profiled
 from ..errors import arg_error
 from ..interop import Kind, caller_kind, from_numpy, is_tensor
+from ..profiles import Profile
 from ..toolkit.args import (
     F32,
     I16,
@@ -199,7 +200,7 @@ def _pack_int32_mn_major(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return storage, storage.transpose(0, 2, 1)[:, :mn, :]
 
 
-def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: str = "") -> Any:
+def _packed_ue8m0(profile: Profile, func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: str = "") -> Any:
     sf = _float_sf(func, sf_obj)
     b = batched(sf)
     g, mn, sf_k = b.shape
@@ -209,7 +210,7 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
         if g != 1 or not contiguous:
             raise arg_error(func, "sf", "a single contiguous batch when psum_layout is given", sf)
         ends = _psum_ends(func, psum_layout, require_1d=False)
-        alignment = runtime.current_mk_alignment()
+        alignment = runtime.current_mk_alignment(profile)
         if alignment <= 0:
             raise arg_error(func, "psum_layout", "a positive contiguous-layout alignment to place groups",
                             f"get_mk_alignment_for_contiguous_layout() = {alignment}")
@@ -229,7 +230,7 @@ def _packed_ue8m0(func: str, sf_obj: Any, psum_layout: Any, kind: Kind, where: s
     return _to_caller(view[0] if sf.ndim == 2 else view, storage, kind)
 
 
-def _get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: Any, psum_layout: Any = None) -> Any:
+def _get_mn_major_tma_aligned_packed_ue8m0_tensor(profile: Profile, /, sf: Any, psum_layout: Any = None) -> Any:
     """Pack float32 power-of-two SFs into DeepGEMM layout 2 (UE8M0, four per int32, MN-major, TMA-aligned).
 
     sf: float32 (mn, sf_k) or (G, mn, sf_k).  Contiguous, or 2-D MN-major with strides
@@ -248,7 +249,7 @@ def _get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: Any, psum_layout: Any = No
     with (mn * sf_k) % 4 != 0) keeps the exponent field without checking.
     """
     func = "get_mn_major_tma_aligned_packed_ue8m0_tensor"
-    return _packed_ue8m0(func, sf, psum_layout, caller_kind(sf, psum_layout))
+    return _packed_ue8m0(profile, func, sf, psum_layout, caller_kind(sf, psum_layout))
 
 
 def _check_sf_layout_cuda(
@@ -268,6 +269,8 @@ def _check_sf_layout_cuda(
 
 
 def _transform_cuda(
+    profile: Profile,
+    /,
     sf: Any,
     mn: int,
     k: int,
@@ -312,7 +315,7 @@ def _transform_cuda(
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     a = as_array(sf, func, "sf")
     _check_sf_layout_cuda(func, a, mn, k, gran_mn, gran_k, groups)
-    sf_rules = profiles.get_profile().rules.scales
+    sf_rules = profile.rules.scales
     reads_float = sf_rules.float32 == "float"  # sm90's kernels read float32 SFs as they are
     reads_packed = sf_rules.packed == I32  # sm100's kernels read layout 2
     is_float = a.dtype == F32
@@ -340,7 +343,7 @@ def _transform_cuda(
         if gran_mn != 1:
             a = np.ascontiguousarray(a[..., np.arange(mn) // gran_mn, :])
             where = f" of the row-broadcast SFs (row r reads sf row r // {gran_mn})"
-        return _packed_ue8m0(func, a, psum_layout, kind, where)
+        return _packed_ue8m0(profile, func, a, psum_layout, kind, where)
     if not is_float and gran_mn == 1 and gran_k in (32, 128) and reads_packed:
         st = strides(a)
         tma_mn = align(mn, 4)
@@ -355,7 +358,7 @@ def _transform_cuda(
         func, "sf",
         "a known SF transformation (sm90: float32 with gran_k 128 and gran_mn 1 or 128; "
         "sm100: float32 or packed int32 (gran_mn 1) with gran_k 32 or 128)",
-        f"{a.dtype} SFs with gran_mn {gran_mn}, gran_k {gran_k} on {profiles.get_profile().name}",
+        f"{a.dtype} SFs with gran_mn {gran_mn}, gran_k {gran_k} on {profile.name}",
     )
 
 
@@ -364,6 +367,7 @@ def _transform_cuda(
 # ----------------------------------------------------------------------------------------------
 
 def _transform_ascend_impl(
+    profile: Profile,
     func: str,
     sf_obj: Any,
     mn: int,
@@ -432,7 +436,7 @@ def _transform_ascend_impl(
             # Note: the kernel scans the groups in order assuming non-decreasing ends; other
             # layouts have no defined result, so they are rejected here.
             raise arg_error(func, "psum_layout", "non-decreasing end offsets", repr(ends.tolist()))
-        alignment = runtime.current_mk_alignment()
+        alignment = runtime.current_mk_alignment(profile)
         k_major = st[-1] == 1
         # The kernel zeroes gap entries of int16 input only where it clears source rows
         # in its buffer (m-grouped K-major, k-grouped MN-major); in the other two cases its
@@ -464,6 +468,8 @@ def _transform_ascend_impl(
 
 
 def _transform_ascend(
+    profile: Profile,
+    /,
     sf: Any,
     mn: int,
     k: int,
@@ -492,12 +498,12 @@ def _transform_ascend(
     the zeroed gaps; otherwise DGArgumentError (the device asserts).  disable_ue8m0_cast=True
     with float32 SFs is an error.
     """
-    return _transform_ascend_impl("transform_sf_into_required_layout", sf, mn, k, recipe, num_groups, is_sfa,
+    return _transform_ascend_impl(profile, "transform_sf_into_required_layout", sf, mn, k, recipe, num_groups, is_sfa,
                                   disable_ue8m0_cast, psum_layout, "none" if psum_layout is None else "m")
 
 
 def _transform_k_grouped_ascend(
-    sf: Any, mn: int, k: int, recipe: tuple[int, int, int], is_sfa: bool, psum_layout: Any
+    profile: Profile, /, sf: Any, mn: int, k: int, recipe: tuple[int, int, int], is_sfa: bool, psum_layout: Any
 ) -> Any:
     """The k-grouped variant of DeepGEMM-Ascend's transform: same checks, no num_groups.
 
@@ -509,8 +515,8 @@ def _transform_k_grouped_ascend(
     (an int16 K-major input keeps its gap pairs, as the kernel does).
     Returns int16 (mn, ceil(k / 64)) MN-major (strides (1, mn)); see transform_sf_into_required_layout.
     """
-    return _transform_ascend_impl("transform_k_grouped_sf_into_required_layout", sf, mn, k, recipe, None, is_sfa,
-                                  False, psum_layout, "k")
+    return _transform_ascend_impl(profile, "transform_k_grouped_sf_into_required_layout", sf, mn, k, recipe, None,
+                                  is_sfa, False, psum_layout, "k")
 
 
 # ----------------------------------------------------------------------------------------------
