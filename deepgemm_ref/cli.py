@@ -27,6 +27,8 @@ __all__ = ["main"]
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    import deepgemm_ref
+
     from . import names, profiles
 
     print(f"deepgemm_ref {__version__}")
@@ -44,7 +46,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"active arch profile: {p.name} ({p.description})")
     print(f"profiles: {', '.join(profiles.PROFILES)}")
     for target in ("deepgemm", "deepgemm-ascend"):
-        done, missing = names.implementation_status(target)
+        done, missing = names.implementation_status(target, deepgemm_ref)
         label = "DeepGEMM 2.6.1" if target == "deepgemm" else "DeepGEMM-Ascend"
         print(f"\n{label}: {len(done)} of {len(done) + len(missing)} public names implemented")
         if args.verbose:

@@ -60,7 +60,7 @@ def generate() -> str:
                 if entry.module.startswith("deep_gemm.legacy") or entry.qualified in seen:
                     continue
                 seen.add(entry.qualified)
-                obj = names.resolve(entry)
+                obj = names.resolve(entry, dg)
                 ours = entry.qualified.replace("deep_gemm", "deepgemm_ref", 1)
                 if obj is None:
                     out += [f"### `{ours}`", "", "Not provided (see README, 'Not implemented').", ""]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import deepgemm_ref as dg
 from deepgemm_ref.cli import main
 
 
@@ -15,14 +16,14 @@ def test_info(capsys):
     from deepgemm_ref import names
 
     for target in ("deepgemm", "deepgemm-ascend"):
-        done, missing = names.implementation_status(target)
+        done, missing = names.implementation_status(target, dg)
         assert done and all(why for why in missing.values())
         for n, why in missing.items():
             assert f"[ ] {n}: {why}" in out
-    assert set(names.implementation_status("deepgemm")[1]) == {
+    assert set(names.implementation_status("deepgemm", dg)[1]) == {
         "deep_gemm._C.fp8_fp4_mega_moe", "deep_gemm._C.bf16_mega_moe", "deep_gemm.init_dist",
         "deep_gemm.uneven_all_gather"}
-    assert set(names.implementation_status("deepgemm-ascend")[1]) == {"deep_gemm._C.fp8_fp4_mega_moe",
+    assert set(names.implementation_status("deepgemm-ascend", dg)[1]) == {"deep_gemm._C.fp8_fp4_mega_moe",
                                                                        "deep_gemm.testing.envs.init_dist"}
 
 

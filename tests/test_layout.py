@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import deepgemm_ref as dg
 from deepgemm_ref import layout as L
-from deepgemm_ref.toolkit import scales
 from deepgemm_ref.errors import DGArgumentError
+from deepgemm_ref.toolkit import scales
 
 
 def _es(a) -> tuple[int, ...]:

@@ -110,5 +110,5 @@ def test_reference_names_resolve_under_any_profile():
     for arch in ("sm100", "ascend950"):
         with dg.numerics(arch=arch):
             for target in ("deepgemm", "deepgemm-ascend"):
-                done, _ = names.implementation_status(target)
+                done, _ = names.implementation_status(target, dg)
                 assert f"deep_gemm.{'set_pdl' if target == 'deepgemm' else 'set_npu_arch'}" in done

@@ -92,7 +92,7 @@ def test_signature_parity(target, arch):
         for entry in names.reference_entries(target):
             if entry.module.startswith("deep_gemm.legacy"):
                 continue  # the Triton A100 kernels: not emulated (README, "Not implemented")
-            diff = _difference(entry, names.resolve(entry))
+            diff = _difference(entry, names.resolve(entry, dg))
             if diff:
                 actual[entry.qualified] = diff
     undocumented = {k: v for k, v in actual.items() if documented.get(k) != v}
@@ -116,12 +116,12 @@ def test_names_missing_under_the_other_target_raise_saying_so():
 
 @pytest.mark.parametrize("target,arch", [("deepgemm", "sm100"), ("deepgemm-ascend", "ascend950")])
 def test_every_missing_name_raises_not_implemented_with_its_reason(target, arch):
-    _, missing = names.implementation_status(target)
+    _, missing = names.implementation_status(target, dg)
     entries = {e.qualified: e for e in names.reference_entries(target)}
     assert missing
     with dg.numerics(arch=arch):
         for qualified, reason in missing.items():
-            obj = names.resolve(entries[qualified])
+            obj = names.resolve(entries[qualified], dg)
             with pytest.raises(NotImplementedError) as info:
                 obj(*([None] * len(entries[qualified].params)))
             assert reason in str(info.value) and entries[qualified].name in str(info.value)
