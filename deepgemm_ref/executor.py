@@ -61,7 +61,9 @@ class Request:
     profile:    the profile the dispatcher resolved for the call.
     d:          the array the tasks' results go into (the caller's output, or a view of it).
     defined:    bool mask over ``d``'s leading axes (or its whole shape) of the elements the
-                contract defines; ``"all"``: all of ``d``; None: no mask in the record (dense GEMMs).
+                contract defines, or a function making it (called only when a trace capture
+                records the call: an output-sized mask costs nothing otherwise); ``"all"``: all
+                of ``d``; None: no mask in the record (dense GEMMs).
     zero:       bool mask over the same axes: elements that receive +0.0 (the padding policy).
     trace_fill: the trace arrays' value where no task reports one (NaN for MQA logits).
     parallel:   run the tasks on the package's thread pool (their destinations are disjoint).
@@ -70,7 +72,7 @@ class Request:
     func: str
     profile: Profile
     d: np.ndarray
-    defined: np.ndarray | Literal["all"] | None = "all"
+    defined: np.ndarray | Callable[[], np.ndarray] | Literal["all"] | None = "all"
     zero: np.ndarray | None = None
     trace_fill: float = 0.0
     parallel: bool = False
@@ -268,8 +270,8 @@ def execute(
             one(t)
     for f in after:
         _fill(f, d, col)
-    if record_trace:
-        defined = req.defined
+    if record_trace and trace.active() is not None:
+        defined = req.defined() if callable(req.defined) else req.defined
         mask = None if defined is None else _expand(None if isinstance(defined, str) else defined, tuple(d.shape))
         record(req.func, col, mask, extra=extra or {})
     return col

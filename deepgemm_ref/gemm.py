@@ -279,8 +279,12 @@ def _check_skip_head_mid(profile: Profile, func: str, a: Any, b: Any, d: Any, he
                               disable_ue8m0_cast=bool(disable_ue8m0_cast))
     cols = np.arange(n)
     columns = cols + (cols + right) // (left + right) * mid
-    defined = np.zeros(dd.shape, bool)
-    defined[:, columns] = True  # the mid columns of every head are not written
+
+    def defined() -> np.ndarray:  # the mid columns of every head are not written
+        mask = np.zeros(dd.shape, bool)
+        mask[:, columns] = True
+        return mask
+
     return GemmRequest(func=func, profile=profile, d=dd, defined=defined, a=sa, b=sb, scales=(scales_a, scales_b),
                        gran_k=(gka, gkb), output=core.OutputStage(OUT_FORMAT[dd.dtype]), columns=columns)
 
