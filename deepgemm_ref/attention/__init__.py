@@ -53,14 +53,17 @@ Outputs
     error scale ``S = |s_j| sum_h |w_h| sum_d |q_hd k_d| * scales`` on request) per call.
 
 Rooms
-    :mod:`.cuda` and :mod:`.ascend`: each target's argument contracts and translation into a plan;
-    :mod:`.contracts`: the checks and device constants both share; :mod:`.keys`: plain and paged
-    key sources; :mod:`.schedule`: the paged kernels' schedule metadata; :mod:`.reduction`: the
-    device reduction models; :mod:`.logits`: the plan, its tasks through the executor, the exact
-    logits and the outputs.
+    Every kernel reads check -> tasks -> execute.  :mod:`.cuda` and :mod:`.ascend`: each target's
+    check step (argument contracts and translation into a request, for the profile the
+    dispatcher hands the call); :mod:`.contracts`: the checks and device constants both share;
+    :mod:`.keys`: plain and paged key sources; :mod:`.schedule`: the paged kernels' schedule
+    metadata; :mod:`.reduction`: the device reduction models; :mod:`.logits`: the request, its
+    tasks (the logits, then the clean pass as fills) through the executor, the exact logits and
+    the outputs.
 
 Memory is bounded: work is split into tasks of about ``2^21`` query-head x key products (about
-60 MiB each, two in flight), so the peak is the output plus well under 256 MiB for any length.
+60 MiB each, two in flight), so the peak is the output plus well under 256 MiB for any length
+(plus, with ``clean_logits``, the clean pass's bool mask: one byte per output element).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """DeepGEMM-Ascend's MQA logits (profile ``ascend950``; port 1.8, 2.5): argument contracts and translation.
 
 ``fp8_fp4_mqa_logits`` (compressed logits, plain keys) and ``fp8_fp4_paged_mqa_logits`` (a paged
-KV cache in the default or the NZ layout): each validates its arguments as DeepGEMM-Ascend's host
-code does, allocates the 256-aligned output, builds a :class:`Plan` with the ascend reduction and
-calls :func:`.logits.run`.
+KV cache in the default or the NZ layout) read check -> tasks -> execute: the check step
+(:func:`_check_mqa_logits`, :func:`_check_paged`) validates the arguments for the profile the
+dispatcher hands the call, as DeepGEMM-Ascend's host code does, allocates the 256-aligned output
+(where a dry run ends) and returns a :class:`~.logits.LogitsRequest` with the ascend reduction;
+:func:`.logits.launch` runs its tasks through the executor.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import dryrun, runtime
+from .. import dryrun
 from .. import formats as fm
 from ..executor import active_accumulation
 from ..interop import caller_kind, from_numpy
+from ..profiles import Profile
 from ..toolkit.args import (
     BF16,
     E4M3,
@@ -47,12 +50,12 @@ from .contracts import (
     paged_rows,
 )
 from .keys import PagedKeys, PagedLayout, PlainKeys, Queries, ue8m0_scales
-from .logits import Plan, allocate, range_mask, run
-from .schedule import ascend_schedule_checked, runs
+from .logits import LogitsRequest, allocate, launch, range_mask, when_traced
+from .schedule import ascend_schedule_checked, runs, sm_count
 
 
-def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
-                               max_seqlen_k: int) -> Any:
+def _fp8_fp4_mqa_logits_ascend(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
+                               cu_seq_len_k_end: Any, max_seqlen_k: int) -> Any:
     """Lightning-indexer logits on DeepGEMM-Ascend (port 1.8, 2.5): MX-scaled Q and KV, bf16 out.
 
     q = (float8_e4m3fn (T, H, D) or int8 packed E2M1 (T, H, D / 2), int16 UE8M0 pairs
@@ -66,7 +69,14 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
 
     (scales folded into the dot products); the rest of each row is unspecified: NaN here.
     """
-    func = "fp8_fp4_mqa_logits"
+    return launch(_check_mqa_logits(profile, "fp8_fp4_mqa_logits", q, kv, weights, cu_seq_len_k_start,
+                                    cu_seq_len_k_end, max_seqlen_k))
+
+
+def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
+                      cu_seq_len_k_end: Any, max_seqlen_k: Any) -> LogitsRequest:
+    """Validate a plain MQA-logits call; the request carries the fresh output (a dry run returns
+    it here)."""
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
     q_data = packed_fp4(q_data)
@@ -105,13 +115,14 @@ def _fp8_fp4_mqa_logits_ascend(q: Any, kv: Any, weights: Any, cu_seq_len_k_start
     alloc, view = allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
     dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     keys = PlainKeys(kv_data, fp4, ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
-    plan = Plan(func, "ascend", Queries(q_data, fp4, q_scales), keys, w, fm.BF16, ks, ke, ks, active_accumulation())
-    run(plan, view, lambda: range_mask(view.shape, np.zeros_like(ks), ke - ks))
-    return from_numpy(view, kind)
+    defined = when_traced(lambda: range_mask(view.shape, np.zeros_like(ks), ke - ks))
+    return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction="ascend",
+                         queries=Queries(q_data, fp4, q_scales), keys=keys, weights=w, out_fmt=fm.BF16, ks=ks, ke=ke,
+                         shift=ks, accumulation=active_accumulation(profile), alloc=alloc, kind=kind)
 
 
-def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any,
-                                     schedule_meta: Any, max_context_len: int, indices: Any,
+def _fp8_fp4_paged_mqa_logits_ascend(profile: Profile, /, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                                     block_table: Any, schedule_meta: Any, max_context_len: int, indices: Any,
                                      use_ascend_kv_layout: bool = False) -> Any:
     """Lightning-indexer logits against a paged KV cache on DeepGEMM-Ascend (port 1.8, 2.5).
 
@@ -130,7 +141,15 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
 
         logits[r, p] = sum_h w[r, h] * relu(q[r, h] . K[p]),   p < context_lens[r]   (others NaN)
     """
-    func = "fp8_fp4_paged_mqa_logits"
+    return launch(_check_paged(profile, "fp8_fp4_paged_mqa_logits", q, kv_cache, weights, context_lens, block_table,
+                               schedule_meta, max_context_len, indices, use_ascend_kv_layout))
+
+
+def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                 block_table: Any, schedule_meta: Any, max_context_len: Any, indices: Any,
+                 use_ascend_kv_layout: Any) -> LogitsRequest:
+    """Validate a paged MQA-logits call (its schedule for the profile's AI cores); the request
+    carries the fresh output (a dry run returns it here)."""
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
     q_data = packed_fp4(q_data)
@@ -180,9 +199,9 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     check(ctx_a.shape == (rows, 1), func, "context_lens", f"shape ({rows}, 1)", ctx_a)
     check(bt.shape[0] == rows, func, "block_table", f"{rows} rows", bt)
     q_scales = ascend_q_scales(func, q_sf, rows, heads, pairs, four_d=True)
-    cores = int(runtime.get_num_sms())
+    cores = sm_count(profile)
     check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
-    expected = ascend_schedule_checked("get_paged_mqa_logits_metadata", ctx_a, heads, idx)
+    expected = ascend_schedule_checked(profile, "get_paged_mqa_logits_metadata", ctx_a, heads, idx)
     check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)", ctx_a, idx)
 
     ctx = ctx_a.astype(np.int64).reshape(-1)
@@ -194,6 +213,7 @@ def _fp8_fp4_paged_mqa_logits_ascend(q: Any, kv_cache: Any, weights: Any, contex
     layout = PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)
-    plan = Plan(func, "ascend", queries, keys, w, fm.BF16, pr.ks, pr.ke, pr.ks, active_accumulation())
-    run(plan, view, lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
-    return from_numpy(view, kind)
+    defined = when_traced(lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
+    return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction="ascend", queries=queries,
+                         keys=keys, weights=w, out_fmt=fm.BF16, ks=pr.ks, ke=pr.ke, shift=pr.ks,
+                         accumulation=active_accumulation(profile), alloc=alloc, kind=kind)

@@ -1,9 +1,11 @@
 """DeepGEMM's MQA logits (profiles ``sm90``, ``sm100``; spec 9): argument contracts and translation.
 
 ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits`` (plain keys) and ``fp8_fp4_paged_mqa_logits`` /
-``fp8_paged_mqa_logits`` (a paged KV cache): each validates its arguments as DeepGEMM's host code
-does (plus the checks marked ``# Note:``), allocates the padded output, builds a :class:`Plan`
-with the sm90 or sm100 reduction and calls :func:`.logits.run`.
+``fp8_paged_mqa_logits`` (a paged KV cache) read check -> tasks -> execute: the check step
+(:func:`_check_mqa_logits`, :func:`_check_paged`) validates the arguments for the profile the
+dispatcher hands the call, as DeepGEMM's host code does (plus the checks marked ``# Note:``),
+allocates the padded output and returns a :class:`~.logits.LogitsRequest` with the sm90 or sm100
+reduction; :func:`.logits.launch` runs its tasks through the executor.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from .. import formats as fm
-from .. import runtime
 from ..errors import arg_error
 from ..executor import active_accumulation
-from ..interop import caller_kind, from_numpy
-from ..profiles import get_profile
+from ..interop import caller_kind
+from ..profiles import Profile
 from ..toolkit.args import (
     BF16,
     E4M3,
@@ -37,6 +38,7 @@ from ..toolkit.args import (
 )
 from ..toolkit.sizes import size_arg
 from .contracts import (
+    _CLEAN_BLOCK,
     _SPLIT_KV,
     TORCH_FLOAT32,
     check_context_lens_2d,
@@ -52,8 +54,8 @@ from .contracts import (
     paged_rows,
 )
 from .keys import KeySource, PagedKeys, PagedLayout, PlainKeys, Queries, ue8m0_scales
-from .logits import Plan, allocate, clean_columns, range_mask, run
-from .schedule import cuda_schedule, requests
+from .logits import LogitsRequest, allocate, launch, range_mask, when_traced
+from .schedule import cuda_schedule, requests, sm_count
 
 
 def _kv_sf_shape(seq_kv: int) -> str:
@@ -62,7 +64,7 @@ def _kv_sf_shape(seq_kv: int) -> str:
     return f"a 1-D array of shape ({seq_kv},){hint}"
 
 
-def _check_q(func: str, profile: Any, q_data: np.ndarray, q_sf: np.ndarray | None, heads: int, d: int,
+def _check_q(func: str, profile: Profile, q_data: np.ndarray, q_sf: np.ndarray | None, heads: int, d: int,
              what: str) -> None:
     """DeepGEMM's query contract: int8 packed FP4 (sm100, head_dim 64 / 128) when q[1] is given,
     else float8_e4m3fn (head_dim 32 / 64 / 128); the target's head counts; contiguous."""
@@ -78,10 +80,9 @@ def _check_q(func: str, profile: Any, q_data: np.ndarray, q_sf: np.ndarray | Non
     check(is_contiguous(q_data), func, "q[0]", "a contiguous array", q_data)
 
 
-def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
-                     clean_logits: Any, max_seqlen_k: Any, logits_dtype: Any) -> Any:
-    profile = get_profile()
-    rules = profile.rules
+def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
+                      cu_seq_len_k_end: Any, clean_logits: Any, max_seqlen_k: Any, logits_dtype: Any) -> LogitsRequest:
+    """Validate a plain MQA-logits call for ``profile``; the request carries the fresh output."""
     kind = caller_kind(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
     q_data = packed_fp4(q_data)
@@ -147,21 +148,18 @@ def _mqa_logits_cuda(func: str, q: Any, kv: Any, weights: Any, cu_seq_len_k_star
         keys = PlainKeys(kv_data, False, None, kv_sf.astype(np.float64))
         queries = Queries(q_data, False, None)
     shift = ks if max_k > 0 else np.zeros(seq, np.int64)
-    plan = Plan(func, rules.mqa_reduction, queries, keys, w, out, ks, ke, shift, active_accumulation())
-
-    def defined() -> np.ndarray:
-        if max_k == 0 and clean:
-            return np.ones(view.shape, bool)
-        return range_mask(view.shape, ks - shift, ke - shift)
-
-    if max_k == 0 and clean:
-        clean_columns(alloc, seq, seq_kv, ks, ke)
-    run(plan, view, defined, (lambda: ~range_mask(view.shape, ks, ke)) if max_k == 0 and clean else None)
-    return from_numpy(view, kind)
+    cleaned = max_k == 0 and clean
+    # smxx_clean_logits' 8192-column blocks stop at min(ceil(seq_kv / 8192) * 8192, row stride).
+    clean_to = min(align(seq_kv, _CLEAN_BLOCK), stride) if cleaned else None
+    # With cleaning every element is defined (-inf outside [start, end)).
+    defined = when_traced(lambda: "all" if cleaned else range_mask(view.shape, ks - shift, ke - shift))
+    return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction=profile.rules.mqa_reduction,
+                         queries=queries, keys=keys, weights=w, out_fmt=out, ks=ks, ke=ke, shift=shift,
+                         accumulation=active_accumulation(profile), clean_to=clean_to, alloc=alloc, kind=kind)
 
 
-def _fp8_fp4_mqa_logits_cuda(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
-                             clean_logits: bool = True, max_seqlen_k: int = 0,
+def _fp8_fp4_mqa_logits_cuda(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
+                             cu_seq_len_k_end: Any, clean_logits: bool = True, max_seqlen_k: int = 0,
                              logits_dtype: Any = TORCH_FLOAT32) -> Any:
     """Lightning-indexer logits of FP8 or FP4 queries against contiguous keys (DeepGEMM, spec 9.1).
 
@@ -182,23 +180,25 @@ def _fp8_fp4_mqa_logits_cuda(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: 
     With clean_logits (requires max_seqlen_k == 0) every column outside [start, end) is -inf;
     otherwise those entries (and compressed-row tails) are unspecified: NaN here.
     """
-    return _mqa_logits_cuda("fp8_fp4_mqa_logits", q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
-                            clean_logits, max_seqlen_k, logits_dtype)
+    return launch(_check_mqa_logits(profile, "fp8_fp4_mqa_logits", q, kv, weights, cu_seq_len_k_start,
+                                    cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype))
 
 
-def _fp8_mqa_logits_cuda(q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any, cu_seq_len_k_end: Any,
-                         clean_logits: bool = True, max_seqlen_k: int = 0) -> Any:
+def _fp8_mqa_logits_cuda(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
+                         cu_seq_len_k_end: Any, clean_logits: bool = True, max_seqlen_k: int = 0) -> Any:
     """Legacy FP8 MQA logits (spec 9.2): ``fp8_fp4_mqa_logits((q, None), kv, ..., logits_dtype=float32)``.
 
     q: bare float8_e4m3fn (seq_len, H, D); the rest as :func:`fp8_fp4_mqa_logits`.
     """
-    return _mqa_logits_cuda("fp8_mqa_logits", (q, None), kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
-                            clean_logits, max_seqlen_k, TORCH_FLOAT32)
+    return launch(_check_mqa_logits(profile, "fp8_mqa_logits", (q, None), kv, weights, cu_seq_len_k_start,
+                                    cu_seq_len_k_end, clean_logits, max_seqlen_k, TORCH_FLOAT32))
 
 
-def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any,
-                schedule_meta: Any, max_context_len: Any, clean_logits: Any, logits_dtype: Any, indices: Any) -> Any:
-    profile = get_profile()
+def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                 block_table: Any, schedule_meta: Any, max_context_len: Any, clean_logits: Any, logits_dtype: Any,
+                 indices: Any) -> LogitsRequest:
+    """Validate a paged MQA-logits call for ``profile`` (its schedule for the profile's SM count);
+    the request carries the fresh output."""
     rules = profile.rules
     kind = caller_kind(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices)
     q_data, q_sf = as_pair(q, func, "q", sf_optional=True)
@@ -209,7 +209,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
     bt = as_array(block_table, func, "block_table")
     meta = as_array(schedule_meta, func, "schedule_meta")
     idx = as_array(indices, func, "indices", allow_none=True)
-    num_sms = int(runtime.get_num_sms())
+    num_sms = sm_count(profile)
     max_len = size_arg(func, "max_context_len", max_context_len)
     clean = bool_arg(func, "clean_logits", clean_logits)
     out = logits_format(func, logits_dtype)
@@ -256,7 +256,7 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
                         "supported)", "True")
     check(meta.ndim == 2 and meta.shape == (num_sms + 1, 2), func, "schedule_meta",
            f"shape ({num_sms + 1}, 2) (get_num_sms() + 1, 2)", meta)
-    expected = cuda_schedule("get_paged_mqa_logits_metadata", ctx_a, page, num_sms, idx)
+    expected = cuda_schedule(profile, "get_paged_mqa_logits_metadata", ctx_a, page, num_sms, idx)
     check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {page}, {num_sms}, indices)")
 
     ctx = ctx_a.astype(np.int64).reshape(-1)
@@ -276,15 +276,16 @@ def _paged_cuda(func: str, q: Any, kv_cache: Any, weights: Any, context_lens: An
         queries = Queries(q_data.reshape(rows, heads, -1), True, ue8m0_scales(by))
     else:
         queries = Queries(q_data.reshape(rows, heads, d), False, None)
-    plan = Plan(func, rules.mqa_reduction, queries, keys, w, out, pr.ks, pr.ke, pr.ks,
-                 active_accumulation())
-    run(plan, view, lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
-    return from_numpy(view, kind)
+    defined = when_traced(lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
+    return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction=rules.mqa_reduction,
+                         queries=queries, keys=keys, weights=w, out_fmt=out, ks=pr.ks, ke=pr.ke, shift=pr.ks,
+                         accumulation=active_accumulation(profile), alloc=alloc, kind=kind)
 
 
-def _fp8_fp4_paged_mqa_logits_cuda(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any,
-                                   schedule_meta: Any, max_context_len: int, clean_logits: bool = False,
-                                   logits_dtype: Any = TORCH_FLOAT32, indices: Any = None) -> Any:
+def _fp8_fp4_paged_mqa_logits_cuda(profile: Profile, /, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                                   block_table: Any, schedule_meta: Any, max_context_len: int,
+                                   clean_logits: bool = False, logits_dtype: Any = TORCH_FLOAT32,
+                                   indices: Any = None) -> Any:
     """Lightning-indexer logits against a paged KV cache (DeepGEMM, spec 9.4).
 
     q = (float8_e4m3fn (B, N, H, D), None) or (FP4, sm100) (int8 (B, N, H, D / 2), int32 (B, N, H)).
@@ -303,14 +304,14 @@ def _fp8_fp4_paged_mqa_logits_cuda(q: Any, kv_cache: Any, weights: Any, context_
 
     K[p] token p % block_kv of block block_table[row, p // block_kv]; other positions are NaN.
     """
-    return _paged_cuda("fp8_fp4_paged_mqa_logits", q, kv_cache, weights, context_lens, block_table, schedule_meta,
-                       max_context_len, clean_logits, logits_dtype, indices)
+    return launch(_check_paged(profile, "fp8_fp4_paged_mqa_logits", q, kv_cache, weights, context_lens, block_table,
+                               schedule_meta, max_context_len, clean_logits, logits_dtype, indices))
 
 
-def _fp8_paged_mqa_logits_cuda(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_table: Any,
-                               schedule_meta: Any, max_context_len: int, clean_logits: bool = False,
+def _fp8_paged_mqa_logits_cuda(profile: Profile, /, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                               block_table: Any, schedule_meta: Any, max_context_len: int, clean_logits: bool = False,
                                indices: Any = None) -> Any:
     """Legacy FP8 paged MQA logits (spec 9.5): bare float8_e4m3fn q, float32 logits; see
     :func:`fp8_fp4_paged_mqa_logits`."""
-    return _paged_cuda("fp8_paged_mqa_logits", (q, None), kv_cache, weights, context_lens, block_table,
-                       schedule_meta, max_context_len, clean_logits, TORCH_FLOAT32, indices)
+    return launch(_check_paged(profile, "fp8_paged_mqa_logits", (q, None), kv_cache, weights, context_lens,
+                               block_table, schedule_meta, max_context_len, clean_logits, TORCH_FLOAT32, indices))

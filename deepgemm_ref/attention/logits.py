@@ -1,16 +1,19 @@
-"""MQA logits as tasks: the plan, its row groups and key chunks, the exact logits, the outputs.
+"""MQA logits as tasks: the request, its row groups and key chunks, the exact logits, the outputs.
 
-A validated call becomes a :class:`Plan` (queries, a key source, weights, per-row key ranges and
-output placement, the target's reduction, the accumulation).  :func:`run` cuts it into tasks of
-about :data:`TASK_ELEMENTS` query-head x key products, each one executor task whose dot products
-(:func:`deepgemm_ref.core.dot_products`) its sink finishes:
+A validated call is a :class:`LogitsRequest` (queries, a key source, weights, per-row key ranges
+and output placement, the target's reduction, the accumulation, the clean pass).  :func:`_tasks`
+cuts it into tasks of about :data:`TASK_ELEMENTS` query-head x key products, each one executor
+task whose dot products (:func:`deepgemm_ref.core.dot_products`) its sink finishes:
 
 * exact model: ``z = s_j sum_h w_h r_h`` in float64 with a rigorous bound, then
   :func:`deepgemm_ref.certified.round_certified` with a Fraction fallback (:func:`_exact_logits`),
   where ``r_h = relu(x_h)``, or ``bf16(relu(x_h))`` (and ``s_j`` ``bf16(s_j)``) where the target's
   data flow rounds them (:func:`.reduction.data_flow_roundings`: ascend950, sm100 with bf16
   weights), each rounded once from the exact dot product;
-* other models: the target's device reduction (:mod:`.reduction`), rounded once.
+* other models: the target's device reduction (:mod:`.reduction`), rounded once;
+
+then DeepGEMM's clean pass (``clean_logits``) as executor fills of -inf.  :func:`launch` runs them
+through :func:`~deepgemm_ref.executor.execute`, which writes the logits and records the call.
 
 Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in output column
 ``v - shift[i]``.  Memory is bounded: a task's operands exist only while it runs.
@@ -19,51 +22,73 @@ Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
+from typing import Any, Literal
 
 import numpy as np
 
 from .. import core, dryrun, trace
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
-from ..exact import U64, align, gamma
-from ..executor import Collected, Task, legacy_execute, record
+from ..exact import U64, gamma
+from ..executor import Collected, Fill, Item, Request, Task, execute
+from ..interop import Kind, from_numpy
 from .keys import Keys, KeySource, Queries
 from .reduction import data_flow_roundings, model_logits
 
-__all__ = ["Plan", "TASK_ELEMENTS", "run", "allocate", "range_mask", "clean_columns"]
+__all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask", "when_traced"]
 
 #: Query-head x key products per task (one ``scaled_matmul`` call); bounds the working memory.
 TASK_ELEMENTS = 1 << 21
 _MIN_KEYS = 256  # smallest key chunk of a task
 _SLACK_KEYS = 256  # keys per row a row group may compute beyond the rows' own ranges
-_CLEAN_BLOCK = 8192  # smxx_clean_logits' column block
 
 
-@dataclass
-class Plan:
-    """A validated MQA-logits call: operands, per-row key ranges, output placement.
+@dataclass(kw_only=True)
+class LogitsRequest(Request):
+    """A validated MQA-logits call (nothing computed; ``d`` is the fresh output's view, NaN).
 
     Row i (query token) sees virtual keys [ks[i], ke[i]); key v lands in output column
     v - shift[i] (shift 0: column = key index; shift ks: compressed / paged indexing).
+
+    reduction:    the target's head reduction: "sm100", "sm90" or "ascend".
+    queries:      the query rows; keys: where the keys of virtual positions come from (both give
+                  core operands only when a task runs).
+    weights:      (rows, H) float32 or bfloat16 (the caller's view, stride(1) == 1).
+    out_fmt:      the logits' format.
+    accumulation: the accumulation in force for the call (read once, by the check step).
+    clean_to:     with ``clean_logits``: the column where the clean kernel's 8192-column blocks
+                  stop (in the allocation: it may pass the view's width); None: no clean pass.
+    alloc:        the padded allocation ``d`` is a view of; kind: the caller's array kind.
+    The undefined elements' trace value is NaN and the tasks run on the thread pool.
     """
 
-    func: str
-    reduction: str  # "sm100", "sm90" or "ascend"
+    trace_fill: float = float("nan")
+    parallel: bool = True
+    reduction: str
     queries: Queries
     keys: KeySource
-    weights: np.ndarray  # (rows, H) float32 or bfloat16 (caller's view, stride(1) == 1)
+    weights: np.ndarray
     out_fmt: fm.Format
     ks: np.ndarray  # int64 (rows,)
     ke: np.ndarray
     shift: np.ndarray
-    accumulation: core.Accumulation = field(default_factory=core.Accumulation)
+    accumulation: core.Accumulation
+    clean_to: int | None = None
+    alloc: np.ndarray
+    kind: Kind
 
     @property
     def heads(self) -> int:
         return int(self.queries.data.shape[1])
+
+
+def when_traced(defined: Callable[[], np.ndarray | Literal["all"]]) -> np.ndarray | Literal["all"] | None:
+    """A request's ``defined``, built only under a trace capture (its only reader): the mask is
+    output-sized, and a call without a capture does not pay for it (None: nothing recorded)."""
+    return defined() if trace.active() is not None else None
 
 
 def _row_groups(ks: np.ndarray, ke: np.ndarray, heads: int, budget: int) -> list[tuple[int, int, int, int]]:
@@ -99,42 +124,43 @@ def _row_groups(ks: np.ndarray, ke: np.ndarray, heads: int, budget: int) -> list
     return groups
 
 
-def _tasks(plan: Plan, budget: int) -> list[tuple[int, int, int, int]]:
+def _chunks(req: LogitsRequest, budget: int) -> list[tuple[int, int, int, int]]:
+    """(r0, r1, k0, k1): each row group's key span cut into chunks of about ``budget`` products."""
     out = []
-    for r0, r1, lo, hi in _row_groups(plan.ks, plan.ke, plan.heads, budget):
-        n = max(_MIN_KEYS, budget // ((r1 - r0) * plan.heads))
+    for r0, r1, lo, hi in _row_groups(req.ks, req.ke, req.heads, budget):
+        n = max(_MIN_KEYS, budget // ((r1 - r0) * req.heads))
         for k0 in range(lo, hi, n):
             out.append((r0, r1, k0, min(hi, k0 + n)))
     return out
 
 
-def _task(plan: Plan, view: np.ndarray, r0: int, r1: int, k0: int, k1: int) -> Task:
+def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int) -> Task:
     """The task of query rows [r0, r1) against virtual keys [k0, k1): the per-head dot products,
-    finished by the sink into logits (exact, or the target's device model) and written to ``view``."""
-    rows, heads, n = r1 - r0, plan.heads, k1 - k0
-    qop = plan.queries.operand(r0, r1)
-    keys = plan.keys.get(k0, k1)
-    w = plan.weights[r0:r1]
+    finished by the sink into logits (exact, or the target's device model) and written to ``req.d``."""
+    rows, heads, n = r1 - r0, req.heads, k1 - k0
+    qop = req.queries.operand(r0, r1)
+    keys = req.keys.get(k0, k1)
+    w = req.weights[r0:r1]
 
     def sink(prod: core.Products, col: Collected) -> dict[str, int]:
         stats: dict[str, int] = {}
         keys_at = np.arange(k0, k1)[None, :]
-        needed = (keys_at >= plan.ks[r0:r1, None]) & (keys_at < plan.ke[r0:r1, None])
+        needed = (keys_at >= req.ks[r0:r1, None]) & (keys_at < req.ke[r0:r1, None])
         if prod.exact:
-            codes, value = _exact_logits(plan, qop, keys, w, prod.values.reshape(rows, heads, n),
+            codes, value = _exact_logits(req, qop, keys, w, prod.values.reshape(rows, heads, n),
                                          None if prod.err is None else prod.err.reshape(rows, heads, n), needed, stats)
         else:
             x = prod.values.reshape(rows, heads, n)
-            value = model_logits(plan.reduction, x, w, keys.token_scale)
-            codes = fm.round_f64(value, plan.out_fmt).view(plan.out_fmt.code_dtype)
-            stats[str(plan.accumulation.model)] = int(np.count_nonzero(needed))
+            value = model_logits(req.reduction, x, w, keys.token_scale)
+            codes = fm.round_f64(value, req.out_fmt).view(req.out_fmt.code_dtype)
+            stats[str(req.accumulation.model)] = int(np.count_nonzero(needed))
         S = None
         if col.want_S and prod.S is not None:
             S = _logit_error_scale(prod.S.reshape(rows, heads, n), w, keys.token_scale)
         acc_out = col.array("acc") if col.want_acc else None
         S_out = col.array("S") if S is not None else None
-        out_codes = view.view(plan.out_fmt.code_dtype)
-        ks, ke, shift = plan.ks, plan.ke, plan.shift
+        out_codes = req.d.view(req.out_fmt.code_dtype)
+        ks, ke, shift = req.ks, req.ke, req.shift
         for i in range(rows):
             g = r0 + i
             a, b = max(int(ks[g]), k0), min(int(ke[g]), k1)
@@ -148,7 +174,7 @@ def _task(plan: Plan, view: np.ndarray, r0: int, r1: int, k0: int, k1: int) -> T
                 S_out[g, c0:c0 + b - a] = S[i, a - k0:b - k0]
         return stats
 
-    return Task(qop, keys.operand, None, sink=sink)
+    return Task(qop, keys.operand, None, sink=sink, label="MQA logits")
 
 
 def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | None) -> np.ndarray:
@@ -165,7 +191,7 @@ def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | Non
 # the exact model
 # ----------------------------------------------------------------------------------------------
 
-def _exact_logits(plan: Plan, qop: core.Operand, keys: Keys, w: np.ndarray, x: np.ndarray,
+def _exact_logits(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarray, x: np.ndarray,
                   x_err: np.ndarray | None, needed: np.ndarray,
                   stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Correctly rounded codes (rows, n) and float64 values of s_j sum_h w_h relu(x_h).
@@ -177,8 +203,8 @@ def _exact_logits(plan: Plan, qop: core.Operand, keys: Keys, w: np.ndarray, x: n
     """
     rows, heads, n = x.shape
     kop, kvs = keys.operand, keys.token_scale
-    out = plan.out_fmt
-    flow = data_flow_roundings(plan.reduction, w.dtype)
+    out = req.out_fmt
+    flow = data_flow_roundings(req.reduction, w.dtype)
     w64 = w.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
@@ -275,7 +301,7 @@ def _exact_head_dots(qop: core.Operand, kop: core.Operand, i: int, j: int, heads
 
 
 # ----------------------------------------------------------------------------------------------
-# output allocation, cleaning, trace
+# output allocation and masks
 # ----------------------------------------------------------------------------------------------
 
 def allocate(rows_alloc: int, stride: int, rows: int, width: int, out: fm.Format) -> tuple[np.ndarray, np.ndarray]:
@@ -290,39 +316,46 @@ def allocate(rows_alloc: int, stride: int, rows: int, width: int, out: fm.Format
     return alloc, alloc[:rows, :width]
 
 
-def run(plan: Plan, view: np.ndarray, defined: Callable[[], np.ndarray],
-        cleaned: Callable[[], np.ndarray] | None = None) -> None:
-    """Compute every defined logit of the plan into ``view`` through the executor (tasks built as
-    they run, on the package's thread pool) and report the call to an active trace capture.
-
-    ``defined()`` / ``cleaned()`` give the bool masks (view-shaped) of the elements the kernel's
-    contract defines and of those the clean pass set to -inf.
-    """
-    tasks = [partial(_task, plan, view, *t) for t in _tasks(plan, TASK_ELEMENTS)]
-    col = legacy_execute(plan.func, view, tasks, accumulation=plan.accumulation, trace_fill=np.nan, parallel=True,
-                  record_trace=False)
-    if trace.active() is None:
-        return
-    mask = defined()
-    if cleaned is not None:
-        neg = cleaned()
-        if col.acc is not None:
-            col.acc[neg] = -np.inf
-        if col.S is not None:
-            col.S[neg] = 0.0  # written, not computed: no error
-    record(plan.func, col, mask)
-
-
 def range_mask(shape: tuple[int, int], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """bool (rows, width): column c of row i is in [lo[i], hi[i])."""
     cols = np.arange(shape[1])[None, :]
     return (cols >= lo[:, None]) & (cols < hi[:, None])
 
 
-def clean_columns(alloc: np.ndarray, seq: int, seq_kv: int, ks: np.ndarray, ke: np.ndarray) -> None:
-    """smxx_clean_logits: -inf at columns [0, ks) and [ke, right) of every row, where the kernel's
-    8192-column blocks stop at min(ceil(seq_kv / 8192) * 8192, row stride) (beyond the view)."""
-    right = min(align(seq_kv, _CLEAN_BLOCK), alloc.shape[1])
-    for i in range(seq):
-        alloc[i, :int(ks[i])] = -np.inf
-        alloc[i, int(ke[i]):right] = -np.inf
+def _outside(shape: tuple[int, int], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """bool (rows, width): column c of row i is outside [lo[i], hi[i]) (one output-sized mask)."""
+    cols = np.arange(shape[1])[None, :]
+    mask = cols < lo[:, None]
+    mask |= cols >= hi[:, None]
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------
+# the tasks and the launch
+# ----------------------------------------------------------------------------------------------
+
+def _tasks(req: LogitsRequest) -> list[Item]:
+    """logits[i, v - shift_i] = s_v sum_h w[i, h] relu(q[i, h] . k[v])  for keys v in [ks_i, ke_i).
+
+    One task per row group and key chunk (about :data:`TASK_ELEMENTS` query-head x key
+    products), built when it runs (its operands exist only then); the sink finishes the dot
+    products into logits.  Then DeepGEMM's clean pass (smxx_clean_logits, after the logits
+    kernel): -inf at columns [0, ks) and [ke, clean_to) of every row, in the view (the trace
+    reports acc = -inf, S = 0 there) and in the allocation's columns past the view.
+    """
+    items: list[Item] = [partial(_task, req, *chunk) for chunk in _chunks(req, TASK_ELEMENTS)]
+    if req.clean_to is not None:
+        rows, width = req.d.shape
+        outside = _outside(req.d.shape, req.ks - req.shift, req.ke - req.shift)
+        items.append(Fill((outside,), -np.inf, acc=-np.inf, label="clean logits"))
+        if req.clean_to > width:
+            items.append(Fill((slice(0, rows), slice(width, req.clean_to)), -np.inf, into=req.alloc,
+                              label="clean logits: allocation columns past the view"))
+    return items
+
+
+def launch(req: LogitsRequest) -> Any:
+    """The call's tasks through the executor (into ``req.d`` and the trace); the logits view in
+    the caller's kind."""
+    execute(req, _tasks(req), accumulation=req.accumulation)
+    return from_numpy(req.d, req.kind)

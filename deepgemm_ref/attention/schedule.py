@@ -4,7 +4,8 @@ DeepGEMM sm100 (spec 9.3): requests of ``next_n`` rows (or runs of equal ``indic
 ``ceil(ctx / 256) * rows`` per request split evenly over the SMs; sm90: segments times atoms with
 the remainder to the last SMs; DeepGEMM-Ascend (port 2.5): a cost model over 512-token splits,
 balanced over the AI cores.  The logits never depend on the schedule, but the paged kernels
-require the one these functions return.
+require the one these functions return.  The SM (AI-core) count is :func:`sm_count` of the
+profile the dispatcher hands the call.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from .. import runtime
 from ..interop import caller_kind, from_numpy
-from ..profiles import get_profile
+from ..profiles import Profile
 from ..toolkit.args import I32, align, as_array, ceil_div, check, is_contiguous
 from ..toolkit.sizes import check_alloc, size_arg
 from .contracts import (
@@ -28,7 +29,13 @@ from .contracts import (
     check_nonnegative,
 )
 
-__all__ = ["runs", "requests", "cuda_schedule", "ascend_schedule_checked"]
+__all__ = ["sm_count", "runs", "requests", "cuda_schedule", "ascend_schedule_checked"]
+
+
+def sm_count(profile: Profile) -> int:
+    """The SM (AI-core) count the schedules are for: the one recorded with ``set_num_sms``, else
+    ``profile``'s device count (``get_num_sms()``'s rule on both targets)."""
+    return int(runtime.runtime_state().num_sms or profile.device_num_sms)
 
 
 def runs(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,9 +156,9 @@ def _sm90_checked(func: str, ctx_a: np.ndarray, ctx: np.ndarray, next_n: int, sm
 _CUDA_SCHEDULES = {"sm100": _sm100_checked, "sm90": _sm90_checked}
 
 
-def cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, indices: Any) -> np.ndarray:
-    """DeepGEMM's validated schedule (the active profile's rules and schedule kernel)."""
-    profile = get_profile()
+def cuda_schedule(profile: Profile, func: str, context_lens: Any, block_kv: Any, num_sms: Any,
+                  indices: Any) -> np.ndarray:
+    """DeepGEMM's validated schedule (``profile``'s rules and schedule kernel)."""
     rules = profile.rules
     ctx_a = as_array(context_lens, func, "context_lens")
     check_context_lens_2d(func, ctx_a)
@@ -176,7 +183,8 @@ def cuda_schedule(func: str, context_lens: Any, block_kv: Any, num_sms: Any, ind
     return _CUDA_SCHEDULES[rules.paged_schedule](func, ctx_a, ctx, next_n, sms, idx)
 
 
-def _get_paged_mqa_logits_metadata_cuda(context_lens: Any, block_kv: int, num_sms: int, indices: Any = None) -> Any:
+def _get_paged_mqa_logits_metadata_cuda(profile: Profile, /, context_lens: Any, block_kv: int, num_sms: int,
+                                        indices: Any = None) -> Any:
     """The paged kernel's work partition over SMs (DeepGEMM, spec 9.3): int32 (num_sms + 1, 2).
 
     context_lens: int32 (batch_size, next_n), contiguous (2-D only).  block_kv: 32 or 64 (sm100),
@@ -191,10 +199,12 @@ def _get_paged_mqa_logits_metadata_cuda(context_lens: Any, block_kv: int, num_sm
     """
     func = "get_paged_mqa_logits_metadata"
     kind = caller_kind(context_lens, indices)
-    return from_numpy(cuda_schedule(func, context_lens, block_kv, num_sms, indices), kind)
+    return from_numpy(cuda_schedule(profile, func, context_lens, block_kv, num_sms, indices), kind)
 
 
-def ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indices: Any) -> np.ndarray:
+def ascend_schedule_checked(profile: Profile, func: str, context_lens: Any, num_heads: Any,
+                            indices: Any) -> np.ndarray:
+    """DeepGEMM-Ascend's validated schedule over ``profile``'s AI cores (:func:`sm_count`)."""
     ctx_a = as_array(context_lens, func, "context_lens")
     check(ctx_a.ndim == 2 and ctx_a.shape[1] == 1 and is_contiguous(ctx_a) and ctx_a.dtype == I32, func,
            "context_lens", "a contiguous int32 array (num_q_tokens, 1)", ctx_a)
@@ -203,7 +213,7 @@ def ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indice
     check_indices(func, idx, rows)
     heads = size_arg(func, "num_heads", num_heads, minimum=None)
     check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
-    cores = int(runtime.get_num_sms())
+    cores = sm_count(profile)
     check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))
     ub = align(align(8 * rows + 32, 32) + 8 * (cores + 1), 32)
     check(ub <= _ASC_UB_BYTES, func, "context_lens", "num_q_tokens small enough for the schedule kernel's "
@@ -212,7 +222,7 @@ def ascend_schedule_checked(func: str, context_lens: Any, num_heads: Any, indice
     return _ascend_schedule(ctx_a.astype(np.int64).reshape(-1), idx.astype(np.int64), heads, cores)
 
 
-def _get_paged_mqa_logits_metadata_ascend(context_lens: Any, num_heads: int, indices: Any) -> Any:
+def _get_paged_mqa_logits_metadata_ascend(profile: Profile, /, context_lens: Any, num_heads: int, indices: Any) -> Any:
     """The paged kernel's schedule on DeepGEMM-Ascend (port 2.5): int32 (get_num_sms() + 1, 2).
 
     context_lens int32 (B, 1) contiguous; num_heads a multiple of 4 in [4, 64]; indices int32 (B,)
@@ -223,4 +233,4 @@ def _get_paged_mqa_logits_metadata_ascend(context_lens: Any, num_heads: int, ind
     """
     func = "get_paged_mqa_logits_metadata"
     kind = caller_kind(context_lens, indices)
-    return from_numpy(ascend_schedule_checked(func, context_lens, num_heads, indices), kind)
+    return from_numpy(ascend_schedule_checked(profile, func, context_lens, num_heads, indices), kind)
