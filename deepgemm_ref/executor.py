@@ -72,7 +72,7 @@ class Request:
     func: str
     profile: Profile
     d: np.ndarray
-    defined: np.ndarray | Callable[[], np.ndarray] | Literal["all"] | None = "all"
+    defined: np.ndarray | Callable[[], np.ndarray | Literal["all"]] | Literal["all"] | None = "all"
     zero: np.ndarray | None = None
     trace_fill: float = 0.0
     parallel: bool = False

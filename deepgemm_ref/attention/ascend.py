@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import dryrun
+from .. import dryrun, runtime
 from .. import formats as fm
 from ..executor import active_accumulation
 from ..interop import caller_kind, from_numpy
@@ -50,8 +50,8 @@ from .contracts import (
     paged_rows,
 )
 from .keys import PagedKeys, PagedLayout, PlainKeys, Queries, ue8m0_scales
-from .logits import LogitsRequest, allocate, launch, range_mask, when_traced
-from .schedule import ascend_schedule_checked, runs, sm_count
+from .logits import LogitsRequest, allocate, launch, range_mask
+from .schedule import ascend_schedule_checked, runs
 
 
 def _fp8_fp4_mqa_logits_ascend(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
@@ -115,7 +115,9 @@ def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any
     alloc, view = allocate(t_q, align(max_k, _ASC_ROW_ALIGN), t_q, max_k, fm.BF16)
     dryrun.stop(from_numpy(view, kind))  # validated: a dry run returns the allocated logits
     keys = PlainKeys(kv_data, fp4, ue8m0_scales(fm.unpack_ue8m0_int16(kv_sf)), None)
-    defined = when_traced(lambda: range_mask(view.shape, np.zeros_like(ks), ke - ks))
+    def defined() -> np.ndarray:
+        return range_mask(view.shape, np.zeros_like(ks), ke - ks)
+
     return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction="ascend",
                          queries=Queries(q_data, fp4, q_scales), keys=keys, weights=w, out_fmt=fm.BF16, ks=ks, ke=ke,
                          shift=ks, accumulation=active_accumulation(profile), alloc=alloc, kind=kind)
@@ -199,7 +201,7 @@ def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: An
     check(ctx_a.shape == (rows, 1), func, "context_lens", f"shape ({rows}, 1)", ctx_a)
     check(bt.shape[0] == rows, func, "block_table", f"{rows} rows", bt)
     q_scales = ascend_q_scales(func, q_sf, rows, heads, pairs, four_d=True)
-    cores = sm_count(profile)
+    cores = runtime.num_sms(profile)
     check(meta.shape == (cores + 1, 2), func, "schedule_meta", f"shape ({cores + 1}, 2) (get_num_sms() + 1, 2)", meta)
     expected = ascend_schedule_checked(profile, "get_paged_mqa_logits_metadata", ctx_a, heads, idx)
     check_schedule(func, meta, expected, f"get_paged_mqa_logits_metadata(context_lens, {heads}, indices)", ctx_a, idx)
@@ -213,7 +215,9 @@ def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: An
     layout = PagedLayout("ascend_nz" if use_nz else "ascend", page, d_store, sf_bytes)
     keys = PagedKeys(cache, layout, fp4, d, "ascend", bt, pr.bt_rows, pr.base)
     queries = Queries(q_data.reshape(rows, heads, d_store), fp4, q_scales)
-    defined = when_traced(lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
+    def defined() -> np.ndarray:
+        return range_mask(view.shape, np.zeros(rows, np.int64), ctx)
+
     return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction="ascend", queries=queries,
                          keys=keys, weights=w, out_fmt=fm.BF16, ks=pr.ks, ke=pr.ke, shift=pr.ks,
                          accumulation=active_accumulation(profile), alloc=alloc, kind=kind)

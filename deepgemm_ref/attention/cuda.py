@@ -10,11 +10,12 @@ reduction; :func:`.logits.launch` runs its tasks through the executor.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from .. import formats as fm
+from .. import runtime
 from ..errors import arg_error
 from ..executor import active_accumulation
 from ..interop import caller_kind
@@ -54,8 +55,8 @@ from .contracts import (
     paged_rows,
 )
 from .keys import KeySource, PagedKeys, PagedLayout, PlainKeys, Queries, ue8m0_scales
-from .logits import LogitsRequest, allocate, launch, range_mask, when_traced
-from .schedule import cuda_schedule, requests, sm_count
+from .logits import LogitsRequest, allocate, launch, range_mask
+from .schedule import cuda_schedule, requests
 
 
 def _kv_sf_shape(seq_kv: int) -> str:
@@ -152,7 +153,9 @@ def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any
     # smxx_clean_logits' 8192-column blocks stop at min(ceil(seq_kv / 8192) * 8192, row stride).
     clean_to = min(align(seq_kv, _CLEAN_BLOCK), stride) if cleaned else None
     # With cleaning every element is defined (-inf outside [start, end)).
-    defined = when_traced(lambda: "all" if cleaned else range_mask(view.shape, ks - shift, ke - shift))
+    def defined() -> np.ndarray | Literal["all"]:
+        return "all" if cleaned else range_mask(view.shape, ks - shift, ke - shift)
+
     return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction=profile.rules.mqa_reduction,
                          queries=queries, keys=keys, weights=w, out_fmt=out, ks=ks, ke=ke, shift=shift,
                          accumulation=active_accumulation(profile), clean_to=clean_to, alloc=alloc, kind=kind)
@@ -209,7 +212,7 @@ def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: An
     bt = as_array(block_table, func, "block_table")
     meta = as_array(schedule_meta, func, "schedule_meta")
     idx = as_array(indices, func, "indices", allow_none=True)
-    num_sms = sm_count(profile)
+    num_sms = runtime.num_sms(profile)
     max_len = size_arg(func, "max_context_len", max_context_len)
     clean = bool_arg(func, "clean_logits", clean_logits)
     out = logits_format(func, logits_dtype)
@@ -276,7 +279,9 @@ def _check_paged(profile: Profile, func: str, q: Any, kv_cache: Any, weights: An
         queries = Queries(q_data.reshape(rows, heads, -1), True, ue8m0_scales(by))
     else:
         queries = Queries(q_data.reshape(rows, heads, d), False, None)
-    defined = when_traced(lambda: range_mask(view.shape, np.zeros(rows, np.int64), ctx))
+    def defined() -> np.ndarray:
+        return range_mask(view.shape, np.zeros(rows, np.int64), ctx)
+
     return LogitsRequest(func=func, profile=profile, d=view, defined=defined, reduction=rules.mqa_reduction,
                          queries=queries, keys=keys, weights=w, out_fmt=out, ks=pr.ks, ke=pr.ke, shift=pr.ks,
                          accumulation=active_accumulation(profile), alloc=alloc, kind=kind)

@@ -21,15 +21,14 @@ Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from .. import core, dryrun, trace
+from .. import core, dryrun
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import U64, gamma
@@ -38,7 +37,7 @@ from ..interop import Kind, from_numpy
 from .keys import Keys, KeySource, Queries
 from .reduction import data_flow_roundings, model_logits
 
-__all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask", "when_traced"]
+__all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask"]
 
 #: Query-head x key products per task (one ``scaled_matmul`` call); bounds the working memory.
 TASK_ELEMENTS = 1 << 21
@@ -83,12 +82,6 @@ class LogitsRequest(Request):
     @property
     def heads(self) -> int:
         return int(self.queries.data.shape[1])
-
-
-def when_traced(defined: Callable[[], np.ndarray | Literal["all"]]) -> np.ndarray | Literal["all"] | None:
-    """A request's ``defined``, built only under a trace capture (its only reader): the mask is
-    output-sized, and a call without a capture does not pay for it (None: nothing recorded)."""
-    return defined() if trace.active() is not None else None
 
 
 def _row_groups(ks: np.ndarray, ke: np.ndarray, heads: int, budget: int) -> list[tuple[int, int, int, int]]:

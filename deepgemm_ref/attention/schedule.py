@@ -4,7 +4,7 @@ DeepGEMM sm100 (spec 9.3): requests of ``next_n`` rows (or runs of equal ``indic
 ``ceil(ctx / 256) * rows`` per request split evenly over the SMs; sm90: segments times atoms with
 the remainder to the last SMs; DeepGEMM-Ascend (port 2.5): a cost model over 512-token splits,
 balanced over the AI cores.  The logits never depend on the schedule, but the paged kernels
-require the one these functions return.  The SM (AI-core) count is :func:`sm_count` of the
+require the one these functions return.  The SM (AI-core) count is :func:`deepgemm_ref.runtime.num_sms` of the
 profile the dispatcher hands the call.
 """
 
@@ -29,13 +29,7 @@ from .contracts import (
     check_nonnegative,
 )
 
-__all__ = ["sm_count", "runs", "requests", "cuda_schedule", "ascend_schedule_checked"]
-
-
-def sm_count(profile: Profile) -> int:
-    """The SM (AI-core) count the schedules are for: the one recorded with ``set_num_sms``, else
-    ``profile``'s device count (``get_num_sms()``'s rule on both targets)."""
-    return int(runtime.runtime_state().num_sms or profile.device_num_sms)
+__all__ = ["runs", "requests", "cuda_schedule", "ascend_schedule_checked"]
 
 
 def runs(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -204,7 +198,7 @@ def _get_paged_mqa_logits_metadata_cuda(profile: Profile, /, context_lens: Any, 
 
 def ascend_schedule_checked(profile: Profile, func: str, context_lens: Any, num_heads: Any,
                             indices: Any) -> np.ndarray:
-    """DeepGEMM-Ascend's validated schedule over ``profile``'s AI cores (:func:`sm_count`)."""
+    """DeepGEMM-Ascend's validated schedule over ``profile``'s AI cores (:func:`deepgemm_ref.runtime.num_sms`)."""
     ctx_a = as_array(context_lens, func, "context_lens")
     check(ctx_a.ndim == 2 and ctx_a.shape[1] == 1 and is_contiguous(ctx_a) and ctx_a.dtype == I32, func,
            "context_lens", "a contiguous int32 array (num_q_tokens, 1)", ctx_a)
@@ -213,7 +207,7 @@ def ascend_schedule_checked(profile: Profile, func: str, context_lens: Any, num_
     check_indices(func, idx, rows)
     heads = size_arg(func, "num_heads", num_heads, minimum=None)
     check(4 <= heads <= 64 and heads % 4 == 0, func, "num_heads", "a multiple of 4 in [4, 64]", repr(heads))
-    cores = sm_count(profile)
+    cores = runtime.num_sms(profile)
     check(0 < cores < 256, func, "get_num_sms()", "1..255 cores", repr(cores))
     ub = align(align(8 * rows + 32, 32) + 8 * (cores + 1), 32)
     check(ub <= _ASC_UB_BYTES, func, "context_lens", "num_q_tokens small enough for the schedule kernel's "
