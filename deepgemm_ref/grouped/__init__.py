@@ -18,7 +18,13 @@ accumulation model (``exact`` by default: golden values).
 
 Rooms: :mod:`.contiguous` (m-grouped contiguous), :mod:`.masked` (m-grouped masked),
 :mod:`.k_grouped` (k-grouped); the layouts are parsed by :mod:`deepgemm_ref.layout.groups`.
-Each kernel reads: validate -> layout plan -> tasks -> :func:`deepgemm_ref.executor.execute`.
+Each kernel reads check -> tasks -> execute: a ``_check_*`` step validates the call for the
+profile the dispatcher hands it and returns a request (an :class:`~deepgemm_ref.executor.Request`
+carrying the layout plan: runs or K groups, defined and zero rows, the operands and their scales,
+the snapshot of ``c``; nothing computed or written), a ``_tasks`` step states the math as one
+executor task per run or group (and a fill per empty k-group or empty-K early return), and
+:func:`deepgemm_ref.executor.execute` runs them into ``d`` and the trace (one record per call,
+listing the tasks' labels).
 
 Group layouts
 -------------

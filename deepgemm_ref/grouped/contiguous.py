@@ -2,16 +2,20 @@
 
 For every row r of a group g (the layout parsers of :mod:`deepgemm_ref.layout.groups`)::
 
-    d[r, :] = out( sum_k A[r, k] sa[r, k // ga] * B[g][:, k] sb[g][:, k // gb] )
+    d[r, :] = out( alpha * sum_k A[r, k] sa[r, k // ga] * B[g][:, k] sb[g][:, k // gb] )
 
-validate -> layout plan (:class:`~deepgemm_ref.layout.RowGroups`: runs, defined rows, zero rows)
--> one task per run -> :func:`~deepgemm_ref.executor.execute`.  See :mod:`deepgemm_ref.grouped`
-for the layouts and the padding policy.
+(BF16: no scales; ``alpha``: DeepGEMM-Ascend's ``Alpha`` epilogue, else 1.)  Every kernel reads
+check -> tasks -> execute: ``_check_fp8`` / ``_check_bf16`` validate the call for the profile the
+dispatcher hands them and return an :class:`MGroupedRequest` carrying the layout plan
+(:class:`~deepgemm_ref.layout.RowGroups`: runs, defined rows, zero rows), :func:`_tasks`
+states the math as one task per run, and :func:`~deepgemm_ref.executor.execute` runs them into
+``d`` and the trace.  See :mod:`deepgemm_ref.grouped` for the layouts and the padding policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,9 +23,9 @@ import numpy as np
 from .. import core
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import Task, legacy_execute
-from ..profiles import Profile, get_profile
-from ..runtime import current_mk_alignment
+from ..executor import Fill, Request, Task, execute
+from ..profiles import Profile
+from ..runtime import runtime_state
 from ..toolkit.args import (
     F32,
     as_array,
@@ -36,6 +40,7 @@ from ..toolkit.args import (
 from ..toolkit.groups import RowGroups, m_indices_layout, psum_gap_scale_rows, psum_layout
 from ..toolkit.operands import (
     OUT_FORMAT,
+    OperandSpec,
     ab_operand,
     alpha_of,
     bf16_operands,
@@ -53,8 +58,68 @@ __all__ = [
 ]
 
 
-def _alignment(func: str) -> int:
-    v = current_mk_alignment()
+# ----------------------------------------------------------------------------------------------
+# the request and its tasks
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class MGroupedRequest(Request):
+    """A validated m-grouped contiguous GEMM (nothing computed or written).
+
+    layout:  the row groups: runs (group, r0, r1), defined rows (the request's ``defined``) and
+             the rows receiving +0.0 (its ``zero``).
+    a, b:    A (M, K) and B (G, N, K) (FP8, packed FP4 or unscaled BF16).
+    scales:  float64 scales of every row and K block of A and of every B[g] (None: unscaled),
+             with their K block sizes ``gran_k``.
+    output:  the output stage: d's format and DeepGEMM-Ascend's alpha.
+    """
+
+    layout: RowGroups
+    a: OperandSpec
+    b: OperandSpec
+    scales: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+    gran_k: tuple[int, int] = (0, 0)
+    output: core.OutputStage
+
+
+def _tasks(req: MGroupedRequest) -> list[Task | Fill]:
+    """d[r0:r1] = out(alpha * A_s[r0:r1] @ B_s[g]^T) for every run (g, r0, r1): one task per run.
+
+    The rows the padding policy zero-fills get +0.0 (the request's ``zero``); an empty M or N
+    computes nothing; an empty K (DeepGEMM-Ascend's early return) clears all of d.
+    """
+    m, n, k = req.a.mn, req.b.mn, req.a.k
+    if m == 0 or n == 0:
+        return []
+    if k == 0:
+        return [Fill((...,), np.zeros((), req.d.dtype), label="empty K: d = 0 (the early return clears d)")]
+    b_ops: dict[int, core.Operand] = {}
+    tasks: list[Task | Fill] = []
+    for g, r0, r1 in req.layout.runs:
+        if g not in b_ops:
+            b_ops[g] = req.b.operand(req.scales[1], req.gran_k[1], group=g)
+        a_op = req.a.operand(req.scales[0], req.gran_k[0], rows=(r0, r1))
+        tasks.append(Task(a_op, b_ops[g], req.output, (slice(r0, r1),), label=f"group {g}: d[{r0}:{r1}]"))
+    return tasks
+
+
+def _launch(req: MGroupedRequest) -> None:
+    execute(req, _tasks(req))
+
+
+# ----------------------------------------------------------------------------------------------
+# the layout and the shared checks
+# ----------------------------------------------------------------------------------------------
+
+def mk_alignment(profile: Profile) -> int:
+    """The contiguous-layout alignment in force for ``profile`` (fixed by the target, or the
+    recorded ``set_mk_alignment_for_contiguous_layout`` value)."""
+    fixed = profile.rules.fixed_mk_alignment
+    return runtime_state().mk_alignment if fixed is None else fixed
+
+
+def _alignment(profile: Profile, func: str) -> int:
+    v = mk_alignment(profile)
     if v <= 0:
         raise arg_error(func, "grouped_layout", "a positive contiguous-layout alignment",
                         f"get_mk_alignment_for_contiguous_layout() = {v}")
@@ -73,7 +138,7 @@ def _m_grouped_common(
             raise arg_error(func, "use_psum_layout", "True (DeepGEMM-Ascend supports only the psum layout)", "False")
     elif exp_m is not None and not psum:
         raise arg_error(func, "expected_m_for_psum_layout", "None without use_psum_layout", repr(exp_m))
-    alignment = _alignment(func)
+    alignment = _alignment(profile, func)
     if psum:
         ends = int32_vector(func, "grouped_layout", grouped_layout, groups, "psum end offsets, one per group")
         # Note: sm100 with ensure_zero_padding=False stores A_gap @ B_g^T into the gap rows up to
@@ -92,25 +157,34 @@ def _check_mnk(func: str, profile: Profile, n: int, k: int, groups: int, B: np.n
         raise arg_error(func, "b", "N > 0 and K > 0", B)
 
 
-def _m_grouped_early_return(func: str, dd: np.ndarray, layout: RowGroups, m: int, n: int, k: int) -> bool:
-    """M == 0 or N == 0: nothing to do; K == 0 (DeepGEMM-Ascend only): d := 0, all of it (the
-    port's early return clears the whole output)."""
+def _early_return(profile: Profile, func: str, dd: np.ndarray, layout: RowGroups, sa: OperandSpec,
+                  sb: OperandSpec, output: core.OutputStage) -> MGroupedRequest | None:
+    """The request of an early return, checked no further: M == 0 or N == 0 computes nothing (the
+    layout's defined rows in the record); K == 0 (DeepGEMM-Ascend only) clears all of d."""
+    m, n, k = sa.mn, sb.mn, sa.k
     if m == 0 or n == 0:
-        legacy_execute(func, dd, [], defined=layout.defined)
-        return True
+        return MGroupedRequest(func=func, profile=profile, d=dd, defined=layout.defined, layout=layout, a=sa, b=sb,
+                               output=output)
     if k == 0:
-        legacy_execute(func, dd, [], zero=np.ones(m, bool))
-        return True
-    return False
+        return MGroupedRequest(func=func, profile=profile, d=dd, layout=layout, a=sa, b=sb, output=output)
+    return None
 
 
-def _m_grouped_fp8(
-    func: str, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any, recipe_a: Any, recipe_b: Any,
-    compiled_dims: Any, disable_ue8m0_cast: Any, use_psum_layout: Any, ensure_zero_padding: Any,
+def _check_runs(func: str, layout: RowGroups, n: int, k: int) -> None:
+    """The longest run's (rows, K) x (N, K) product within the allocation limit."""
+    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# the check steps
+# ----------------------------------------------------------------------------------------------
+
+def _check_fp8(
+    profile: Profile, func: str, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any, recipe_a: Any,
+    recipe_b: Any, compiled_dims: Any, disable_ue8m0_cast: Any, use_psum_layout: Any, ensure_zero_padding: Any,
     expected_m: Any, epilogue: Any,
-) -> None:
-    """m-grouped contiguous FP8/FP4 GEMM (NT after the NN transposition); both targets."""
-    profile = get_profile()
+) -> MGroupedRequest:
+    """Validate an m-grouped contiguous FP8/FP4 GEMM (NT after the NN transposition); both targets."""
     check_compiled_dims(func, compiled_dims)
     A, sfa = as_pair(a, func, "a", sf_optional=True)
     B, sfb = as_pair(b, func, "b", sf_optional=True)
@@ -135,9 +209,11 @@ def _m_grouped_fp8(
     disable = bool_arg(func, "disable_ue8m0_cast", disable_ue8m0_cast)
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
                                expected_m)
-    if _m_grouped_early_return(func, dd, layout, m, n, k):
-        return
-    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
+    output = core.OutputStage(OUT_FORMAT[dd.dtype], alpha)
+    early = _early_return(profile, func, dd, layout, sa, sb, output)
+    if early is not None:
+        return early
+    _check_runs(func, layout, n, k)
     ga, gka, gb, gkb = recipes(func, sfa, sfb, recipe, recipe_a, recipe_b, profile)
     if rules.fp8_1d2d and gb == 1:
         # Note: DeepGEMM's sm90 m-grouped kernels are 1D2D only and would misread per-row SFB
@@ -148,33 +224,24 @@ def _m_grouped_fp8(
             and ga == 1 and not is_contiguous(sfa)):
         raise arg_error(func, "a[1]", "a contiguous float32 SFA with the psum layout (the SF packer skips "
                         "gap rows)", sfa)
-    alignment = _alignment(func)
-    sfa_read = psum_gap_scale_rows(sfa, layout, m, ga, alignment, rules.psum_sf_gaps)
+    sfa_read = psum_gap_scale_rows(sfa, layout, m, ga, _alignment(profile, func), rules.psum_sf_gaps)
     scales_a = resolve_scales(func, "a[1]", sfa_read, m, k, ga, gka, None, profile, is_b=False,
                               disable_ue8m0_cast=disable)
     scales_b = resolve_scales(func, "b[1]", sfb, n, k, gb, gkb, groups, profile, is_b=True,
                               disable_ue8m0_cast=disable)
-    out = OUT_FORMAT[dd.dtype]
-    b_ops: dict[int, core.Operand] = {}
-    tasks = []
-    for g, r0, r1 in layout.runs:
-        if g not in b_ops:
-            b_ops[g] = sb.operand(scales_b, gkb, group=g)
-        tasks.append(Task(sa.operand(scales_a, gka, rows=(r0, r1)), b_ops[g], core.OutputStage(out, alpha),
-                          (slice(r0, r1),)))
-    legacy_execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+    return MGroupedRequest(func=func, profile=profile, d=dd, defined=layout.defined, zero=layout.zero, layout=layout,
+                           a=sa, b=sb, scales=(scales_a, scales_b), gran_k=(gka, gkb), output=output)
 
 
-def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: Any,
-                    use_psum_layout: Any, ensure_zero_padding: Any, expected_m: Any, epilogue: Any) -> None:
-    """m-grouped contiguous BF16 GEMM (NT after the NN transposition); both targets."""
-    profile = get_profile()
+def _check_bf16(profile: Profile, func: str, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: Any,
+                use_psum_layout: Any, ensure_zero_padding: Any, expected_m: Any, epilogue: Any) -> MGroupedRequest:
+    """Validate an m-grouped contiguous BF16 GEMM (NT after the NN transposition); both targets."""
     check_compiled_dims(func, compiled_dims)
     A = as_array(a, func, "a")
     B = as_array(b, func, "b")
     dd = as_array(d, func, "d")
     alpha = alpha_of(func, None, epilogue) if profile.rules.grouped_epilogue else None
-    major_a, _ = bf16_operands(func, (("a", A, 2), ("b", B, 3)))
+    major_a, major_b = bf16_operands(func, (("a", A, 2), ("b", B, 3)))
     if major_a != "K":
         raise arg_error(func, "a", "a K-major A", "an MN-major A")
     m, k = A.shape
@@ -188,14 +255,20 @@ def _m_grouped_bf16(func: str, a: Any, b: Any, d: Any, grouped_layout: Any, comp
         raise arg_error(func, "a", f"K divisible by {profile.rules.bf16_k_multiple} on {profile.name}", f"K = {k}")
     layout = _m_grouped_common(func, profile, m, groups, grouped_layout, use_psum_layout, ensure_zero_padding,
                                expected_m)
-    if _m_grouped_early_return(func, dd, layout, m, n, k):
-        return
-    check_matmul(func, "a", max(r1 - r0 for _, r0, r1 in layout.runs) if layout.runs else 0, n, k)
-    out = OUT_FORMAT[dd.dtype]
-    tasks = [Task(core.Operand(A[r0:r1]), core.Operand(B[g]), core.OutputStage(out, alpha), (slice(r0, r1),))
-             for g, r0, r1 in layout.runs]
-    legacy_execute(func, dd, tasks, defined=layout.defined, zero=layout.zero)
+    sa = OperandSpec(A, major_a, False, m, k)
+    sb = OperandSpec(B, major_b, False, n, k, groups)
+    output = core.OutputStage(OUT_FORMAT[dd.dtype], alpha)
+    early = _early_return(profile, func, dd, layout, sa, sb, output)
+    if early is not None:
+        return early
+    _check_runs(func, layout, n, k)
+    return MGroupedRequest(func=func, profile=profile, d=dd, defined=layout.defined, zero=layout.zero, layout=layout,
+                           a=sa, b=sb, output=output)
 
+
+# ----------------------------------------------------------------------------------------------
+# the public functions
+# ----------------------------------------------------------------------------------------------
 
 _M_GROUPED_DOC = """{what} m-grouped contiguous GEMM: d[r, :] = out(A[r, :] @ B[g(r)]^T) for every row r of a group.
 
@@ -220,28 +293,28 @@ def _make_m_grouped_fp8(layout: str, ascend: bool) -> Callable[..., None]:
         return transposed_pair(b, name, "b", (1, 2)) if nn else b
 
     if ascend:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None, recipe_a: Any = None,
-                 recipe_b: Any = None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False,
-                 use_psum_layout: bool = True, ensure_zero_padding: bool = True,
-                 expected_m_for_psum_layout: int | None = None, epilogue: Any = None) -> None:
-            _m_grouped_fp8(name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
-                           epilogue)
-    elif nn:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None,  # type: ignore[misc]
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None,
                  recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+                 disable_ue8m0_cast: bool = False, use_psum_layout: bool = True, ensure_zero_padding: bool = True,
+                 expected_m_for_psum_layout: int | None = None, epilogue: Any = None) -> None:
+            _launch(_check_fp8(profile, name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                               disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
+                               epilogue))
+    elif nn:
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any,  # type: ignore[misc]
+                 recipe: Any = None, recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
                  disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
                  ensure_zero_padding: bool = True) -> None:
-            _m_grouped_fp8(name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, None, None)
+            _launch(_check_fp8(profile, name, a, prep(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                               disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, None, None))
     else:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, recipe: Any = None,  # type: ignore[misc]
-                 recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any,  # type: ignore[misc]
+                 recipe: Any = None, recipe_a: Any = None, recipe_b: Any = None, compiled_dims: str = "nk",
                  disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
                  ensure_zero_padding: bool = True, expected_m_for_psum_layout: int | None = None) -> None:
-            _m_grouped_fp8(name, a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                           disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
-                           None)
+            _launch(_check_fp8(profile, name, a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                               disable_ue8m0_cast, use_psum_layout, ensure_zero_padding, expected_m_for_psum_layout,
+                               None))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = _M_GROUPED_DOC.format(
@@ -261,22 +334,22 @@ def _make_m_grouped_bf16(layout: str, ascend: bool) -> Callable[..., None]:
         return transposed(b, name, "b", (1, 2)) if nn else b
 
     if ascend:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",
                  use_psum_layout: bool = True, ensure_zero_padding: bool = True,
                  expected_m_for_psum_layout: int | None = None, epilogue: Any = None) -> None:
-            _m_grouped_bf16(name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
-                            expected_m_for_psum_layout, epilogue)
+            _launch(_check_bf16(profile, name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout,
+                                ensure_zero_padding, expected_m_for_psum_layout, epilogue))
     elif nn:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",  # type: ignore[misc]
-                 use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> None:
-            _m_grouped_bf16(name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
-                            None, None)
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any,  # type: ignore[misc]
+                 compiled_dims: str = "nk", use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> None:
+            _launch(_check_bf16(profile, name, a, prep(b), d, grouped_layout, compiled_dims, use_psum_layout,
+                                ensure_zero_padding, None, None))
     else:
-        def impl(a: Any, b: Any, d: Any, grouped_layout: Any, compiled_dims: str = "nk",  # type: ignore[misc]
-                 use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+        def impl(profile: Profile, /, a: Any, b: Any, d: Any, grouped_layout: Any,  # type: ignore[misc]
+                 compiled_dims: str = "nk", use_psum_layout: bool = False, ensure_zero_padding: bool = True,
                  expected_m_for_psum_layout: int | None = None) -> None:
-            _m_grouped_bf16(name, a, b, d, grouped_layout, compiled_dims, use_psum_layout, ensure_zero_padding,
-                            expected_m_for_psum_layout, None)
+            _launch(_check_bf16(profile, name, a, b, d, grouped_layout, compiled_dims, use_psum_layout,
+                                ensure_zero_padding, expected_m_for_psum_layout, None))
 
     impl.__name__ = impl.__qualname__ = name
     impl.__doc__ = _M_GROUPED_DOC.format(

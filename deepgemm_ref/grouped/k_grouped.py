@@ -6,19 +6,24 @@ For every group g owning the K rows ``K_g`` (the layout parsers of
     d[g] = epilogue( sum_{k in K_g} outer(A[k, :] sa, B[k, :] sb) ; c[g] )
 
 with the dense kernels' ``c`` rules (bf16 ``d``: ``bf16(c + bf16(acc))``; float32 ``d``:
-``f32(c + acc)``) and DeepGEMM-Ascend's ``alpha``.  An empty group keeps ``c[g]`` bit for bit.
+``f32(c + acc)``) and DeepGEMM-Ascend's ``alpha``.  An empty group keeps ``c[g]`` bit for bit;
+an empty K (SUM_K == 0) gives ``d = c``.
 
 Kernels: DeepGEMM's FP8 TN (sm100, spec 7.3), its flat FP8 NT (sm90, spec 7.4), its BF16 TN (both
 arches), and DeepGEMM-Ascend's FP8 / FP4 and BF16 TN with the psum layout (port 1.5, 2.4; its NT
-name transposes and calls TN).  Each validates, builds its K groups, one task per group, and
-calls :func:`~deepgemm_ref.executor.execute`.
+name transposes and calls TN).  Every kernel reads check -> tasks -> execute: a ``_check_*`` step
+validates the call for the profile the dispatcher hands it and returns a :class:`KGroupedRequest`
+(the K groups, each side's data and scales as a :class:`KSide`, the snapshot of ``c``),
+:func:`_tasks` states the math as one task per non-empty group and a fill per empty one, and
+:func:`~deepgemm_ref.executor.execute` runs them into ``d`` and the trace.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -26,9 +31,8 @@ from .. import core
 from .. import formats as fm
 from ..api import profiled
 from ..errors import DGArgumentError, arg_error
-from ..executor import Task, legacy_execute
-from ..profiles import get_profile
-from ..runtime import ASCEND_MK_ALIGNMENT, current_mk_alignment
+from ..executor import Fill, Request, Task, execute
+from ..profiles import Profile
 from ..toolkit.args import (
     BF16,
     E4M3,
@@ -62,8 +66,102 @@ from ..toolkit.operands import (
 from ..toolkit.outputs import Inputs, check_out, input_view, snapshot_c
 from ..toolkit.scales import pack_k_grouped_ue8m0, sf_values
 from ..toolkit.sizes import check_matmul
+from .contiguous import mk_alignment
 
 __all__ = ["k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the request and its tasks
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class KSide:
+    """One operand (A or B) of a k-grouped GEMM: group g's (MN, k_g) core operand of K rows [k0, k1).
+
+    form "rows": ``data`` (SUM_K, MN), K along its rows (DeepGEMM's TN kernels); ``group_scales``
+                 one float64 (MN, ceil(k_g / block)) array per group (the SFs are compact per
+                 group), or None (BF16).
+    form "flat": ``data`` a flat buffer holding group g as an (MN, k_g) row-major matrix at element
+                 MN * k0 (DeepGEMM sm90's NT kernel); ``scales`` float64 (MN, SUM_K / block).
+    form "spec": ``spec`` (MN, K) (DeepGEMM-Ascend, after the transposition: FP8, packed FP4 or
+                 BF16); ``scales`` float64 (MN, ceil(K / block)) indexed by absolute K, or None.
+    """
+
+    form: Literal["rows", "flat", "spec"]
+    data: np.ndarray
+    mn: int
+    block: int = 0
+    scales: np.ndarray | None = None
+    group_scales: Sequence[np.ndarray] | None = None
+    spec: OperandSpec | None = None
+
+    def group(self, g: int, k0: int, k1: int) -> core.Operand:
+        """Group g's operand over the K rows [k0, k1)."""
+        if self.form == "rows":
+            sc = None if self.group_scales is None else self.group_scales[g]
+            return core.Operand(self.data[k0:k1].T, sc, self.block)
+        if self.form == "flat":
+            assert self.scales is not None
+            values = self.data[self.mn * k0:self.mn * k1].reshape(self.mn, k1 - k0)
+            return core.Operand(values, self.scales[:, k0 // self.block:k1 // self.block], self.block)
+        assert self.spec is not None
+        return self.spec.operand(self.scales, self.block, k_range=(k0, k1))
+
+
+@dataclass(kw_only=True)
+class KGroupedRequest(Request):
+    """A validated k-grouped GEMM (nothing computed or written).
+
+    groups:     the K groups: group g's K rows [k0, k1) (``ranges``) and the K extent ``sum_k``.
+    a, b:       the two sides, as each group's (M, k_g) and (N, k_g) operands (data and scales).
+    c:          the snapshot of c (G, M, N) (k-grouped GEMMs require c; it may be d itself).
+    out, alpha: d's format and DeepGEMM-Ascend's alpha (None: 1).
+    """
+
+    groups: KGroups
+    a: KSide
+    b: KSide
+    c: np.ndarray
+    out: fm.Format
+    alpha: float | None = None
+
+
+def _tasks(req: KGroupedRequest) -> list[Task | Fill]:
+    """d[g] = out(alpha * sum_{k0 <= k < k1} outer(A_s[k, :], B_s[k, :]) ; c[g]): one task per group.
+
+    An empty group (k1 == k0) keeps c[g] bit for bit (a fill, before the computed groups); an
+    empty M or N computes nothing; an empty K (SUM_K == 0) writes c into d.
+    """
+    _, m, n = req.d.shape
+    if m == 0 or n == 0:
+        return []
+    if req.groups.sum_k == 0:
+        return [Fill((slice(None),), req.c, label="empty K: d = c")]
+    fills: list[Task | Fill] = []
+    tasks: list[Task | Fill] = []
+    for g, (k0, k1) in enumerate(req.groups.ranges):
+        if k1 <= k0:
+            fills.append(Fill((g,), req.c[g], label=f"empty group {g}: d[{g}] = c[{g}]"))
+        else:
+            tasks.append(Task(req.a.group(g, k0, k1), req.b.group(g, k0, k1),
+                              core.OutputStage(req.out, req.alpha, req.c[g]), (g,), label=f"group {g}: K [{k0}, {k1})"))
+    return fills + tasks
+
+
+def _launch(req: KGroupedRequest) -> None:
+    execute(req, _tasks(req))
+
+
+def _request(profile: Profile, func: str, dd: np.ndarray, kg: KGroups, c_val: np.ndarray, a: KSide, b: KSide,
+             alpha: float | None = None) -> KGroupedRequest:
+    return KGroupedRequest(func=func, profile=profile, d=dd, groups=kg, a=a, b=b, c=c_val, out=OUT_FORMAT[dd.dtype],
+                           alpha=alpha)
+
+
+# ----------------------------------------------------------------------------------------------
+# the shared checks
+# ----------------------------------------------------------------------------------------------
 
 
 def _k_grouped_c(func: str, c: Any, dd: np.ndarray) -> np.ndarray:
@@ -169,42 +267,18 @@ def _fp8_head(func: str, recipe: Any, compiled_dims: Any, use_psum_layout: Any) 
     return r3, psum
 
 
-def _tasks(kg: KGroups, c_val: np.ndarray, make: Callable[[int, int, int], Task]
-           ) -> tuple[list[Task], list[tuple[tuple[Any, ...], np.ndarray]]]:
-    """One task per non-empty K group (``make(g, k0, k1)``); an empty group keeps c[g] bit for bit."""
-    tasks: list[Task] = []
-    fill: list[tuple[tuple[Any, ...], np.ndarray]] = []
-    for g, (k0, k1) in enumerate(kg.ranges):
-        if k1 <= k0:
-            fill.append(((g,), c_val[g]))
-        else:
-            tasks.append(make(g, k0, k1))
-    return tasks, fill
+# ----------------------------------------------------------------------------------------------
+# the check steps
+# ----------------------------------------------------------------------------------------------
 
-
-def _execute(func: str, dd: np.ndarray, kg: KGroups, c_val: np.ndarray,
-             prepare: Callable[[], Callable[[int, int, int], Task]]) -> None:
-    """Execute an FP8 k-grouped GEMM: nothing for an empty d, c copied when SUM_K is 0, else one
-    task per group from ``prepare()`` (which checks and decodes the scales, so only when needed)."""
-    if dd.shape[1] == 0 or dd.shape[2] == 0:
-        legacy_execute(func, dd, [])
-        return
-    if kg.sum_k == 0:
-        legacy_execute(func, dd, [], fill=[((slice(None),), c_val)])
-        return
-    tasks, fill = _tasks(kg, c_val, prepare())
-    legacy_execute(func, dd, tasks, fill=fill)
-
-
-def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
-                            recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> None:
-    """DeepGEMM's FP8 TN k-grouped GEMM (sm100, spec 7.3)."""
-    profile = get_profile()
+def _check_fp8_tn_sm100(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
+                        c: Any, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> KGroupedRequest:
+    """Validate DeepGEMM's FP8 TN k-grouped GEMM (sm100, spec 7.3)."""
     r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     gran_k = r3[2]
     if gran_k not in (32, 128):
         raise arg_error(func, "recipe", "gran_k 32 or 128", repr(recipe))
-    k_alignment = current_mk_alignment()
+    k_alignment = mk_alignment(profile)
     if k_alignment <= 0 or k_alignment % 32:
         raise arg_error(func, "recipe", "a K alignment (get_mk_alignment_for_contiguous_layout()) that is a "
                         "positive multiple of 32", repr(k_alignment))
@@ -222,28 +296,22 @@ def _k_grouped_fp8_tn_sm100(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grou
     if profile.rules.k_grouped_fp8 != "tn":
         raise arg_error(func, "d", "an sm100 device (Unsupported architecture: the FP8 TN k-grouped GEMM is "
                         "sm100-only; use k_grouped_fp8_gemm_nt_contiguous on sm90)", f"profile {profile.name}")
-    def prepare() -> Callable[[int, int, int], Task]:
-        out = OUT_FORMAT[dd.dtype]
+    scales_a = scales_b = None
+    if m and n and kg.sum_k:  # the early returns check no scales
         scales_a = _cuda_k_grouped_scales(func, "a[1]", sfa, m, gl.astype(np.int32), ks, gran_k, k_alignment, psum,
                                           kg)
         scales_b = _cuda_k_grouped_scales(func, "b[1]", sfb, n, gl.astype(np.int32), ks, gran_k, k_alignment, psum,
                                           kg)
-
-        def task(g: int, k0: int, k1: int) -> Task:
-            # Note: with the psum layout the kernel's MMA also consumes the gap rows
-            # [end_g, align(end_g, 32)) (128 when the alignment is a multiple of 128), which the
-            # contract requires to be zero; only the group's rows [start_g, end_g) are used here.
-            return Task(core.Operand(A[k0:k1].T, scales_a[g], gran_k), core.Operand(B[k0:k1].T, scales_b[g], gran_k),
-                        core.OutputStage(out, None, c_val[g]), (g,))
-        return task
-
-    _execute(func, dd, kg, c_val, prepare)
+    # Note: with the psum layout the kernel's MMA also consumes the gap rows
+    # [end_g, align(end_g, 32)) (128 when the alignment is a multiple of 128), which the
+    # contract requires to be zero; only the group's rows [start_g, end_g) are used here.
+    return _request(profile, func, dd, kg, c_val, KSide("rows", A, m, gran_k, group_scales=scales_a),
+                    KSide("rows", B, n, gran_k, group_scales=scales_b))
 
 
-def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
-                           recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> None:
-    """DeepGEMM's flat FP8 NT k-grouped GEMM (sm90, spec 7.4)."""
-    profile = get_profile()
+def _check_fp8_nt_sm90(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
+                       c: Any, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> KGroupedRequest:
+    """Validate DeepGEMM's flat FP8 NT k-grouped GEMM (sm90, spec 7.4)."""
     r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     if r3 != (1, 1, 128):
         raise arg_error(func, "recipe", "(1, 1, 128)", repr(recipe))
@@ -263,38 +331,21 @@ def _k_grouped_fp8_nt_sm90(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, group
     if profile.rules.k_grouped_fp8 != "nt":
         raise arg_error(func, "d", "an sm90 device (Unsupported architecture: the FP8 NT k-grouped GEMM is sm90-only; "
                         "use k_grouped_fp8_gemm_tn_contiguous on sm100)", f"profile {profile.name}")
-    def prepare() -> Callable[[int, int, int], Task]:
+    sva = svb = None
+    if m and n and kg.sum_k:  # the early returns check no scales
         for name, sf, mn in (("a[1]", sfa, m), ("b[1]", sfb, n)):
             if sf is None or sf.dtype != F32 or sf.ndim != 2 or sf.shape != (mn, kg.sum_k // 128):
                 raise arg_error(func, name, f"float32 SFs of shape ({mn}, SUM_K / 128 = {kg.sum_k // 128})", sf)
         sva = sf_values(sfa, m, kg.sum_k, 1, 128, func=func, arg="a[1]")
         svb = sf_values(sfb, n, kg.sum_k, 1, 128, func=func, arg="b[1]")
-        flat_a, flat_b = A.reshape(-1), B.reshape(-1)
-
-        def task(g: int, k0: int, k1: int) -> Task:
-            a_g = flat_a[m * k0:m * k1].reshape(m, k1 - k0)  # group g's A: (M, k_g) row-major at M * prefix_k(g)
-            b_g = flat_b[n * k0:n * k1].reshape(n, k1 - k0)
-            blocks = slice(k0 // 128, k1 // 128)
-            return Task(core.Operand(a_g, sva[:, blocks], 128), core.Operand(b_g, svb[:, blocks], 128),
-                        core.OutputStage(OUT_FORMAT[dd.dtype], None, c_val[g]), (g,))
-        return task
-
-    _execute(func, dd, kg, c_val, prepare)
+    # group g's A: (M, k_g) row-major at element M * prefix_k(g) of the flat buffer (likewise B)
+    return _request(profile, func, dd, kg, c_val, KSide("flat", A.reshape(-1), m, 128, scales=sva),
+                    KSide("flat", B.reshape(-1), n, 128, scales=svb))
 
 
-def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
-                         compiled_dims: str = "mn", use_psum_layout: bool = False) -> None:
-    """BF16 k-grouped GEMM: d[g] = c[g] + A_g^T @ B_g (float32 accumulation).
-
-    a (SUM_K, M), b (SUM_K, N) bfloat16 contiguous; d, c (G, M, N) contiguous, float32 (or
-    bfloat16: bf16(c + bf16(acc))); c is required (pass d itself to accumulate in place).
-    ks_cpu: per-group K sizes, multiples of get_mk_alignment_for_contiguous_layout() (a multiple
-    of 32), or None / [] with use_psum_layout=True; grouped_layout int32 (G,): the same sizes, or
-    psum END offsets along K (group g uses rows [align(end[g-1], alignment), end[g])).
-    sm90: no psum, ks_cpu required, every K size a multiple of 128.  Empty groups keep c[g].
-    """
-    func = "k_grouped_bf16_gemm_tn_contiguous"
-    profile = get_profile()
+def _check_bf16_cuda(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
+                     compiled_dims: Any, use_psum_layout: Any) -> KGroupedRequest:
+    """Validate DeepGEMM's BF16 k-grouped GEMM (both arches)."""
     check_compiled_dims(func, compiled_dims)
     psum = bool_arg(func, "use_psum_layout", use_psum_layout)
     A = as_array(a, func, "a")
@@ -303,7 +354,7 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
     if dd.ndim != 3:
         raise arg_error(func, "d", "a 3-D array (G, M, N)", dd)
     groups, m, n = dd.shape
-    k_alignment = current_mk_alignment()
+    k_alignment = mk_alignment(profile)
     if k_alignment <= 0 or k_alignment % 32:
         raise arg_error(func, "grouped_layout", "a K alignment (get_mk_alignment_for_contiguous_layout()) that is a "
                         "positive multiple of 32", repr(k_alignment))
@@ -327,24 +378,16 @@ def _k_grouped_bf16_cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: An
     if ks and any(k % rules.k_grouped_bf16_k_multiple for k in ks):
         raise arg_error(func, "ks_cpu", f"K sizes divisible by {rules.k_grouped_bf16_k_multiple} on {profile.name}",
                         repr(ks))
-    if m == 0 or n == 0:
-        legacy_execute(func, dd, [])
-        return
-    out = OUT_FORMAT[dd.dtype]
-
-    def task(g: int, k0: int, k1: int) -> Task:
-        # Note: as for the FP8 version, psum gap rows the MMA consumes are not used here.
-        return Task(core.Operand(A[k0:k1].T), core.Operand(B[k0:k1].T), core.OutputStage(out, None, c_val[g]), (g,))
-
-    tasks, fill = _tasks(kg, c_val, task)
-    legacy_execute(func, dd, tasks, fill=fill)
+    # Note: as for the FP8 version, psum gap rows the MMA consumes are not used here.
+    return _request(profile, func, dd, kg, c_val, KSide("rows", A, m), KSide("rows", B, n))
 
 
-def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any, recipe: Any,
-                      compiled_dims: Any, use_psum_layout: Any, epilogue: Any, *, fp8: bool) -> None:
-    """DeepGEMM-Ascend's k-grouped GEMMs (port 1.5, 2.4): a (K, M), b (K, N), psum only."""
+def _check_ascend(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
+                  recipe: Any, compiled_dims: Any, use_psum_layout: Any, epilogue: Any, *,
+                  fp8: bool) -> KGroupedRequest:
+    """Validate DeepGEMM-Ascend's k-grouped GEMMs (port 1.5, 2.4): a (K, M), b (K, N), psum only."""
     check_compiled_dims(func, compiled_dims)
-    profile = get_profile()
+    alignment = mk_alignment(profile)  # fixed: 256
     sfa = sfb = None
     if fp8:
         (A, sfa), (B, sfb) = transposed_pair(a, func, "a", (0, 1)), transposed_pair(b, func, "b", (0, 1))
@@ -385,45 +428,37 @@ def _ascend_k_grouped(func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_la
     c_val = _k_grouped_c(func, c, dd)
     # Note: the newer DeepGEMM-Ascend (787919d) asserts that c is d; the snapshot copies a
     # separate c into d first.  Both are accepted (same result).
-    kg = k_groups_ascend(func, gl, ks, k, ASCEND_MK_ALIGNMENT)
+    kg = k_groups_ascend(func, gl, ks, k, alignment)
     _check_group_products(func, kg, m, n)
     scales_a = scales_b = None
     gka = 32
     if fp8:
         ga, gka, gb, gkb = ascend_recipes(func, None, None, recipe, None, None, profile)
         if m and n and k:
-            sfa_r = psum_gap_scale_blocks(sfa, gl, k, ASCEND_MK_ALIGNMENT)
-            sfb_r = psum_gap_scale_blocks(sfb, gl, k, ASCEND_MK_ALIGNMENT)
+            sfa_r = psum_gap_scale_blocks(sfa, gl, k, alignment)
+            sfb_r = psum_gap_scale_blocks(sfb, gl, k, alignment)
             scales_a = resolve_scales(func, "a[1]", sfa_r, m, k, ga, gka, None, profile, is_b=False)
             scales_b = resolve_scales(func, "b[1]", sfb_r, n, k, gb, gkb, None, profile, is_b=True)
-    if m == 0 or n == 0:
-        legacy_execute(func, dd, [])
-        return
-    if k == 0:
-        legacy_execute(func, dd, [], fill=[((slice(None),), c_val)])
-        return
-    out = OUT_FORMAT[dd.dtype]
+    # group starts are 256-aligned: whole scale blocks (no scales: BF16); both sides use gran_k_a
+    return _request(profile, func, dd, kg, c_val, KSide("spec", sa.data, m, gka, scales=scales_a, spec=sa),
+                    KSide("spec", sb.data, n, gka, scales=scales_b, spec=sb), alpha)
 
-    def task(g: int, k0: int, k1: int) -> Task:
-        # group starts are 256-aligned: whole scale blocks (no scales: BF16)
-        return Task(sa.operand(scales_a, gka, k_range=(k0, k1)), sb.operand(scales_b, gka, k_range=(k0, k1)),
-                    core.OutputStage(out, alpha, c_val[g]), (g,))
 
-    tasks, fill = _tasks(kg, c_val, task)
-    legacy_execute(func, dd, tasks, fill=fill)
-
+# ----------------------------------------------------------------------------------------------
+# the public functions
+# ----------------------------------------------------------------------------------------------
 
 def _make_k_grouped_fp8(layout: str) -> tuple[Callable[..., None], Callable[..., None]]:
     """(DeepGEMM impl, DeepGEMM-Ascend impl) of k_grouped_fp8_gemm_{layout}_contiguous."""
     name = f"k_grouped_fp8_gemm_{layout}_contiguous"
 
-    def cuda(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
+    def cuda(profile: Profile, /, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
              recipe: tuple[int, int, int] = (1, 1, 128), compiled_dims: str = "mn",
              use_psum_layout: bool = False) -> None:
-        kernel = _k_grouped_fp8_nt_sm90 if layout == "nt" else _k_grouped_fp8_tn_sm100
-        kernel(name, a, b, d, ks_cpu, grouped_layout, c, recipe, compiled_dims, use_psum_layout)
+        check = _check_fp8_nt_sm90 if layout == "nt" else _check_fp8_tn_sm100
+        _launch(check(profile, name, a, b, d, ks_cpu, grouped_layout, c, recipe, compiled_dims, use_psum_layout))
 
-    def ascend(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
+    def ascend(profile: Profile, /, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
                recipe: tuple[int, int, int] = (1, 1, 32), compiled_dims: str = "mn",
                use_psum_layout: bool = True, epilogue: Any = None) -> None:
         if layout == "nt":
@@ -432,8 +467,8 @@ def _make_k_grouped_fp8(layout: str) -> tuple[Callable[..., None], Callable[...,
                           DeprecationWarning, stacklevel=3)
             a = transposed_pair(a, name, "a", (0, 1))
             b = transposed_pair(b, name, "b", (0, 1))
-        _ascend_k_grouped(name, a, b, d, ks_cpu, grouped_layout, c, recipe, compiled_dims, use_psum_layout, epilogue,
-                          fp8=True)
+        _launch(_check_ascend(profile, name, a, b, d, ks_cpu, grouped_layout, c, recipe, compiled_dims, use_psum_layout,
+                              epilogue, fp8=True))
 
     cuda.__name__ = cuda.__qualname__ = ascend.__name__ = ascend.__qualname__ = name
     if layout == "tn":
@@ -470,16 +505,32 @@ def _make_k_grouped_fp8(layout: str) -> tuple[Callable[..., None], Callable[...,
     return cuda, ascend
 
 
-def _k_grouped_bf16_ascend(a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any = None,
-                           compiled_dims: str = "mn", use_psum_layout: bool = True, epilogue: Any = None) -> None:
+def _k_grouped_bf16_cuda(profile: Profile, /, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
+                         c: Any = None, compiled_dims: str = "mn", use_psum_layout: bool = False) -> None:
+    """BF16 k-grouped GEMM: d[g] = c[g] + A_g^T @ B_g (float32 accumulation).
+
+    a (SUM_K, M), b (SUM_K, N) bfloat16 contiguous; d, c (G, M, N) contiguous, float32 (or
+    bfloat16: bf16(c + bf16(acc))); c is required (pass d itself to accumulate in place).
+    ks_cpu: per-group K sizes, multiples of get_mk_alignment_for_contiguous_layout() (a multiple
+    of 32), or None / [] with use_psum_layout=True; grouped_layout int32 (G,): the same sizes, or
+    psum END offsets along K (group g uses rows [align(end[g-1], alignment), end[g])).
+    sm90: no psum, ks_cpu required, every K size a multiple of 128.  Empty groups keep c[g].
+    """
+    _launch(_check_bf16_cuda(profile, "k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c,
+                             compiled_dims, use_psum_layout))
+
+
+def _k_grouped_bf16_ascend(profile: Profile, /, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
+                           c: Any = None, compiled_dims: str = "mn", use_psum_layout: bool = True,
+                           epilogue: Any = None) -> None:
     """BF16 k-grouped GEMM (DeepGEMM-Ascend): d[g] = c[g] + [alpha *] A_g^T @ B_g.
 
     a (K, M), b (K, N) bfloat16 row-major; grouped_layout int32 psum END offsets along K (group
     g uses rows [align(end[g-1], 256), end[g])); ks_cpu None or the groups' K sizes; d, c
     (G, M, N) bfloat16 or float32, c required (may be d); epilogue Identity() or Alpha(alpha).
     """
-    _ascend_k_grouped("k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c, None, compiled_dims,
-                      use_psum_layout, epilogue, fp8=False)
+    _launch(_check_ascend(profile, "k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c, None,
+                          compiled_dims, use_psum_layout, epilogue, fp8=False))
 
 
 _kg_tn_cuda, _kg_tn_ascend = _make_k_grouped_fp8("tn")
