@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import dryrun, profiles
+from . import dryrun
 from ._state import Setting
 from .api import profiled
 from .errors import DGArgumentError
@@ -260,10 +260,10 @@ get_theoretical_mk_alignment_for_contiguous_layout = profiled(
 )
 
 
-def current_mk_alignment(profile: Profile | None = None) -> int:
-    """The contiguous-layout alignment in force for ``profile`` (default: the active one), for the
-    kernels and layout helpers."""
-    fixed = (profile or profiles.get_profile()).rules.fixed_mk_alignment
+def current_mk_alignment(profile: Profile) -> int:
+    """The contiguous-layout alignment in force for ``profile`` (fixed by the target, or the
+    recorded ``set_mk_alignment_for_contiguous_layout`` value), for the kernels and layout helpers."""
+    fixed = profile.rules.fixed_mk_alignment
     return _runtime.get().mk_alignment if fixed is None else fixed
 
 

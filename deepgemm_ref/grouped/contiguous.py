@@ -25,7 +25,7 @@ from ..api import profiled
 from ..errors import arg_error
 from ..executor import Fill, Request, Task, execute
 from ..profiles import Profile
-from ..runtime import runtime_state
+from ..runtime import current_mk_alignment
 from ..toolkit.args import (
     F32,
     as_array,
@@ -111,15 +111,8 @@ def _launch(req: MGroupedRequest) -> None:
 # the layout and the shared checks
 # ----------------------------------------------------------------------------------------------
 
-def mk_alignment(profile: Profile) -> int:
-    """The contiguous-layout alignment in force for ``profile`` (fixed by the target, or the
-    recorded ``set_mk_alignment_for_contiguous_layout`` value)."""
-    fixed = profile.rules.fixed_mk_alignment
-    return runtime_state().mk_alignment if fixed is None else fixed
-
-
 def _alignment(profile: Profile, func: str) -> int:
-    v = mk_alignment(profile)
+    v = current_mk_alignment(profile)
     if v <= 0:
         raise arg_error(func, "grouped_layout", "a positive contiguous-layout alignment",
                         f"get_mk_alignment_for_contiguous_layout() = {v}")

@@ -33,6 +33,7 @@ from ..api import profiled
 from ..errors import DGArgumentError, arg_error
 from ..executor import Fill, Request, Task, execute
 from ..profiles import Profile
+from ..runtime import current_mk_alignment
 from ..toolkit.args import (
     BF16,
     E4M3,
@@ -66,7 +67,6 @@ from ..toolkit.operands import (
 from ..toolkit.outputs import Inputs, check_out, input_view, snapshot_c
 from ..toolkit.scales import pack_k_grouped_ue8m0, sf_values
 from ..toolkit.sizes import check_matmul
-from .contiguous import mk_alignment
 
 __all__ = ["k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous"]
 
@@ -278,7 +278,7 @@ def _check_fp8_tn_sm100(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_
     gran_k = r3[2]
     if gran_k not in (32, 128):
         raise arg_error(func, "recipe", "gran_k 32 or 128", repr(recipe))
-    k_alignment = mk_alignment(profile)
+    k_alignment = current_mk_alignment(profile)
     if k_alignment <= 0 or k_alignment % 32:
         raise arg_error(func, "recipe", "a K alignment (get_mk_alignment_for_contiguous_layout()) that is a "
                         "positive multiple of 32", repr(k_alignment))
@@ -354,7 +354,7 @@ def _check_bf16_cuda(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu
     if dd.ndim != 3:
         raise arg_error(func, "d", "a 3-D array (G, M, N)", dd)
     groups, m, n = dd.shape
-    k_alignment = mk_alignment(profile)
+    k_alignment = current_mk_alignment(profile)
     if k_alignment <= 0 or k_alignment % 32:
         raise arg_error(func, "grouped_layout", "a K alignment (get_mk_alignment_for_contiguous_layout()) that is a "
                         "positive multiple of 32", repr(k_alignment))
@@ -387,7 +387,7 @@ def _check_ascend(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: A
                   fp8: bool) -> KGroupedRequest:
     """Validate DeepGEMM-Ascend's k-grouped GEMMs (port 1.5, 2.4): a (K, M), b (K, N), psum only."""
     check_compiled_dims(func, compiled_dims)
-    alignment = mk_alignment(profile)  # fixed: 256
+    alignment = current_mk_alignment(profile)  # fixed: 256
     sfa = sfb = None
     if fp8:
         (A, sfa), (B, sfb) = transposed_pair(a, func, "a", (0, 1)), transposed_pair(b, func, "b", (0, 1))
