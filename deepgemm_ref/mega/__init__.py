@@ -71,7 +71,12 @@ dispatch order (expert by expert, routes in (source rank, token, slot) order)
 ``l1.output`` bf16 (M, 2I) [gate | up], ``swiglu.output`` float32 (M, I), ``l2.acts`` e4m3 (M, I)
 (bf16 on the BF16 path), ``l2.acts_sf`` UE8M0 bytes (M, I / 32), ``l2.output`` bf16 (M, H),
 ``l1.acc``/``l2.acc`` and ``l1.S``/``l2.S`` when the capture wants them; for the rank as token
-source ``combine.input`` bf16 (N, slots, H), ``shared.*`` (DeepGEMM-Ascend) and ``y``.
+source ``combine.input`` bf16 (N, slots, H), ``shared.*`` (DeepGEMM-Ascend) and ``y``.  Every
+stage runs as a labelled executor task or fill (:mod:`deepgemm_ref.executor`), and the record's
+``tasks`` lists them: per expert of the rank ``"rank r expert i: dispatch"``, ``": L1 GEMM"``,
+``": SwiGLU"``, ``": L2 GEMM"``, ``": to the combine"``, the same for ``"rank r shared expert"``
+(DeepGEMM-Ascend), then the writes of the rank's outputs (``"rank r: combine into y"``, ...).
+The stage functions' records come from the executor as well.
 
 Memory
 ------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,16 @@ from ..interop import caller_kind, from_numpy, to_numpy
 from ..toolkit.args import align
 from ..toolkit.sizes import check_alloc, size_arg
 from ._group import GroupRegistry, resolve_group
-from ._layout import TOKEN_ALIGNMENT, BufferLayout, alloc_bytes, ascend_layout, cuda_layout, make_views, ring_limit
+from ._layout import (
+    TOKEN_ALIGNMENT,
+    BufferLayout,
+    alloc_bytes,
+    ascend_layout,
+    cuda_layout,
+    make_views,
+    ring_limit,
+    zero_bytes,
+)
 
 __all__ = [
     "SymmBuffer",
@@ -23,6 +32,8 @@ __all__ = [
     "get_token_alignment_for_mega_moe",
     "get_ring_limit_for_mega_moe",
     "get_symm_buffer_size_for_mega_moe",
+    "symm_bytes",
+    "buffer_ptrs",
 ]
 
 _ASCEND_MISSING = "DeepGEMM-Ascend has no {what} (port 1.10: the ring size is derived internally)"
@@ -107,6 +118,28 @@ def _get_symm_buffer_size_ascend(num_ranks: int, num_experts: int, num_max_token
 
 
 # ----------------------------------------------------------------------------------------------
+# the symmetric bytes (SymmBuffer here, DeepGEMM-Ascend's _C.SymmBuffer lease)
+# ----------------------------------------------------------------------------------------------
+
+def symm_bytes(num_bytes: int, reuse: np.ndarray | None = None) -> np.ndarray:
+    """A zero-filled int8 symmetric buffer of ``num_bytes`` (an anonymous map above 64 MiB: pages
+    on first touch): ``reuse``, a buffer of an earlier construction holding at least ``num_bytes``,
+    zero-filled again (its mapped pages given back), else a new one.  The caller refuses a size
+    that cannot be mapped first (``toolkit.sizes.check_alloc(..., lazy=True)``, with its own
+    message)."""
+    if reuse is not None and reuse.nbytes >= num_bytes:
+        zero_bytes(reuse)
+        return reuse
+    return alloc_bytes(num_bytes)
+
+
+def buffer_ptrs(buffers: Iterable[np.ndarray | None]) -> list[int]:
+    """Every rank's buffer address in this process (0 for a rank without a buffer yet), as a
+    symmetric-memory handle's ``buffer_ptrs`` lists them."""
+    return [0 if b is None else int(b.__array_interface__["data"][0]) for b in buffers]
+
+
+# ----------------------------------------------------------------------------------------------
 # SymmBuffer
 # ----------------------------------------------------------------------------------------------
 
@@ -120,12 +153,7 @@ class _Handle:
 
     @property
     def buffer_ptrs(self) -> list[int]:
-        ptrs = []
-        for r in range(self._group.size()):
-            b = self._group.buffer(r)
-            arr = None if b is None else getattr(b, "buffer", None)
-            ptrs.append(0 if arr is None else int(arr.__array_interface__["data"][0]))
-        return ptrs
+        return buffer_ptrs(getattr(self._group.buffer(r), "buffer", None) for r in range(self._group.size()))
 
 
 class _SymmBufferType(type):
@@ -183,7 +211,7 @@ class SymmBuffer(metaclass=_SymmBufferType):
         if buffer is None:
             check_alloc("SymmBuffer", _SIZE_ARGS, layout.num_bytes, f"the symmetric buffer ({layout.num_bytes} bytes, "
                         "pages mapped on first touch)", lazy=True)
-            buffer = alloc_bytes(layout.num_bytes)  # zero-filled, as DeepGEMM's buffer.zero_()
+            buffer = symm_bytes(layout.num_bytes)  # zero-filled, as DeepGEMM's buffer.zero_()
             handle = _Handle(registry, buffer)
         # Note: the buffer and its views are NumPy arrays (ml_dtypes dtypes), not CUDA / NPU tensors;
         # buffers above 64 MiB are anonymous memory maps (zero pages until touched).

@@ -1,4 +1,18 @@
-"""``fp8_fp4_mega_moe`` and ``bf16_mega_moe``: argument checks, the emulated collective, outputs."""
+"""``fp8_fp4_mega_moe`` and ``bf16_mega_moe``: argument checks, the emulated collective, outputs.
+
+Every call reads check -> (join) -> tasks -> execute:
+
+* a ``_check_*`` step validates one rank's call for the profile the dispatcher hands it and
+  returns a :class:`RankRequest` (an :class:`~deepgemm_ref.executor.Request` whose ``d`` is the
+  rank's ``y``); nothing is computed or written;
+* the call joins the collective (:func:`_join`): a call that only joins returns there; the call
+  that completes it (or a ``collective=False`` call) gets the :class:`Layer` that
+  :func:`_check_layer` validated (every rank's configuration, outputs apart, tokens read);
+* :func:`_launch` computes the layer (the pipeline's stages are executor tasks and fills,
+  :mod:`._pipeline`), then writes every out rank's outputs with :func:`_outputs`' fills through
+  :func:`~deepgemm_ref.executor.execute` and reports one record per rank with
+  :func:`~deepgemm_ref.executor.record`.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +27,9 @@ from .. import dryrun, trace
 from .. import formats as fm
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import active_accumulation
-from ..profiles import get_profile
-from ..runtime import get_num_sms
+from ..executor import Collected, Fill, Request, active_accumulation, execute, record
+from ..profiles import Profile
+from ..runtime import runtime_state
 from ..toolkit.args import (
     BF16,
     E4M3,
@@ -35,31 +49,47 @@ from ..toolkit.outputs import check_written
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
 from ._group import GroupRegistry
 from ._layout import BLOCK_N
-from ._pipeline import ExpertWeights, PipelineConfig, RankOptions, RankTokens, run
+from ._pipeline import ExpertWeights, PipelineConfig, PipelineResult, RankOptions, RankTokens, run
 from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
 
-__all__ = ["EmulatedGroup", "fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens"]
+__all__ = ["EmulatedGroup", "fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens", "RankRequest", "Layer"]
 
 _ASCEND_NUM_CORES = 32
 Kind = Literal["fp8", "bf16"]
 
 
-@dataclass
-class _RankCall:
-    """One rank's validated call (or binding): what the collective needs from it."""
+@dataclass(kw_only=True)
+class RankRequest(Request):
+    """One rank's validated kernel call (or :meth:`EmulatedGroup.bind` binding): what the
+    collective needs from it.  Nothing is computed or written by making it.
 
-    func: str
+    d:          the rank's ``y`` (N, H) bfloat16, written when the collective completes (a
+                binding: an empty (0, H) array, ``binding`` True: it writes nothing).
+    kind:       ``"fp8"`` or ``"bf16"``; target: the buffer's target.
+    registry, rank, buffer: the group, the rank and its symmetric buffer (the tokens are read
+                from it when the collective completes).
+    num_tokens: N.
+    weights, shared: the rank's local experts and (DeepGEMM-Ascend) shared experts.
+    stats:      ``cumulative_local_expert_recv_stats`` (flattened) or None.
+    options:    the epilogue options of the rank's experts.
+    """
+
     kind: Kind
     target: str
     registry: GroupRegistry
     rank: int
     buffer: SymmBuffer
     num_tokens: int
-    y: np.ndarray | None
     weights: ExpertWeights
     shared: ExpertWeights | None
     stats: np.ndarray | None
     options: RankOptions
+    binding: bool = False
+
+    @property
+    def y(self) -> np.ndarray | None:
+        """The rank's output (None for a binding)."""
+        return None if self.binding else self.d
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,7 +158,7 @@ def _stats(func: str, stats: Any, num_local_experts: int) -> np.ndarray | None:
 _STATS = "cumulative_local_expert_recv_stats"
 
 
-def _reads(call: _RankCall) -> list[tuple[str, np.ndarray | None]]:
+def _reads(call: RankRequest) -> list[tuple[str, np.ndarray | None]]:
     """The arrays a rank's call reads: its weights (routed and shared) and its symmetric buffer."""
     out: list[tuple[str, np.ndarray | None]] = []
     for prefix, w in (("", call.weights), ("shared_", call.shared)):
@@ -144,7 +174,7 @@ def _reads(call: _RankCall) -> list[tuple[str, np.ndarray | None]]:
     return out
 
 
-def _check_outputs(call: _RankCall, others: Sequence[_RankCall] = ()) -> None:
+def _check_outputs(call: RankRequest, others: Sequence[RankRequest] = ()) -> None:
     """y and the stats: written by the collective, so sharing no memory with anything it reads
     (this call's and ``others``' weights and buffers) or with each other."""
     reads = _reads(call) + [r for o in others for r in _reads(o)]
@@ -198,10 +228,15 @@ def _check_experts(func: str, buf: SymmBuffer, e_l: int, hidden: int, intermedia
                         "(the SymmBuffer's)", f"hidden = {hidden}, intermediate_hidden = {intermediate}")
 
 
-def _arch_sm100(func: str) -> None:
-    if not get_profile().rules.mega_moe:
+def _arch_sm100(profile: Profile, func: str) -> None:
+    if not profile.rules.mega_moe:
         raise arg_error(func, "arch", "the sm100 profile (the mega-MoE kernels are SM100 only)",
-                        f"profile {get_profile().name!r}")
+                        f"profile {profile.name!r}")
+
+
+def _num_sms(profile: Profile) -> int:
+    """``get_num_sms()`` under ``profile``: the recorded SM (AI-core) count, else the device's."""
+    return runtime_state().num_sms or profile.device_num_sms
 
 
 def _prepare_cuda_fp8(func: str, l1_weights: Any, l2_weights: Any, buf: SymmBuffer, num_tokens: int,
@@ -283,16 +318,17 @@ def _ascend_weights(func: str, arg: str, pair: Any, n: int, k: int,
     return w, s
 
 
-def _prepare_ascend(func: str, l1_weights: Any, l2_weights: Any, shared_l1: Any, shared_l2: Any, buf: SymmBuffer,
-                    num_tokens: int, stats: Any) -> tuple[ExpertWeights, ExpertWeights | None, np.ndarray | None]:
+def _prepare_ascend(profile: Profile, func: str, l1_weights: Any, l2_weights: Any, shared_l1: Any, shared_l2: Any,
+                    buf: SymmBuffer, num_tokens: int,
+                    stats: Any) -> tuple[ExpertWeights, ExpertWeights | None, np.ndarray | None]:
     num_shared = int(getattr(buf, "num_shared_experts", 0))
     if (shared_l1 is not None) != (num_shared > 0) or (shared_l2 is not None) != (num_shared > 0):
         raise arg_error(func, "shared_l1_weights", f"shared weights exactly when the buffer has shared experts "
                         f"(num_shared_experts = {num_shared})", f"{type(shared_l1).__name__}, "
                         f"{type(shared_l2).__name__}")
-    if get_num_sms() != _ASCEND_NUM_CORES:
-        raise arg_error(func, "get_num_sms()", f"{_ASCEND_NUM_CORES} (Mega MoE uses every AI core)",
-                        repr(get_num_sms()))
+    num_sms = _num_sms(profile)
+    if num_sms != _ASCEND_NUM_CORES:
+        raise arg_error(func, "get_num_sms()", f"{_ASCEND_NUM_CORES} (Mega MoE uses every AI core)", repr(num_sms))
     e_l = buf.num_experts // buf._registry.size()
     h, i = buf.hidden, buf.intermediate_hidden
     st = _stats(func, stats, e_l)
@@ -313,7 +349,7 @@ def _prepare_ascend(func: str, l1_weights: Any, l2_weights: Any, shared_l1: Any,
 # the collective
 # ----------------------------------------------------------------------------------------------
 
-def read_tokens(func: str, call: _RankCall) -> RankTokens:
+def read_tokens(func: str, call: RankRequest) -> RankTokens:
     """One rank's first N tokens from its buffer, with the target's top-k semantics."""
     buf = call.buffer
     n = call.num_tokens
@@ -343,12 +379,25 @@ def read_tokens(func: str, call: _RankCall) -> RankTokens:
     return RankTokens(x, scales, eff, np.asarray(buf.topk_weights[:n], np.float32))  # type: ignore[attr-defined]
 
 
-def _config(call: _RankCall) -> tuple[Any, ...]:
+def _config(call: RankRequest) -> tuple[Any, ...]:
     return (call.kind,) + call.buffer._config
 
 
-def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> None:
-    """Compute the layer for ``out_ranks`` from every rank's call, then write their outputs."""
+@dataclass
+class Layer:
+    """A complete collective, validated: every rank's call or binding, the ranks whose outputs
+    this call writes, and every rank's tokens read from its buffer."""
+
+    func: str
+    profile: Profile
+    calls: dict[int, RankRequest]
+    out_ranks: list[int]
+    tokens: list[RankTokens]
+
+
+def _check_layer(profile: Profile, func: str, calls: dict[int, RankRequest], out_ranks: list[int]) -> Layer:
+    """Validate the collective: every rank on one configuration, every written output apart from
+    everything the collective reads, every rank's tokens readable (nothing computed or written)."""
     ranks = sorted(calls)
     first = calls[ranks[0]]
     for r in ranks:
@@ -357,35 +406,53 @@ def _complete(func: str, calls: dict[int, _RankCall], out_ranks: list[int]) -> N
                             f"{_config(first)}", f"rank {r}: {_config(calls[r])}")
     for r in out_ranks:  # every output apart from everything the collective reads, before any work
         _check_outputs(calls[r], [calls[s] for s in ranks if s != r])
-    tokens = [read_tokens(func, calls[r]) for r in ranks]
+    return Layer(func, profile, calls, out_ranks, [read_tokens(func, calls[r]) for r in ranks])
+
+
+def _outputs(call: RankRequest, res: PipelineResult) -> list[Fill]:
+    """y = bf16(combine of the rank's slots);  stats += routes received per local expert (int32,
+    wrapping like the device's atomics);  DeepGEMM-Ascend: expert_recv_count[s, i] = routes from s."""
+    r = call.rank
+    received = res.counts[r].sum(axis=1)
+    fills = [] if call.y is None else [Fill((...,), res.y[r], label=f"rank {r}: combine into y")]
+    if call.stats is not None:
+        fills.append(Fill((...,), (call.stats.astype(np.int64) + received).astype(np.int32), into=call.stats,
+                          label=f"rank {r}: {_STATS} += received"))
+    if call.target == "deepgemm-ascend":
+        counts = call.buffer.expert_recv_count  # type: ignore[attr-defined]
+        assert counts is not None  # the buffer is alive (read_tokens checked it)
+        fills.append(Fill((...,), res.counts[r].T.astype(np.int32), into=counts, label=f"rank {r}: expert_recv_count"))
+    return fills
+
+
+def _launch(layer: Layer) -> None:
+    """Compute the layer for ``layer.out_ranks`` from every rank's call, then write their outputs
+    and report one record per rank (acc: the exact combine sum, S: sum |slot contributions|,
+    extra: every stage's golden; tasks: the executor tasks run for the rank)."""
+    calls, ranks = layer.calls, sorted(layer.calls)
+    first = calls[ranks[0]]
     want_acc, want_S = trace.wants()
-    cfg = PipelineConfig(first.target, first.kind, accumulation=active_accumulation(),  # type: ignore[arg-type]
-                         want_stages=trace.active() is not None,
-                         want_acc=want_acc, want_S=want_S)
+    cfg = PipelineConfig(layer.profile, first.kind, accumulation=active_accumulation(layer.profile),
+                         want_stages=trace.active() is not None, want_acc=want_acc, want_S=want_S)
     shared = [calls[r].shared for r in ranks] if first.target == "deepgemm-ascend" else None
     # Note: the ring scratch views (l1_acts, l2_acts and their SFs) are not written: their contents
-    # on a device depend on the scheduling; every stage's golden is in the trace record instead.
-    res = run(tokens, [calls[r].weights for r in ranks], [calls[r].options for r in ranks], cfg, out_ranks, shared)
+    # on a device depend on the scheduling; every stage's golden is in the record instead.
+    res = run(layer.tokens, [calls[r].weights for r in ranks], [calls[r].options for r in ranks], cfg,
+              layer.out_ranks, shared)
     # Everything is computed: now write.
     debug = first.target == "deepgemm" and _debug_zero()
-    for r in out_ranks:
-        c = calls[r]
-        if c.y is not None:
-            c.y[...] = res.y[r]
-        received = res.counts[r].sum(axis=1)
-        if c.stats is not None:
-            c.stats[...] = (c.stats.astype(np.int64) + received).astype(np.int32)  # int32 atomics wrap
-        if first.target == "deepgemm-ascend":
-            c.buffer.expert_recv_count[...] = res.counts[r].T.astype(np.int32)  # type: ignore[attr-defined]
-    for r in out_ranks:
+    written = {r: execute(calls[r], _outputs(calls[r], res), record_trace=False) for r in layer.out_ranks}
+    for r in layer.out_ranks:
         c = calls[r]
         st = {"rank": r, "num_tokens": c.num_tokens, "num_received": int(res.counts[r].sum()),
               "fast_math": int(c.options.fast_math), **res.stats}
-        trace.record(func, acc=res.acc[r], S=res.S.get(r), defined=None, stats=st, extra=res.stages.get(r, {}))
+        col = Collected(tuple(c.d.shape), False, False, acc=res.acc[r], S=res.S.get(r),
+                        tasks=res.tasks.get(r, []) + written[r].tasks)
+        record(layer.func, col, None, stats=st, extra=res.stages.get(r, {}))
     if debug:
         from ._layout import zero_bytes
 
-        for r in out_ranks:
+        for r in layer.out_ranks:
             buf = calls[r].buffer.buffer
             if buf is not None:
                 zero_bytes(buf)
@@ -399,8 +466,9 @@ def _debug_zero() -> bool:
         return False
 
 
-def _submit(call: _RankCall) -> None:
-    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
+def _join(call: RankRequest) -> Layer | None:
+    """Join the collective with ``call``: the validated :class:`Layer` this call completes, or None
+    (the call only joined; the last rank's call writes every rank's outputs)."""
     # Note: a device call blocks until every rank has joined; here the calls before the last one
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
@@ -412,18 +480,78 @@ def _submit(call: _RankCall) -> None:
             raise arg_error(call.func, "sym_buffer", "every other rank's weights and token count (a previous call "
                             "of that rank, or EmulatedGroup.bind) for a collective=False call",
                             f"nothing for ranks {missing}")
-        _complete(call.func, {r: reg.binding(r) for r in range(reg.size())}, [call.rank])
-        return
+        return _check_layer(call.profile, call.func, {r: reg.binding(r) for r in range(reg.size())}, [call.rank])
     calls = reg.join(call.rank, call)
-    if calls is not None:
-        _complete(call.func, calls, list(range(reg.size())))
+    return None if calls is None else _check_layer(call.profile, call.func, calls, list(range(reg.size())))
+
+
+def _submit(call: RankRequest) -> None:
+    dryrun.stop()  # validated: a dry run neither joins the collective nor computes
+    layer = _join(call)
+    if layer is not None:
+        _launch(layer)
 
 
 # ----------------------------------------------------------------------------------------------
 # public kernels
 # ----------------------------------------------------------------------------------------------
 
-def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+def _rank_request(profile: Profile, func: str, kind: Kind, buf: SymmBuffer, n: int, y: np.ndarray | None,
+                  weights: ExpertWeights, shared: ExpertWeights | None, stats: np.ndarray | None,
+                  options: RankOptions) -> RankRequest:
+    """The request of buffer ``buf``'s rank (y None: a binding)."""
+    return RankRequest(func=func, profile=profile, d=np.empty((0, buf.hidden), BF16) if y is None else y, defined=None,
+                       kind=kind, target=buf._target, registry=buf._registry, rank=buf._rank, buffer=buf, num_tokens=n,
+                       weights=weights, shared=shared, stats=stats, options=options, binding=y is None)
+
+
+def _check_fp8_fp4_cuda(profile: Profile, func: str, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                        stats: Any, recipe: Any, activation: Any, activation_clamp: Any, fast_math: Any) -> RankRequest:
+    """Validate one rank's DeepGEMM fp8_fp4_mega_moe call."""
+    _recipe(func, recipe)
+    buf, clamp, fast = _cuda_common(func, "fp8", sym_buffer, activation, activation_clamp, fast_math)
+    n = _y_rows(func, y)
+    weights, st = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, stats)
+    ya = _y(func, y, buf)
+    _arch_sm100(profile, func)
+    call = _rank_request(profile, func, "fp8", buf, n, ya, weights, None, st, RankOptions(clamp, fast))
+    _check_outputs(call)
+    return call
+
+
+def _check_bf16_cuda(profile: Profile, func: str, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                     stats: Any, activation: Any, activation_clamp: Any, fast_math: Any) -> RankRequest:
+    """Validate one rank's DeepGEMM bf16_mega_moe call."""
+    buf, clamp, fast = _cuda_common(func, "bf16", sym_buffer, activation, activation_clamp, fast_math)
+    n = _y_rows(func, y)
+    weights, st = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, stats)
+    ya = _y(func, y, buf)
+    _arch_sm100(profile, func)
+    call = _rank_request(profile, func, "bf16", buf, n, ya, weights, None, st, RankOptions(clamp, fast))
+    _check_outputs(call)
+    return call
+
+
+def _check_fp8_fp4_ascend(profile: Profile, func: str, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+                          shared_l1_weights: Any, shared_l2_weights: Any, stats: Any, recipe: Any, activation: Any,
+                          activation_clamp: Any, fast_math: Any) -> RankRequest:
+    """Validate one rank's DeepGEMM-Ascend fp8_fp4_mega_moe call."""
+    _recipe(func, recipe)
+    _activation(func, activation)
+    if not (isinstance(fast_math, (bool, np.bool_)) and fast_math):
+        raise arg_error(func, "fast_math", "True (DeepGEMM-Ascend supports only fast math)", repr(fast_math))
+    buf = _buffer(func, sym_buffer, _AscendSymmBuffer, "fp8xfp4")
+    ya = _y(func, y, buf)
+    n = int(ya.shape[0])
+    routed, shared, st = _prepare_ascend(profile, func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights,
+                                         buf, n, stats)
+    clamp = _clamp(func, activation_clamp)
+    call = _rank_request(profile, func, "fp8", buf, n, ya, routed, shared, st, RankOptions(clamp, True))
+    _check_outputs(call)
+    return call
+
+
+def _fp8_fp4_mega_moe_cuda(profile: Profile, /, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
                            cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
                            activation: str = "swiglu", activation_clamp: float | None = None,
                            fast_math: bool = True) -> None:
@@ -441,20 +569,11 @@ def _fp8_fp4_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer:
     Math, for every token t and valid slot k routed to expert e (rank e // E_l):
     ``y[t] = bf16(sum_k bf16(requant(swiglu(bf16(x_t W1_e^T)) * w_tk) W2_e^T))`` (see deepgemm_ref.mega).
     """
-    func = "fp8_fp4_mega_moe"
-    _recipe(func, recipe)
-    buf, clamp, fast = _cuda_common(func, "fp8", sym_buffer, activation, activation_clamp, fast_math)
-    n = _y_rows(func, y)
-    weights, stats = _prepare_cuda_fp8(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
-    ya = _y(func, y, buf)
-    _arch_sm100(func)
-    call = _RankCall(func, "fp8", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                     RankOptions(clamp, fast))
-    _check_outputs(call)
-    _submit(call)
+    _submit(_check_fp8_fp4_cuda(profile, "fp8_fp4_mega_moe", y, l1_weights, l2_weights, sym_buffer,
+                                cumulative_local_expert_recv_stats, recipe, activation, activation_clamp, fast_math))
 
 
-def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+def _bf16_mega_moe_cuda(profile: Profile, /, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
                         cumulative_local_expert_recv_stats: Any = None, activation: str = "swiglu",
                         activation_clamp: float | None = None, fast_math: bool = True) -> None:
     """The fused BF16 expert-parallel MoE layer (DeepGEMM, sm100); collective over the group.
@@ -463,19 +582,11 @@ def _bf16_mega_moe_cuda(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: An
     l2_weights: W2 bfloat16 (E_l, H, I); sym_buffer.x[:N] bfloat16 tokens, topk_idx, topk_weights as in
     :func:`fp8_fp4_mega_moe`.  The intermediate is ``bf16(swiglu(bf16(x W1^T)) * w)`` instead of FP8.
     """
-    func = "bf16_mega_moe"
-    buf, clamp, fast = _cuda_common(func, "bf16", sym_buffer, activation, activation_clamp, fast_math)
-    n = _y_rows(func, y)
-    weights, stats = _prepare_cuda_bf16(func, l1_weights, l2_weights, buf, n, cumulative_local_expert_recv_stats)
-    ya = _y(func, y, buf)
-    _arch_sm100(func)
-    call = _RankCall(func, "bf16", "deepgemm", buf._registry, buf._rank, buf, n, ya, weights, None, stats,
-                     RankOptions(clamp, fast))
-    _check_outputs(call)
-    _submit(call)
+    _submit(_check_bf16_cuda(profile, "bf16_mega_moe", y, l1_weights, l2_weights, sym_buffer,
+                             cumulative_local_expert_recv_stats, activation, activation_clamp, fast_math))
 
 
-def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
+def _fp8_fp4_mega_moe_ascend(profile: Profile, /, y: Any, l1_weights: Any, l2_weights: Any, sym_buffer: Any,
                              shared_l1_weights: Any = None, shared_l2_weights: Any = None,
                              cumulative_local_expert_recv_stats: Any = None, recipe: Any = (1, 1, 32),
                              activation: str = "swiglu", activation_clamp: float | None = None,
@@ -492,25 +603,14 @@ def _fp8_fp4_mega_moe_ascend(y: Any, l1_weights: Any, l2_weights: Any, sym_buffe
                 topk_weights[:N] float32
     Re-quantisation floors amax at 1e-4; the shared-expert slot follows the routed slots in the combine.
     """
-    func = "fp8_fp4_mega_moe"
-    _recipe(func, recipe)
-    _activation(func, activation)
-    if not (isinstance(fast_math, (bool, np.bool_)) and fast_math):
-        raise arg_error(func, "fast_math", "True (DeepGEMM-Ascend supports only fast math)", repr(fast_math))
-    buf = _buffer(func, sym_buffer, _AscendSymmBuffer, "fp8xfp4")
-    ya = _y(func, y, buf)
-    n = int(ya.shape[0])
-    routed, shared, stats = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
-                                            n, cumulative_local_expert_recv_stats)
-    clamp = _clamp(func, activation_clamp)
-    call = _RankCall(func, "fp8", "deepgemm-ascend", buf._registry, buf._rank, buf, n, ya, routed, shared, stats,
-                     RankOptions(clamp, True))
-    _check_outputs(call)
-    _submit(call)
+    _submit(_check_fp8_fp4_ascend(profile, "fp8_fp4_mega_moe", y, l1_weights, l2_weights, sym_buffer,
+                                  shared_l1_weights, shared_l2_weights, cumulative_local_expert_recv_stats, recipe,
+                                  activation, activation_clamp, fast_math))
 
 
-def bind_rank(group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any, num_tokens: int,
-              shared_l1_weights: Any, shared_l2_weights: Any, activation_clamp: Any, fast_math: Any) -> None:
+def _bind_rank(profile: Profile, /, group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any,
+               num_tokens: int, shared_l1_weights: Any, shared_l2_weights: Any, activation_clamp: Any,
+               fast_math: Any) -> None:
     """EmulatedGroup.bind: validate like a kernel call against rank ``rank``'s registered buffer."""
     func = "EmulatedGroup.bind"
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < group.size():
@@ -525,17 +625,19 @@ def bind_rank(group: GroupRegistry, rank: int, l1_weights: Any, l2_weights: Any,
     clamp = _clamp(func, activation_clamp)
     fast = bool_arg(func, "fast_math", fast_math)
     if isinstance(buf, _AscendSymmBuffer):
-        routed, shared, _ = _prepare_ascend(func, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights, buf,
-                                            n, None)
-        call = _RankCall(func, "fp8", "deepgemm-ascend", group, rank, buf, n, None, routed, shared, None,
-                         RankOptions(clamp, True))
+        routed, shared, _ = _prepare_ascend(profile, func, l1_weights, l2_weights, shared_l1_weights,
+                                            shared_l2_weights, buf, n, None)
+        call = _rank_request(profile, func, "fp8", buf, n, None, routed, shared, None, RankOptions(clamp, True))
     else:
         kind: Kind = "fp8" if buf._mma == "fp8xfp4" else "bf16"
         prep = _prepare_cuda_fp8 if kind == "fp8" else _prepare_cuda_bf16
         weights, _ = prep(func, l1_weights, l2_weights, buf, n, None)
-        call = _RankCall(func, kind, "deepgemm", group, rank, buf, n, None, weights, None, None,
-                         RankOptions(clamp, fast))
+        call = _rank_request(profile, func, kind, buf, n, None, weights, None, None, RankOptions(clamp, fast))
     group.set_binding(rank, call)
+
+
+#: The dispatcher hands bind the active profile (the AI-core count an Ascend binding is checked against).
+bind_rank = profiled("EmulatedGroup.bind", None, deepgemm=_bind_rank, deepgemm_ascend=_bind_rank)
 
 
 _BF16_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 mega MoE (fp8xfp4 only)"}

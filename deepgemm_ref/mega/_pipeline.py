@@ -5,13 +5,16 @@ readers of :mod:`._weights`); the public kernels and stage functions translate l
 
 Per destination rank ``r`` and local expert ``i`` the routed rows are every valid ``(s, t, k)``
 (source rank, token, slot) with ``topk_idx[s][t, k] == r * E_l + i``, in increasing ``(s, t, k)``
-order, and one executor task (:mod:`deepgemm_ref.executor`) computes each GEMM on them::
+order; every expert (and DeepGEMM-Ascend's shared expert, on the token's own rank) runs its
+stages as labelled executor tasks and fills (:mod:`deepgemm_ref.executor`; :func:`_expert`)::
 
-    h  = bf16( x_s[t] @ W1_i^T )                          (n, 2I): gate = h[:, :I], up = h[:, I:]
-    v  = swiglu(gate, up) * w_{s,t,k}                     float32 (n, I)   (see ._swiglu)
-    q, sf = requantize(v)  (FP8)   |   q = bf16(v)  (BF16)
-    o  = bf16( q @ W2_i^T )                               (n, H), sent to combine slot (s, t, k)
-    y_s[t] = bf16( sum over valid k in increasing k of o_{s,t,k}  (+ shared-expert slot) )
+    dispatch  x = x_s[t]                                   the rows arrive (a fill)
+    L1 GEMM   h  = bf16( x @ W1_i^T )                      (n, 2I): gate = h[:, :I], up = h[:, I:]
+    SwiGLU    v  = swiglu(gate, up) * w_{s,t,k}            float32 (n, I)   (see ._swiglu)
+              q, sf = requantize(v)  (FP8)   |   q = bf16(v)  (BF16)       (a fill)
+    L2 GEMM   o  = bf16( q @ W2_i^T )                      (n, H)
+    combine   o -> slot (s, t, k) (a fill);  y_s[t] = bf16( sum over valid k in increasing k of
+              o_{s,t,k}  (+ shared-expert slot) )
 
 The combine sum is exact in the ``exact`` model (certified float64, Fraction fallback) and a
 float32 running sum from +0 in slot order in the ``fp32`` model.  Every row is computed
@@ -31,6 +34,7 @@ from .. import core, executor
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import fraction_sum, two_sum
+from ..profiles import Profile
 from ..toolkit.args import BF16, E4M3
 from . import _swiglu as sw
 
@@ -92,13 +96,30 @@ class RankOptions:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    target: Target
+    """How the layer is computed.
+
+    profile:      the profile the call was dispatched under (its target's rules; the executor's
+                  requests carry it).
+    mode:         ``"fp8"`` (FP8 x FP4, re-quantised activations) or ``"bf16"``.
+    accumulation: the core's accumulation (the GEMMs), whose model also selects SwiGLU's and the
+                  combine's arithmetic.
+    semantics:    ``"fused"`` the target's fused kernel, ``"baseline"`` TileLang's op (SwiGLU).
+    want_stages:  keep every stage's golden; want_acc, want_S: the GEMMs' accumulators / error scales.
+    func:         the name the executor's requests carry.
+    """
+
+    profile: Profile
     mode: Literal["fp8", "bf16"]
     accumulation: core.Accumulation = field(default_factory=core.Accumulation)
     semantics: Literal["fused", "baseline"] = "fused"
     want_stages: bool = False
     want_acc: bool = False
     want_S: bool = False
+    func: str = "mega_moe"
+
+    @property
+    def target(self) -> Target:
+        return self.profile.target
 
     @property
     def exact(self) -> bool:
@@ -108,7 +129,8 @@ class PipelineConfig:
 @dataclass
 class PipelineResult:
     """y, exact combine accumulators and error scales of the requested source ranks; routing counts
-    (dst rank, local expert, src rank) of every rank; stage goldens by rank when requested."""
+    (dst rank, local expert, src rank) of every rank; stage goldens by rank when requested; the
+    labels of the executor tasks run for each rank."""
 
     y: dict[int, np.ndarray]
     acc: dict[int, np.ndarray]
@@ -116,6 +138,7 @@ class PipelineResult:
     counts: np.ndarray
     stages: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    tasks: dict[int, list[str]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,28 +269,13 @@ def combine_rows(values: np.ndarray, model: Any,
 # the whole layer
 # ----------------------------------------------------------------------------------------------
 
-def _gemm(tokens: core.Operand, weights: core.Operand, cfg: PipelineConfig, stats: dict[str, int]) -> core.MatmulResult:
-    """``bf16(tokens @ weights^T)`` (rows, N): one executor task (the layer's trace record is the
-    collective's, so nothing is recorded here).
-
-    The task is transposed (:attr:`deepgemm_ref.executor.Task.transposed`): the large weight
-    matrix is decoded chunk by chunk (no float64 copy of it) and every chunk's BLAS call has all
-    routed rows.  The epilogue (one rounding per element) and the certificates do not depend on
-    the orientation.
-    """
-    out = np.empty((tokens.shape[0], weights.shape[0]), BF16)
-    task = executor.Task(tokens, weights, core.OutputStage(fm.BF16), (slice(None),), transposed=True)
-    col = executor.legacy_execute("mega_moe", out, [task], accumulation=cfg.accumulation,
-                                  want=(cfg.want_acc, cfg.want_S), record_trace=False)
-    for key, val in col.stats.items():
-        stats[key] = stats.get(key, 0) + val
-    return core.MatmulResult(out, col.acc, None, col.S, col.stats)
+_BF16_OUT = core.OutputStage(fm.BF16)
+_UE8M0_VALUES = fm.ue8m0_decode(np.arange(256))  # byte b -> 2^(b - 127); 0 -> 2^-127, 255 -> NaN
 
 
-def _token_operand(x_all: np.ndarray, sc_all: np.ndarray | None, rows: np.ndarray) -> core.Operand:
-    if sc_all is None:
-        return core.Operand(x_all[rows])
-    return core.Operand(x_all[rows], sc_all[rows], 32)
+def ue8m0_values(b: np.ndarray) -> np.ndarray:
+    """UE8M0 bytes -> float64 scales as the hardware reads them (a table lookup)."""
+    return _UE8M0_VALUES[b]
 
 
 def _acts_operand(q: np.ndarray, sf: np.ndarray | None) -> core.Operand:
@@ -276,12 +284,119 @@ def _acts_operand(q: np.ndarray, sf: np.ndarray | None) -> core.Operand:
     return core.Operand(q, ue8m0_values(sf), 32)
 
 
-_UE8M0_VALUES = fm.ue8m0_decode(np.arange(256))  # byte b -> 2^(b - 127); 0 -> 2^-127, 255 -> NaN
+@dataclass
+class _Expert:
+    """One expert's rows: a rank's routed local expert, or a rank's shared experts (one wide expert).
+
+    name:     the label prefix of its executor tasks ("rank 1 expert 0", "rank 1 shared expert").
+    x, x_sf:  its token rows as they arrive (dispatch), and their float64 scales or None.
+    l1, l2:   its weights as core operands.
+    weights:  the route weight of every row (None: the shared expert, no weight).
+    options:  the owner rank's epilogue options.
+    slots:    where its L2 rows go in the combine array: (token rows, slot).
+    count_swiglu: add the SwiGLU stats to the layer's (routed experts; the shared expert's are not).
+    """
+
+    name: str
+    x: np.ndarray
+    x_sf: np.ndarray | None
+    l1: core.Operand
+    l2: core.Operand
+    weights: np.ndarray | None
+    options: RankOptions
+    slots: tuple[np.ndarray | slice, np.ndarray | int]
+    count_swiglu: bool
 
 
-def ue8m0_values(b: np.ndarray) -> np.ndarray:
-    """UE8M0 bytes -> float64 scales as the hardware reads them (a table lookup)."""
-    return _UE8M0_VALUES[b]
+@dataclass
+class _ExpertOut:
+    """An expert's stage values: L1 output h, SwiGLU output v, L2 activations q (and SF bytes),
+    L2 output o, the GEMMs' accumulators and error scales (when asked), the executor task labels."""
+
+    h: np.ndarray
+    v: np.ndarray
+    q: np.ndarray
+    sf: np.ndarray | None
+    o: np.ndarray
+    l1: executor.Collected
+    l2: executor.Collected
+    tasks: list[str]
+
+
+def _execute(cfg: PipelineConfig, d: np.ndarray, tasks: list[executor.Task | executor.Fill],
+             stats: dict[str, int]) -> executor.Collected:
+    """Run one stage's tasks into ``d`` (the layer's records are the collective's: nothing is
+    recorded here) and add the core's stats to ``stats``."""
+    req = executor.Request(func=cfg.func, profile=cfg.profile, d=d, defined=None)
+    col = executor.execute(req, tasks, accumulation=cfg.accumulation, want=(cfg.want_acc, cfg.want_S),
+                           record_trace=False)
+    for key, val in col.stats.items():
+        stats[key] = stats.get(key, 0) + val
+    return col
+
+
+def _expert(e: _Expert, cfg: PipelineConfig, comb: np.ndarray, stats: dict[str, int]) -> _ExpertOut:
+    """h = bf16(x @ W1^T);  v = swiglu(h) (* w);  q, sf = requantize(v);  o = bf16(q @ W2^T) -> combine slots.
+
+    Two executor requests: [dispatch (the token rows arrive), L1 GEMM] into h, then [SwiGLU (its
+    activations written), L2 GEMM, o sent to the combine slots] into o.  The GEMMs are transposed
+    tasks (:attr:`deepgemm_ref.executor.Task.transposed`): the large weight matrix is decoded
+    chunk by chunk and every chunk's BLAS call has all rows; the epilogue (one rounding per
+    element) and the certificates do not depend on the orientation.
+    """
+    n = e.x.shape[0]
+    recv = np.empty_like(e.x)
+    h = np.empty((n, e.l1.shape[0]), BF16)
+    l1 = _execute(cfg, h, [
+        executor.Fill((...,), e.x, into=recv, label=f"{e.name}: dispatch"),
+        executor.Task(core.Operand(recv) if e.x_sf is None else core.Operand(recv, e.x_sf, 32), e.l1, _BF16_OUT,
+                      (slice(None),), transposed=True, label=f"{e.name}: L1 GEMM"),
+    ], stats)
+    v, q, sf, st = swiglu_stage(h, e.weights, e.options, cfg)
+    if e.count_swiglu:
+        for key, val in st.items():
+            stats["swiglu_" + key] = stats.get("swiglu_" + key, 0) + val
+    acts = np.empty_like(q)
+    o = np.empty((n, e.l2.shape[0]), BF16)
+    l2 = _execute(cfg, o, [
+        executor.Fill((...,), q, into=acts, label=f"{e.name}: SwiGLU"),
+        executor.Task(_acts_operand(acts, sf), e.l2, _BF16_OUT, (slice(None),), transposed=True,
+                      label=f"{e.name}: L2 GEMM"),
+        executor.Fill(e.slots, o, into=comb, label=f"{e.name}: to the combine"),
+    ], stats)
+    return _ExpertOut(h, v, q, sf, o, l1, l2, l1.tasks + l2.tasks)
+
+
+class _Ranks:
+    """Per rank: the stage goldens (when asked) and the labels of the executor tasks run for it."""
+
+    def __init__(self, want_stages: bool) -> None:
+        self.want = want_stages
+        self.stages: dict[int, dict[str, list[np.ndarray]]] = {}
+        self.tasks: dict[int, list[str]] = {}
+
+    def keep(self, rank: int, name: str, arr: np.ndarray) -> None:
+        if self.want:
+            self.stages.setdefault(rank, {}).setdefault(name, []).append(arr)
+
+    def expert(self, rank: int, out: _ExpertOut, shared: bool) -> None:
+        """An expert's labels and stage goldens (the shared expert's without accumulators)."""
+        self.tasks.setdefault(rank, []).extend(out.tasks)
+        pre = "shared." if shared else ""
+        self.keep(rank, pre + "l1.output", out.h)
+        self.keep(rank, pre + "swiglu.output", out.v)
+        self.keep(rank, pre + "l2.acts", out.q)
+        if out.sf is not None:
+            self.keep(rank, pre + "l2.acts_sf", out.sf)
+        self.keep(rank, "shared.output" if shared else "l2.output", out.o)
+        if shared:
+            return
+        if out.l1.acc is not None and out.l2.acc is not None:
+            self.keep(rank, "l1.acc", out.l1.acc)
+            self.keep(rank, "l2.acc", out.l2.acc)
+        if out.l1.S is not None and out.l2.S is not None:
+            self.keep(rank, "l1.S", out.l1.S)
+            self.keep(rank, "l2.S", out.l2.S)
 
 
 def run(
@@ -296,103 +411,81 @@ def run(
 
     tokens: one per rank (source role); weights, options: one per rank (expert-owner role);
     shared: DeepGEMM-Ascend's shared experts per rank (their rows run on the token's own rank).
+    Every expert (routed, then shared) runs :func:`_expert`; each source rank's combine array
+    (N, slots, H) receives its routed slots, then the shared-expert slot, and is summed by
+    :func:`combine_rows`.  ``result.tasks[r]``: the labels of the executor tasks run for rank r
+    (as expert owner, then as token source).
     """
     R = len(tokens)
     E_l = weights[0].num_local_experts
-    E = E_l * R
-    routes = route(tokens, E)
+    routes = route(tokens, E_l * R)
     counts = np.zeros((R, E_l, R), np.int64)
     if routes.src.size:
         np.add.at(counts, (routes.expert // E_l, routes.expert % E_l, routes.src), 1)
-    out_set = set(int(s) for s in out_ranks)
+    out = sorted(set(int(s) for s in out_ranks))
     x_all = np.concatenate([tk.x for tk in tokens]) if R else np.zeros((0, 0))
     sc_all = None if tokens[0].x_scales is None else np.concatenate([tk.x_scales for tk in tokens])
     w_all = np.concatenate([tk.topk_weights for tk in tokens])
-    K = tokens[0].topk_idx.shape[1]
-    H = x_all.shape[1]
+    K, H = tokens[0].topk_idx.shape[1], x_all.shape[1]
     has_shared = shared is not None and any(sh is not None for sh in shared)
-    J = K + (1 if has_shared else 0)
-    comb = {s: np.zeros((tokens[s].num_tokens, J, H), BF16) for s in out_set}
+    # the combine array: every out rank's tokens, in rank order, by (token, slot (+ shared), H)
+    first = np.zeros(R, np.int64)  # the combine row of each out rank's token 0
+    first[out] = np.cumsum([0] + [tokens[s].num_tokens for s in out])[:-1]
+    comb = np.zeros((sum(tokens[s].num_tokens for s in out), K + int(has_shared), H), BF16)
     stats: dict[str, int] = {}
-    stages: dict[int, dict[str, list[np.ndarray]]] = {}
+    ranks = _Ranks(cfg.want_stages)
 
-    def keep(rank: int, name: str, arr: np.ndarray) -> None:
-        stages.setdefault(rank, {}).setdefault(name, []).append(arr)
+    def dispatched(glob: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The token rows ``glob`` of the global token list, and their scales."""
+        return x_all[glob], (None if sc_all is None else sc_all[glob])
 
     for r in range(R):
-        ends = []
-        total = 0
+        ends, total = [], 0
         for i in range(E_l):
             seg = routes.rows(r * E_l + i)
             sel = np.arange(seg.start, seg.stop)
-            if len(out_set) < R:
-                sel = sel[np.isin(routes.src[sel], list(out_set))]
+            if len(out) < R:
+                sel = sel[np.isin(routes.src[sel], out)]
             total += sel.size
             ends.append(total)
             if sel.size == 0:
                 continue
             src, tok, slot = routes.src[sel], routes.tok[sel], routes.slot[sel]
             glob = routes.token_offsets[src] + tok
-            res1 = _gemm(_token_operand(x_all, sc_all, glob), weights[r].l1(i), cfg, stats)
+            x, x_sf = dispatched(glob)
             wts = w_all[glob, slot]
-            v, q, sf, st = swiglu_stage(res1.out, wts, options[r], cfg)
-            for key, val in st.items():
-                stats["swiglu_" + key] = stats.get("swiglu_" + key, 0) + val
-            res2 = _gemm(_acts_operand(q, sf), weights[r].l2(i), cfg, stats)
-            for s in np.unique(src):
-                m = src == s
-                comb[int(s)][tok[m], slot[m]] = res2.out[m]
-            if cfg.want_stages:
-                keep(r, "dispatch.src", np.stack([src, tok, slot], axis=1))
-                keep(r, "dispatch.topk_weights", wts.astype(np.float32))
-                keep(r, "l1.output", res1.out)
-                keep(r, "swiglu.output", v)
-                keep(r, "l2.acts", q)
-                if sf is not None:
-                    keep(r, "l2.acts_sf", sf)
-                keep(r, "l2.output", res2.out)
-                if res1.acc is not None and res2.acc is not None:
-                    keep(r, "l1.acc", res1.acc)
-                    keep(r, "l2.acc", res2.acc)
-                if res1.S is not None and res2.S is not None:
-                    keep(r, "l1.S", res1.S)
-                    keep(r, "l2.S", res2.S)
-        if cfg.want_stages:
-            keep(r, "dispatch.psum", np.array(ends, np.int32))
+            res = _expert(_Expert(f"rank {r} expert {i}", x, x_sf, weights[r].l1(i), weights[r].l2(i), wts,
+                                  options[r], (first[src] + tok, slot), True), cfg, comb, stats)
+            ranks.keep(r, "dispatch.src", np.stack([src, tok, slot], axis=1))
+            ranks.keep(r, "dispatch.topk_weights", wts.astype(np.float32))
+            ranks.expert(r, res, shared=False)
+        ranks.keep(r, "dispatch.psum", np.array(ends, np.int32))
 
     result = PipelineResult({}, {}, {}, counts, {}, stats)
-    for s in sorted(out_set):
-        tk = tokens[s]
-        if has_shared and shared is not None and shared[s] is not None and tk.num_tokens:
-            sh = shared[s]
-            assert sh is not None
-            rows = np.arange(routes.token_offsets[s], routes.token_offsets[s + 1])
-            res1 = _gemm(_token_operand(x_all, sc_all, rows), sh.l1(0), cfg, stats)
-            v, q, sf, _ = swiglu_stage(res1.out, None, options[s], cfg)
-            res2 = _gemm(_acts_operand(q, sf), sh.l2(0), cfg, stats)
-            comb[s][:, K] = res2.out
-            if cfg.want_stages:
-                keep(s, "shared.l1.output", res1.out)
-                keep(s, "shared.swiglu.output", v)
-                keep(s, "shared.l2.acts", q)
-                if sf is not None:
-                    keep(s, "shared.l2.acts_sf", sf)
-                keep(s, "shared.output", res2.out)
-        y, acc, S = combine_rows(comb[s], cfg.accumulation.model, want_S=cfg.want_stages)
+    for s in out:
+        n = tokens[s].num_tokens
+        rows = slice(int(first[s]), int(first[s]) + n)
+        sh = None if shared is None else shared[s]
+        if has_shared and sh is not None and n:
+            x, x_sf = dispatched(np.arange(routes.token_offsets[s], routes.token_offsets[s + 1]))
+            res = _expert(_Expert(f"rank {s} shared expert", x, x_sf, sh.l1(0), sh.l2(0), None, options[s],
+                                  (rows, K), False), cfg, comb, stats)
+            ranks.expert(s, res, shared=True)
+        y, acc, S = combine_rows(comb[rows], cfg.accumulation.model, want_S=cfg.want_stages)
         result.y[s], result.acc[s] = y, acc
         if S is not None:
             result.S[s] = S
-        if cfg.want_stages:
-            keep(s, "combine.input", comb[s])
-            keep(s, "y", y)
+        ranks.keep(s, "combine.input", comb[rows])
+        ranks.keep(s, "y", y)
     if cfg.want_stages:
         for r in range(R):
-            named = stages.setdefault(r, {})
+            named = ranks.stages.setdefault(r, {})
             i_dim = int(weights[r].l2(0).shape[1]) if E_l and "l2.acts" not in named else 0
             for key, shape, dt in (("dispatch.src", (0, 3), np.int64), ("dispatch.topk_weights", (0,), np.float32),
                                    ("l1.output", (0, 2 * i_dim), BF16), ("swiglu.output", (0, i_dim), np.float32),
                                    ("l2.output", (0, H), BF16)):
                 named.setdefault(key, [np.zeros(shape, dt)])
-    for rank, named in stages.items():
+    for rank, named in ranks.stages.items():
         result.stages[rank] = {k: (np.concatenate(v) if len(v) > 1 else v[0]) for k, v in named.items()}
+    result.tasks = ranks.tasks
     return result

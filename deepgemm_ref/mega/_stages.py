@@ -10,6 +10,12 @@ Row order (a destination rank's "dispatch order"): local expert by local expert,
 routes in increasing (source rank, token, slot), each expert's segment starting at
 ``align(previous end, expert_alignment)``; ``psum_num_recv_tokens_per_expert`` holds the END offset
 of every segment (the psum layout of the grouped GEMMs).  Padding rows are zero.
+
+Each function reads check -> compute: a ``_check_*`` step validates the call for the profile the
+dispatcher hands it and returns its request (nothing computed or written); the grouped GEMM's
+tasks run through :func:`~deepgemm_ref.executor.execute`, and the other stages, which assemble
+stage arrays (or one record per source rank), report them with
+:func:`~deepgemm_ref.executor.record`.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import core, trace
+from .. import core
 from .. import formats as fm
 from ..api import profiled
 from ..errors import arg_error
-from ..executor import Task, active_accumulation, legacy_execute
-from ..interop import caller_kind, from_numpy
-from ..profiles import get_profile
+from ..executor import Collected, Request, Task, active_accumulation, execute, record
+from ..interop import Kind, caller_kind, from_numpy
+from ..profiles import Profile
 from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, int_arg, packed_fp4
 from ..toolkit.groups import psum_ranges
 from ..toolkit.scales import sf_values
@@ -41,7 +47,6 @@ __all__ = [
     "swiglu_apply_weight_to_fp8",
     "mega_moe_combine",
 ]
-
 
 
 @dataclass
@@ -136,29 +141,23 @@ def _tokens(func: str, x: Any, idx: Any, weights: Any, num_experts: int, target:
     return out
 
 
-def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: int, expert_alignment: int = 1,
-                       cumulative_local_expert_recv_stats: Any = None) -> list[MegaMoEDispatch]:
-    """Expert-parallel dispatch of every source rank's tokens (one row per routed (token, slot)).
+@dataclass
+class _DispatchRequest:
+    """A validated mega_moe_dispatch call: every source rank's tokens, E, the segment alignment and
+    the per destination rank stats arrays (or None)."""
 
-    x:            per source rank, (float8_e4m3fn (N_s, H), per-32 UE8M0 SF in any form:
-                  DeepGEMM's packed int32 (N_s, H / 128), DeepGEMM-Ascend's int16 pairs (N_s, H / 64),
-                  float32 powers of two (N_s, H / 32)) or bfloat16 (N_s, H)
-    topk_idx:     per source rank, integer (N_s, K); masked slots follow the active target
-                  (DeepGEMM: negative after int32 truncation, ids >= num_experts are an error;
-                  DeepGEMM-Ascend: any id outside [0, num_experts))
-    topk_weights: per source rank, float32 (N_s, K)
-    num_experts:  E, a multiple of the rank count R = len(x); rank r owns experts [r E_l, (r + 1) E_l)
-    expert_alignment: segment alignment of the psum layout (DeepGEMM's test uses
-                  get_theoretical_mk_alignment_for_contiguous_layout(); 1 is compact)
-    cumulative_local_expert_recv_stats: None or per destination rank int32 (E_l,), += received routes
+    target: str
+    tokens: list[RankTokens]
+    num_experts: int
+    alignment: int
+    stats: list[np.ndarray] | None
 
-    Returns one :class:`MegaMoEDispatch` per destination rank.
-    """
-    func = "mega_moe_dispatch"
-    target = get_profile().target
+
+def _check_dispatch(profile: Profile, func: str, x: Any, topk_idx: Any, topk_weights: Any, num_experts: Any,
+                    expert_alignment: Any, cumulative_local_expert_recv_stats: Any) -> _DispatchRequest:
     e = int_arg(func, "num_experts", num_experts, 1)
     alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
-    tokens = _tokens(func, x, topk_idx, topk_weights, e, target)
+    tokens = _tokens(func, x, topk_idx, topk_weights, e, profile.target)
     R = len(tokens)
     if e % R:
         raise arg_error(func, "num_experts", f"a multiple of the rank count {R}", repr(e))
@@ -172,6 +171,14 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
                 raise arg_error(func, f"cumulative_local_expert_recv_stats[{r}]", f"a writeable int32 ({e_l},) array",
                                 sa)
             stats.append(sa.reshape(-1))
+    return _DispatchRequest(profile.target, tokens, e, alignment, stats)
+
+
+def _dispatch(func: str, req: _DispatchRequest) -> list[MegaMoEDispatch]:
+    """Every destination rank's rows in dispatch order; one record with each rank's recv_x and src."""
+    tokens, e = req.tokens, req.num_experts
+    R = len(tokens)
+    e_l = e // R
     routes = route(tokens, e)
     fp8 = tokens[0].x_scales is not None
     hdim = tokens[0].x.shape[1]
@@ -184,7 +191,7 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         ends, starts, total = [], [], 0
         for i in range(e_l):
             seg = routes.rows(r * e_l + i)
-            start = align(total, alignment)
+            start = align(total, req.alignment)
             starts.append(start)
             total = start + (seg.stop - seg.start)
             ends.append(total)
@@ -206,18 +213,41 @@ def _mega_moe_dispatch(x: Any, topk_idx: Any, topk_weights: Any, num_experts: in
         if scales is not None:
             b = _scale_bytes(scales)
             b[src[:, 0] < 0] = 0  # padding rows
-            recv_sf = _packed_mn_major(b, ascend=target == "deepgemm-ascend")
+            recv_sf = _packed_mn_major(b, ascend=req.target == "deepgemm-ascend")
         d = MegaMoEDispatch(recv_x, recv_sf, wts, np.array(ends, np.int32), src,
                             tuple(t.num_tokens for t in tokens), int(tokens[0].topk_idx.shape[1]))
         out.append(d)
-        if stats is not None:
+        if req.stats is not None:
             counts = np.diff(np.searchsorted(routes.expert, np.arange(r * e_l, (r + 1) * e_l + 1)))
-            stats[r][...] = (stats[r].astype(np.int64) + counts).astype(np.int32)
+            req.stats[r][...] = (req.stats[r].astype(np.int64) + counts).astype(np.int32)
         extra[f"rank{r}.recv_x"] = recv_x
         extra[f"rank{r}.src"] = src
-    if trace.active() is not None:
-        trace.record(func, extra=extra)
+    record(func, None, extra=extra)
     return out
+
+
+def _mega_moe_dispatch(profile: Profile, /, x: Any, topk_idx: Any, topk_weights: Any, num_experts: int,
+                       expert_alignment: int = 1,
+                       cumulative_local_expert_recv_stats: Any = None) -> list[MegaMoEDispatch]:
+    """Expert-parallel dispatch of every source rank's tokens (one row per routed (token, slot)).
+
+    x:            per source rank, (float8_e4m3fn (N_s, H), per-32 UE8M0 SF in any form:
+                  DeepGEMM's packed int32 (N_s, H / 128), DeepGEMM-Ascend's int16 pairs (N_s, H / 64),
+                  float32 powers of two (N_s, H / 32)) or bfloat16 (N_s, H)
+    topk_idx:     per source rank, integer (N_s, K); masked slots follow the active target
+                  (DeepGEMM: negative after int32 truncation, ids >= num_experts are an error;
+                  DeepGEMM-Ascend: any id outside [0, num_experts))
+    topk_weights: per source rank, float32 (N_s, K)
+    num_experts:  E, a multiple of the rank count R = len(x); rank r owns experts [r E_l, (r + 1) E_l)
+    expert_alignment: segment alignment of the psum layout (DeepGEMM's test uses
+                  get_theoretical_mk_alignment_for_contiguous_layout(); 1 is compact)
+    cumulative_local_expert_recv_stats: None or per destination rank int32 (E_l,), += received routes
+
+    Returns one :class:`MegaMoEDispatch` per destination rank.
+    """
+    func = "mega_moe_dispatch"
+    return _dispatch(func, _check_dispatch(profile, func, x, topk_idx, topk_weights, num_experts, expert_alignment,
+                                           cumulative_local_expert_recv_stats))
 
 
 def _psum_rows(func: str, psum: Any, m: int, groups: int, alignment: int) -> list[tuple[int, int]]:
@@ -229,18 +259,20 @@ def _psum_rows(func: str, psum: Any, m: int, groups: int, alignment: int) -> lis
     return psum_ranges(func, arg, ends.astype(np.int64), alignment, m, extent_name=f"M = {m} (the rows of a)")
 
 
-def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
-                           expert_alignment: int = 1) -> np.ndarray:
-    """``d[r] = bf16(a[r] @ B[g]^T)`` for the rows r of every group g (psum layout); other rows 0.
+@dataclass(kw_only=True)
+class _GroupedRequest(Request):
+    """A validated mega_moe_grouped_gemm call: ``d`` the (M, N) bfloat16 result (allocated zero),
+    ``defined`` its rows inside a group, the operands and every group's rows."""
 
-    a: (float8_e4m3fn (M, K), per-32 SF in any form (M rows)) or bfloat16 (M, K)
-    b: un-transformed grouped weights, as DeepGEMM's baseline passes them: (int8 packed FP4
-       (G, N, K / 2) or float8_e4m3fn (G, N, K), per-32 SF (G, N, ...) in any form) or bfloat16 (G, N, K);
-       ``inverse_transform_weights_for_mega_moe`` recovers them from the fused kernel's layout
-    psum_num_recv_tokens_per_expert: int (G,) END rows; group g starts at align(end_{g-1}, expert_alignment)
-    Returns bfloat16 (M, N).  One executor task per non-empty group.
-    """
-    func = "mega_moe_grouped_gemm"
+    a: np.ndarray
+    a_scales: np.ndarray | None
+    weights: PlainWeights
+    segments: list[tuple[int, int]]
+    kind: Kind
+
+
+def _check_grouped(profile: Profile, func: str, a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
+                   expert_alignment: Any) -> _GroupedRequest:
     alignment = int_arg(func, "expert_alignment", expert_alignment, 1)
     if isinstance(a, (tuple, list)):
         av, asf = as_pair(a, func, "a")
@@ -271,18 +303,44 @@ def _mega_moe_grouped_gemm(a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
         raise arg_error(func, "b", f"K = {k} (from a)", bw)
     groups, n = int(bw.shape[0]), int(bw.shape[1])
     segs = _psum_rows(func, psum_num_recv_tokens_per_expert, m, groups, alignment)
-    d = np.zeros((m, n), BF16)
     defined = np.zeros(m, bool)
+    for r0, r1 in segs:
+        defined[r0:r1] = True  # (empty for an empty group)
+    return _GroupedRequest(func=func, profile=profile, d=np.zeros((m, n), BF16), defined=defined, a=av, a_scales=a_sc,
+                           weights=weights, segments=segs, kind=caller_kind(a))
+
+
+def _grouped_tasks(req: _GroupedRequest) -> list[Task]:
+    """d[r] = bf16(sum_k A[r, k] sa[r, k // 32] B_g[n, k] sb_g[n, k // 32]) for the rows r of group g.
+
+    One task per non-empty group; the weights are the core's row-chunked operand (see
+    :attr:`deepgemm_ref.executor.Task.transposed`); rows outside every group stay 0.
+    """
     tasks = []
-    for g, (r0, r1) in enumerate(segs):
+    for g, (r0, r1) in enumerate(req.segments):
         if r1 <= r0:
             continue
-        op_a = core.Operand(av[r0:r1]) if a_sc is None else core.Operand(av[r0:r1], a_sc[r0:r1], 32)
-        # the weights as the core's row-chunked operand (see executor.Task.transposed)
-        tasks.append(Task(op_a, weights.operand(g), core.OutputStage(fm.BF16), (slice(r0, r1),), transposed=True))
-        defined[r0:r1] = True
-    legacy_execute(func, d, tasks, defined=defined)
-    return from_numpy(d, caller_kind(a))
+        sc = None if req.a_scales is None else req.a_scales[r0:r1]
+        a = core.Operand(req.a[r0:r1]) if sc is None else core.Operand(req.a[r0:r1], sc, 32)
+        tasks.append(Task(a, req.weights.operand(g), core.OutputStage(fm.BF16), (slice(r0, r1),), transposed=True,
+                          label=f"expert {g}: rows [{r0}, {r1})"))
+    return tasks
+
+
+def _mega_moe_grouped_gemm(profile: Profile, /, a: Any, b: Any, psum_num_recv_tokens_per_expert: Any,
+                           expert_alignment: int = 1) -> np.ndarray:
+    """``d[r] = bf16(a[r] @ B[g]^T)`` for the rows r of every group g (psum layout); other rows 0.
+
+    a: (float8_e4m3fn (M, K), per-32 SF in any form (M rows)) or bfloat16 (M, K)
+    b: un-transformed grouped weights, as DeepGEMM's baseline passes them: (int8 packed FP4
+       (G, N, K / 2) or float8_e4m3fn (G, N, K), per-32 SF (G, N, ...) in any form) or bfloat16 (G, N, K);
+       ``inverse_transform_weights_for_mega_moe`` recovers them from the fused kernel's layout
+    psum_num_recv_tokens_per_expert: int (G,) END rows; group g starts at align(end_{g-1}, expert_alignment)
+    Returns bfloat16 (M, N).  One executor task per non-empty group.
+    """
+    req = _check_grouped(profile, "mega_moe_grouped_gemm", a, b, psum_num_recv_tokens_per_expert, expert_alignment)
+    execute(req, _grouped_tasks(req))
+    return from_numpy(req.d, req.kind)
 
 
 def _avail(func: str, avail_tokens: Any, m: int) -> int:
@@ -295,10 +353,106 @@ def _avail(func: str, avail_tokens: Any, m: int) -> int:
     return int(v.reshape(-1)[0])
 
 
-def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, num_per_channels: int,
-                                use_col_major_scales: bool, round_scale: bool, ue8m0_scale: bool,
-                                clamp_value: float | None = None, fmt: str = "e4m3", num_sms: int | None = None,
-                                output_bf16: bool = False, fast_math: bool = True, *,
+@dataclass
+class _SwigluRequest:
+    """A validated swiglu_apply_weight_to_fp8 call: x (M, 2I), the weights or None, the rows
+    processed, the clamp, the scale group size and form, and the configuration of the stage."""
+
+    kind: Kind
+    x: np.ndarray
+    weights: np.ndarray | None
+    rows: int
+    gran: int
+    use_col_major_scales: Any
+    round_scale: Any
+    ue8m0_scale: Any
+    output_bf16: Any
+    options: RankOptions
+    cfg: PipelineConfig
+
+
+def _check_swiglu(profile: Profile, func: str, x: Any, topk_weights: Any, avail_tokens: Any, num_per_channels: Any,
+                  use_col_major_scales: Any, round_scale: Any, ue8m0_scale: Any, clamp_value: Any, fmt: Any,
+                  output_bf16: Any, fast_math: Any, semantics: Any) -> _SwigluRequest:
+    kind = caller_kind(x)
+    xa = as_array(x, func, "x")
+    if fmt != "e4m3":
+        raise arg_error(func, "fmt", "'e4m3'", repr(fmt), utility=True)
+    if semantics not in ("fused", "baseline"):
+        raise arg_error(func, "semantics", "'fused' or 'baseline'", repr(semantics))
+    gran = int_arg(func, "num_per_channels", num_per_channels, 1)
+    if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[1] % (2 * gran):
+        raise arg_error(func, "x", f"a bfloat16 (M, 2I) array with I a multiple of num_per_channels = {gran}", xa)
+    if ue8m0_scale and not (round_scale and use_col_major_scales):
+        raise arg_error(func, "ue8m0_scale", "round_scale=True and use_col_major_scales=True with UE8M0 scales",
+                        repr((round_scale, use_col_major_scales)), utility=True)
+    m = xa.shape[0]
+    w = None
+    if topk_weights is not None:
+        w = as_array(topk_weights, func, "topk_weights")
+        if w.dtype != np.float32 or w.size != m:
+            raise arg_error(func, "topk_weights", f"float32 ({m},)", w)
+        w = w.reshape(-1)
+    # Note: rows from avail_tokens on are zero in the outputs (TileLang leaves them uninitialised),
+    # and UE8M0 scales require round_scale and column-major scales (TileLang writes garbage otherwise).
+    rows = _avail(func, avail_tokens, m)
+    c = None if clamp_value is None else float(clamp_value)
+    cfg = PipelineConfig(profile, "fp8", accumulation=active_accumulation(profile), semantics=semantics)
+    return _SwigluRequest(kind, xa, w, rows, gran, use_col_major_scales, round_scale, ue8m0_scale, output_bf16,
+                          RankOptions(c, bool(fast_math)), cfg)
+
+
+def _swiglu(func: str, req: _SwigluRequest) -> tuple[Any, ...]:
+    """v = swiglu(gate, up) (* w) on the first ``rows`` rows; y = e4m3(v / sf) per group of ``gran``
+    channels; the scales in the requested form; one record (v, y and the scale bytes)."""
+    xa, w, rows, gran, cfg = req.x, req.weights, req.rows, req.gran, req.cfg
+    m, i = xa.shape[0], xa.shape[1] // 2
+    v, q8, sf, st = swiglu_stage(xa[:rows], None if w is None else w[:rows], req.options, cfg, quantize=False)
+    y = np.zeros((m, i), E4M3)
+    groups = i // gran
+    if req.round_scale:
+        rule: sw.ScaleRule = ("cuda" if cfg.target == "deepgemm" else "ascend") if cfg.semantics == "fused" \
+            else "tilelang"
+        codes, sfb = sw.requantize(v, rule, gran)
+        y[:rows] = codes.view(E4M3)
+    else:
+        codes, sff = sw.requantize_float_scale(v, gran)
+        y[:rows] = codes.view(E4M3)
+    a4 = align(m, 4)
+    if req.ue8m0_scale:
+        b = np.zeros((m, align(groups, 4)), np.uint8)
+        b[:rows, :groups] = sfb
+        phys = np.zeros((b.shape[1] // 4, a4), np.int32)
+        phys[:, :m] = fm.pack_ue8m0_int32(b).T
+        y_sf = phys.T[:m]
+    else:
+        vals = np.zeros((m, groups), np.float32)
+        if req.round_scale:
+            vals[:rows] = (sfb.astype(np.uint32) << np.uint32(23)).view(np.float32)
+        else:
+            vals[:rows] = sff
+        if req.use_col_major_scales:
+            phys32 = np.zeros((groups, a4), np.float32)
+            phys32[:, :m] = vals.T
+            y_sf = phys32.T[:m]
+        else:
+            y_sf = vals
+    extra = {"swiglu.output": v, "l2.acts": y}
+    if req.round_scale:
+        extra["l2.acts_sf"] = sfb
+    record(func, None, np.broadcast_to((np.arange(m) < rows)[:, None], (m, i)), stats=st, extra=extra)
+    result: tuple[Any, ...] = (from_numpy(y, req.kind), from_numpy(y_sf, req.kind))
+    if req.output_bf16:
+        yb = np.zeros((m, i), BF16)
+        yb[:rows] = q8
+        result += (from_numpy(yb, req.kind),)
+    return result
+
+
+def _swiglu_apply_weight_to_fp8(profile: Profile, /, x: Any, topk_weights: Any, avail_tokens: Any,
+                                num_per_channels: int, use_col_major_scales: bool, round_scale: bool,
+                                ue8m0_scale: bool, clamp_value: float | None = None, fmt: str = "e4m3",
+                                num_sms: int | None = None, output_bf16: bool = False, fast_math: bool = True, *,
                                 semantics: Literal["fused", "baseline"] = "fused") -> tuple[Any, ...]:
     """SwiGLU with the top-k weight and per-channel-group FP8 quantisation (TileLang's op).
 
@@ -323,91 +477,31 @@ def _swiglu_apply_weight_to_fp8(x: Any, topk_weights: Any, avail_tokens: Any, nu
     # Note: ``semantics`` is this package's keyword (the fused kernels and TileLang's op differ in
     # the amax floor and the clamp precision, spec 10.7); the default mirrors the fused kernel.
     func = "swiglu_apply_weight_to_fp8"
-    kind = caller_kind(x)
-    xa = as_array(x, func, "x")
-    if fmt != "e4m3":
-        raise arg_error(func, "fmt", "'e4m3'", repr(fmt), utility=True)
-    if semantics not in ("fused", "baseline"):
-        raise arg_error(func, "semantics", "'fused' or 'baseline'", repr(semantics))
-    gran = int_arg(func, "num_per_channels", num_per_channels, 1)
-    if xa.dtype != BF16 or xa.ndim != 2 or xa.shape[1] % (2 * gran):
-        raise arg_error(func, "x", f"a bfloat16 (M, 2I) array with I a multiple of num_per_channels = {gran}", xa)
-    if ue8m0_scale and not (round_scale and use_col_major_scales):
-        raise arg_error(func, "ue8m0_scale", "round_scale=True and use_col_major_scales=True with UE8M0 scales",
-                        repr((round_scale, use_col_major_scales)), utility=True)
-    m, i = xa.shape[0], xa.shape[1] // 2
-    w = None
-    if topk_weights is not None:
-        w = as_array(topk_weights, func, "topk_weights")
-        if w.dtype != np.float32 or w.size != m:
-            raise arg_error(func, "topk_weights", f"float32 ({m},)", w)
-        w = w.reshape(-1)
-    # Note: rows from avail_tokens on are zero in the outputs (TileLang leaves them uninitialised),
-    # and UE8M0 scales require round_scale and column-major scales (TileLang writes garbage otherwise).
-    rows = _avail(func, avail_tokens, m)
-    c = None if clamp_value is None else float(clamp_value)
-    profile = get_profile()
-    cfg = PipelineConfig(profile.target, "fp8", accumulation=active_accumulation(), semantics=semantics)
-    opts = RankOptions(c, bool(fast_math))
-    v, q8, sf, st = swiglu_stage(xa[:rows], None if w is None else w[:rows], opts, cfg, quantize=False)
-    y = np.zeros((m, i), E4M3)
-    groups = i // gran
-    if round_scale:
-        rule: sw.ScaleRule = ("cuda" if profile.target == "deepgemm" else "ascend") if semantics == "fused" \
-            else "tilelang"
-        codes, sfb = sw.requantize(v, rule, gran)
-        y[:rows] = codes.view(E4M3)
-    else:
-        codes, sff = sw.requantize_float_scale(v, gran)
-        y[:rows] = codes.view(E4M3)
-    a4 = align(m, 4)
-    if ue8m0_scale:
-        b = np.zeros((m, align(groups, 4)), np.uint8)
-        b[:rows, :groups] = sfb
-        phys = np.zeros((b.shape[1] // 4, a4), np.int32)
-        phys[:, :m] = fm.pack_ue8m0_int32(b).T
-        y_sf = phys.T[:m]
-    else:
-        vals = np.zeros((m, groups), np.float32)
-        if round_scale:
-            vals[:rows] = (sfb.astype(np.uint32) << np.uint32(23)).view(np.float32)
-        else:
-            vals[:rows] = sff
-        if use_col_major_scales:
-            phys32 = np.zeros((groups, a4), np.float32)
-            phys32[:, :m] = vals.T
-            y_sf = phys32.T[:m]
-        else:
-            y_sf = vals
-    extra = {"swiglu.output": v, "l2.acts": y}
-    if round_scale:
-        extra["l2.acts_sf"] = sfb
-    trace.record(func, defined=np.broadcast_to((np.arange(m) < rows)[:, None], (m, i)), stats=st, extra=extra)
-    result: tuple[Any, ...] = (from_numpy(y, kind), from_numpy(y_sf, kind))
-    if output_bf16:
-        yb = np.zeros((m, i), BF16)
-        yb[:rows] = q8
-        result += (from_numpy(yb, kind),)
-    return result
+    return _swiglu(func, _check_swiglu(profile, func, x, topk_weights, avail_tokens, num_per_channels,
+                                       use_col_major_scales, round_scale, ue8m0_scale, clamp_value, fmt, output_bf16,
+                                       fast_math, semantics))
 
 
-def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output: Any = None) -> list[Any]:
-    """Combine: ``y_s[t] = bf16(sum over valid slots k, in increasing k, of o_{s,t,k} (+ shared_s[t]))``.
+@dataclass
+class _CombineRequest:
+    """A validated mega_moe_combine call: every destination rank's L2 rows and dispatch handle, the
+    shared-expert outputs per source rank (or None), and the accumulation model."""
 
-    x:       per destination rank, bfloat16 (M_r, H) L2 outputs in that rank's dispatch order
-    handles: the :class:`MegaMoEDispatch` of every destination rank (row -> (source rank, token, slot))
-    shared_output: None, or per source rank bfloat16 (N_s, H) (DeepGEMM-Ascend's shared experts;
-             added after the routed slots)
-    Returns per source rank bfloat16 (N_s, H).  ``exact``: the exact sum rounded once; ``fp32``: a
-    float32 running sum from +0.  Each source rank's call records acc (exact sum) and S = sum |terms|.
-    """
-    func = "mega_moe_combine"
+    kind: Kind
+    x: list[np.ndarray]
+    handles: list[MegaMoEDispatch]
+    shared: list[np.ndarray] | None
+    hidden: int
+    model: Any
+
+
+def _check_combine(profile: Profile, func: str, x: Any, handles: Any, shared_output: Any) -> _CombineRequest:
     hs = _seq(func, "handles", handles)
     xs = _seq(func, "x", x, len(hs))
     kind = caller_kind(*xs)
     if not hs or not all(isinstance(h, MegaMoEDispatch) for h in hs):
         raise arg_error(func, "handles", "the MegaMoEDispatch list returned by mega_moe_dispatch", repr(type(handles)))
-    ns, k = hs[0].num_tokens_per_rank, hs[0].num_topk
+    ns = hs[0].num_tokens_per_rank
     R = len(ns)
     shared = None if shared_output is None else _seq(func, "shared_output", shared_output, R)
     hdim = None
@@ -420,28 +514,56 @@ def _mega_moe_combine(x: Any, handles: Sequence[MegaMoEDispatch], shared_output:
         hdim = xa.shape[1]
         xa_list.append(xa)
     assert hdim is not None
-    j = k + (1 if shared is not None else 0)
-    comb = [np.zeros((n, j, hdim), BF16) for n in ns]
-    for xa, h in zip(xa_list, hs, strict=True):
+    sa_list = None
+    if shared is not None:
+        sa_list = []
+        for src, sh in enumerate(shared):
+            sa = as_array(sh, func, f"shared_output[{src}]")
+            if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
+                raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
+            sa_list.append(sa)
+    return _CombineRequest(kind, xa_list, list(hs), sa_list, hdim, active_accumulation(profile).model)
+
+
+def _combine(func: str, req: _CombineRequest) -> list[Any]:
+    """y_s[t] = bf16(sum over valid slots k, in increasing k, of o_{s,t,k} (+ shared_s[t])); one
+    record per source rank (acc: the exact sum, S: sum |terms|, extra: its combine input)."""
+    hs = req.handles
+    ns, k = hs[0].num_tokens_per_rank, hs[0].num_topk
+    j = k + (1 if req.shared is not None else 0)
+    comb = [np.zeros((n, j, req.hidden), BF16) for n in ns]
+    for xa, h in zip(req.x, hs, strict=True):
         valid = h.src[:, 0] >= 0
         s, t, sl = h.src[valid, 0], h.src[valid, 1], h.src[valid, 2]
         rows = xa[valid]
         for src in np.unique(s):
             sel = s == src
             comb[int(src)][t[sel], sl[sel]] = rows[sel]
-    if shared is not None:
-        for src, sh in enumerate(shared):
-            sa = as_array(sh, func, f"shared_output[{src}]")
-            if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
-                raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
+    if req.shared is not None:
+        for src, sa in enumerate(req.shared):
             comb[src][:, k] = sa
-    model = active_accumulation().model
     out = []
-    for src in range(R):
-        y, acc, S = combine_rows(comb[src], model)
-        trace.record(func, acc=acc, S=S, stats={"rank": src}, extra={"combine.input": comb[src]})
-        out.append(from_numpy(y, kind))
+    for src in range(len(ns)):
+        y, acc, S = combine_rows(comb[src], req.model)
+        record(func, Collected(y.shape, False, False, acc=acc, S=S), None, stats={"rank": src},
+               extra={"combine.input": comb[src]})
+        out.append(from_numpy(y, req.kind))
     return out
+
+
+def _mega_moe_combine(profile: Profile, /, x: Any, handles: Sequence[MegaMoEDispatch],
+                      shared_output: Any = None) -> list[Any]:
+    """Combine: ``y_s[t] = bf16(sum over valid slots k, in increasing k, of o_{s,t,k} (+ shared_s[t]))``.
+
+    x:       per destination rank, bfloat16 (M_r, H) L2 outputs in that rank's dispatch order
+    handles: the :class:`MegaMoEDispatch` of every destination rank (row -> (source rank, token, slot))
+    shared_output: None, or per source rank bfloat16 (N_s, H) (DeepGEMM-Ascend's shared experts;
+             added after the routed slots)
+    Returns per source rank bfloat16 (N_s, H).  ``exact``: the exact sum rounded once; ``fp32``: a
+    float32 running sum from +0.  Each source rank's call records acc (exact sum) and S = sum |terms|.
+    """
+    func = "mega_moe_combine"
+    return _combine(func, _check_combine(profile, func, x, handles, shared_output))
 
 
 mega_moe_dispatch = profiled("mega_moe_dispatch", None, deepgemm=_mega_moe_dispatch, deepgemm_ascend=_mega_moe_dispatch)
