@@ -21,7 +21,7 @@ from .api import not_implemented, profiled
 from .einsum import bf16_bmm, fp8_bmm
 from .errors import arg_error
 from .mega import get_ring_limit_for_mega_moe, get_symm_buffer_size_for_mega_moe, get_token_alignment_for_mega_moe
-from .mega._layout import alloc_bytes, zero_bytes
+from .mega._buffer import buffer_ptrs, symm_bytes
 from .runtime import get_dry_run, set_dry_run
 from .toolkit.sizes import check_alloc, size_arg
 
@@ -120,7 +120,7 @@ fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_raw_fp8_fp4_mega
 bf16_mega_moe = profiled("bf16_mega_moe", {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 Mega MoE (port 1.10)"},
                          deepgemm=_raw_bf16_mega_moe_cuda)
 
-_LEASES: dict[tuple[str, int], tuple[int, np.ndarray]] = {}
+_LEASES: dict[tuple[str, int], np.ndarray] = {}
 
 
 class _CSymmBuffer:
@@ -142,24 +142,16 @@ class _CSymmBuffer:
         if not isinstance(hccl_group_name, str):
             raise arg_error(func, "hccl_group_name", "a str", type(hccl_group_name).__name__)
         key = (hccl_group_name, int(rank_idx))
-        lease = _LEASES.get(key)
-        if lease is None or lease[0] < num_bytes:
-            lease = (int(num_bytes), alloc_bytes(int(num_bytes)))
-            _LEASES[key] = lease
-        else:
-            zero_bytes(lease[1])  # the pool zero-fills on reuse too (port 1.10)
+        # a lease large enough is reused: the pool zero-fills on reuse too (port 1.10)
+        lease = _LEASES[key] = symm_bytes(int(num_bytes), _LEASES.get(key))
         # Note: no HCCL and no device memory: the lease is a NumPy int8 array in this process and
         # buffer_ptrs are host addresses.
         self._group, self._num_ranks = hccl_group_name, int(num_ranks)
-        self.buffer = lease[1][: int(num_bytes)].view(np.int8)
+        self.buffer = lease[: int(num_bytes)].view(np.int8)
 
     @property
     def buffer_ptrs(self) -> list[int]:
-        out = []
-        for r in range(self._num_ranks):
-            lease = _LEASES.get((self._group, r))
-            out.append(0 if lease is None else int(lease[1].__array_interface__["data"][0]))
-        return out
+        return buffer_ptrs(_LEASES.get((self._group, r)) for r in range(self._num_ranks))
 
 
 SymmBuffer = profiled("SymmBuffer", {"deepgemm": "DeepGEMM 2.6.1 builds the symmetric buffer in Python "

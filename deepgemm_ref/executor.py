@@ -44,12 +44,8 @@ from .profiles import Profile
 __all__ = ["Request", "Task", "Fill", "Collected", "active_accumulation", "run", "execute", "record"]
 
 
-def active_accumulation(profile: Profile | None = None) -> core.Accumulation:
+def active_accumulation(profile: Profile) -> core.Accumulation:
     """The accumulation in force: the numerics option and ``profile``'s MMA block arithmetic."""
-    if profile is None:  # TRANSITIONAL: removed once every family passes its request's profile
-        from .profiles import get_profile
-
-        profile = get_profile()
     return core.Accumulation(get_numerics().accumulation, profile.fp32_block, profile.mma_block_scaling)
 
 
@@ -302,19 +298,3 @@ def record(func: str, col: Collected | None, defined: np.ndarray | None = None, 
     stats = {**col.stats, **fields.pop("stats", {})}
     trace.record(func, acc=col.acc, acc_lo=col.acc_lo, S=col.S, defined=defined, stats=stats,
                  tasks=tuple(col.tasks), **fields)
-
-
-def legacy_execute(func: str, d: np.ndarray, tasks: Sequence[Task | Callable[[], Task]], *,
-                   accumulation: core.Accumulation | None = None, want: tuple[bool, bool] | None = None,
-                   defined: np.ndarray | Literal["all"] | None = "all", zero: np.ndarray | None = None,
-                   fill: Sequence[tuple[tuple[Any, ...], np.ndarray]] = (), trace_fill: float = 0.0,
-                   parallel: bool = False, record_trace: bool = True,
-                   extra: dict[str, np.ndarray] | None = None) -> Collected:
-    """TRANSITIONAL: the former signature, for families not yet in check -> tasks -> execute form."""
-    from .profiles import get_profile
-
-    req = Request(func=func, profile=get_profile(), d=d, defined=defined, zero=zero, trace_fill=trace_fill,
-                  parallel=parallel)
-    items: list[Item] = [Fill(index, values) for index, values in fill]
-    return execute(req, items + list(tasks), accumulation=accumulation, want=want, record_trace=record_trace,
-                   extra=extra)
