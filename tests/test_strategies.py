@@ -17,7 +17,7 @@ from deepgemm_ref.golden.cases import FAMILIES, validate_spec
 from deepgemm_ref.strategies import cases, kernels, specs
 from deepgemm_ref.testing import assert_matches_golden
 
-from . import standins
+from .standin import DROPS_K_BLOCK, FLUSHES_NAN, K_GROUPED_DROPS_C, MQA_NO_KV_SCALE, SKIPS_GROUP, TRUNCATES, WRONG_SCALE
 
 KERNELS = kernels()
 QUICK = settings(max_examples=3, deadline=None, database=None,
@@ -247,7 +247,7 @@ def _falsify(strategy, module, **kw):
 
 
 def test_a_kernel_that_drops_a_k_block_fails_shrunk_to_k_129():
-    msg, notes = _falsify(cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), standins.DROPS_K_BLOCK)
+    msg, notes = _falsify(cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), DROPS_K_BLOCK)
     assert "fp8_gemm_nt under sm100 does not match its golden values" in msg
     assert "(m=1 n=1 k=129;" in msg  # the smallest shape that has a second K block
     assert "worst 1 of them" in msg and "allowed [" in msg and "ULPs" in msg
@@ -255,12 +255,12 @@ def test_a_kernel_that_drops_a_k_block_fails_shrunk_to_k_129():
 
 
 def test_a_kernel_with_the_wrong_scale_fails_shrunk_to_two_rows():
-    msg, _ = _falsify(cases("fp8_gemm_nt", profile="sm90"), standins.WRONG_SCALE)
+    msg, _ = _falsify(cases("fp8_gemm_nt", profile="sm90"), WRONG_SCALE)
     assert "fp8_gemm_nt under sm90 does not match" in msg and "(m=2 n=1 k=1;" in msg
 
 
 def test_a_kernel_that_truncates_its_output_fails_on_a_tiny_case():
-    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", out="bf16", c="none", alpha=None), standins.TRUNCATES)
+    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", out="bf16", c="none", alpha=None), TRUNCATES)
     assert "bf16_gemm_nt under sm100 does not match" in msg
     line = next(x for x in msg.splitlines() if x.strip().startswith("at ("))
     assert "ULPs 1" in line  # one bf16 step below the correctly rounded value
@@ -270,24 +270,24 @@ def test_a_kernel_that_truncates_its_output_fails_on_a_tiny_case():
 
 
 def test_a_grouped_kernel_that_skips_its_last_group_fails():
-    msg, _ = _falsify(cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"), standins.SKIPS_GROUP)
+    msg, _ = _falsify(cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"), SKIPS_GROUP)
     assert "m_grouped_bf16_gemm_nt_contiguous under sm100 does not match" in msg and "groups=1" in msg
 
 
 def test_a_kernel_that_flushes_nan_fails_with_a_class_mismatch():
-    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", values="special"), standins.FLUSHES_NAN)
+    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", values="special"), FLUSHES_NAN)
     assert "class mismatch (finite where the golden value is NaN)" in msg
 
 
 def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one_key():
-    msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False), standins.MQA_NO_KV_SCALE)
+    msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False), MQA_NO_KV_SCALE)
     assert "fp8_fp4_mqa_logits under sm100 does not match its golden values" in msg
     assert "(seq=1 seq_kv=1 " in msg and "output 'logits' (1, 1) float32: 1 of 1 checked elements fail" in msg
     assert "'seq': 1, 'seq_kv': 1" in notes
 
 
 def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group():
-    msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100"), standins.K_GROUPED_DROPS_C)
+    msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100"), K_GROUPED_DROPS_C)
     assert "k_grouped_fp8_gemm_tn_contiguous under sm100 does not match its golden values" in msg
     assert "(groups=1 m=4 n=4 k=1;" in msg and "16 of 16 checked elements fail" in msg
 
