@@ -335,11 +335,17 @@ def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group(full):
     assert "(groups=1 m=4 n=4 k=1;" in msg and "16 of 16 checked elements fail" in msg
 
 
-def test_the_same_properties_pass_on_the_correct_kernels():
-    for strategy in (cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), cases("fp8_gemm_nt", profile="sm90"),
+@FULL
+def test_the_same_properties_pass_on_the_correct_kernels(full):
+    """The strategies of the tests above (small: with the same size caps) pass on deepgemm_ref."""
+    def sizes(**caps):
+        return {} if full else _small(**caps)
+
+    for strategy in (cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128, **sizes(m=8, n=8, k=256)),
+                     cases("fp8_gemm_nt", profile="sm90"),
                      cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"),
-                     cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False),
-                     cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100")):
+                     cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False, **sizes(seq=4, seq_kv=24)),
+                     cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100", **sizes(groups=3, m=32, n=32, k=64))):
         @settings(max_examples=10, deadline=None, database=None)
         @given(case=strategy)
         def prop(case):
