@@ -11,6 +11,7 @@ Run ``python tests/test_imports.py`` to print the graph's facts (floors, cycles)
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,12 @@ def _with_parents(target: str, importer: str, known: dict[str, Path]) -> set[str
     return out
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per run (the four tests read the same sources)."""
+    return ast.parse(path.read_text())
+
+
 def graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
     """(module -> the package modules it imports, [(importer, module, private name imported)])."""
     known = modules()
@@ -84,7 +91,7 @@ def graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
     private: list[tuple[str, str, str]] = []
     for mod, path in known.items():
         is_pkg = path.name == "__init__.py"
-        for node in _imports(ast.parse(path.read_text())):
+        for node in _imports(_tree(path)):
             if isinstance(node, ast.Import):
                 targets = [(a.name, None) for a in node.names if a.name.startswith("deepgemm_ref")]
             else:
