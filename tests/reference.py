@@ -126,8 +126,22 @@ def ref_per_token_cast_to_fp4(x: np.ndarray, use_ue8m0: bool, gran_k: int, divis
 # ---------------------------------------------------------------------------------------------
 
 def exact_dot(a: np.ndarray, b: np.ndarray) -> Fraction:
-    """sum_k a[k] * b[k] over exactly-representable float64 values, as an exact rational."""
-    return sum((F(float(x)) * F(float(y)) for x, y in zip(a, b, strict=True)), F(0))
+    """sum_k a[k] * b[k] over exactly-representable float64 values, as an exact rational.
+
+    In integers: each float is n / 2^p exactly (``float.as_integer_ratio``), so each product is
+    an integer over a power of two and the sum is one integer over the largest of them (the same
+    rational as summing Fractions, without a gcd per term).
+    """
+    xs, ys = np.asarray(a, np.float64).tolist(), np.asarray(b, np.float64).tolist()
+    if len(xs) != len(ys):
+        raise ValueError(f"exact_dot: lengths {len(xs)} and {len(ys)} differ")
+    terms = []
+    for x, y in zip(xs, ys, strict=True):
+        nx, dx = x.as_integer_ratio()
+        ny, dy = y.as_integer_ratio()
+        terms.append((nx * ny, dx.bit_length() + dy.bit_length() - 2))
+    top = max((p for _, p in terms), default=0)
+    return F(sum(n << (top - p) for n, p in terms), 1 << top)
 
 
 def exact_dot_f32_code(a: np.ndarray, b: np.ndarray) -> int:

@@ -83,14 +83,24 @@ def test_manifest_records_what_the_issue_asks(bundle):
     assert "golden.acc_lo" in f32["tensors"]
 
 
+def _run_side_by_side(*runs: tuple[list[str], dict[str, str]]) -> None:
+    """Run the commands at the same time, each with its environment (separate processes: a BLAS
+    reads its thread count once), and wait for all; each must exit 0."""
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd, env in runs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+
+
 def test_generation_is_deterministic_across_threads(tmp_path):
     env = dict(os.environ, DEEPGEMM_REF_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     code = ("import sys, deepgemm_ref.golden as g, json; "
             "g.generate(json.loads(sys.argv[2]), sys.argv[1])")
     spec = json.dumps(CASES[:3])
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "one"), spec], check=True, env=env)
     env2 = dict(os.environ, DEEPGEMM_REF_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "two"), spec], check=True, env=env2)
+    _run_side_by_side(([sys.executable, "-c", code, str(tmp_path / "one"), spec], env),
+                      ([sys.executable, "-c", code, str(tmp_path / "two"), spec], env2))
     for case in CASES[:3]:
         a = (tmp_path / "one" / "cases" / f"{case['id']}.safetensors").read_bytes()
         b = (tmp_path / "two" / "cases" / f"{case['id']}.safetensors").read_bytes()
@@ -360,10 +370,9 @@ def test_jobs_give_identical_bundles(tmp_path):
 def test_bundle_bytes_do_not_depend_on_the_blas_thread_count(tmp_path):
     code = ("import sys; from deepgemm_ref import golden; import json; "
             "golden.generate(json.loads(sys.argv[1]), sys.argv[2])")
-    for threads in ("1", "2"):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-        subprocess.run([sys.executable, "-c", code, json.dumps(_INEXACT), str(tmp_path / threads)], env=env,
-                       check=True, capture_output=True)
+    _run_side_by_side(*(([sys.executable, "-c", code, json.dumps(_INEXACT), str(tmp_path / threads)],
+                          dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads))
+                         for threads in ("1", "2")))
     b1, b2 = _bundle_bytes(tmp_path / "1"), _bundle_bytes(tmp_path / "2")
     m1, m2 = (json.loads(b.pop("manifest.json")) for b in (b1, b2))  # the manifests record the env
     assert len(b1) == 2 and b1 == b2 and m1["cases"] == m2["cases"]
@@ -387,10 +396,9 @@ def test_trace_capture_does_not_depend_on_the_blas_thread_count(tmp_path):
         "        dg.fp8_gemm_nt(a, b, d, c=d, recipe=(1, 1, 128))\n"
         "np.save(sys.argv[1], np.stack([cap.last.S, cap.last.acc, d.astype(np.float64)]))\n"
     )
-    for threads in ("1", "2"):
-        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / f"{threads}.npy")], env=env, check=True,
-                       capture_output=True)
+    _run_side_by_side(*(([sys.executable, "-c", code, str(tmp_path / f"{threads}.npy")],
+                          dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads))
+                         for threads in ("1", "2")))
     one, two = (np.load(tmp_path / f"{t}.npy", allow_pickle=False) for t in ("1", "2"))
     assert one.tobytes() == two.tobytes()
 

@@ -43,21 +43,24 @@ def _spec(draw):
     return d
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(specs=hs.lists(_spec(), min_size=0, max_size=4) | _json_value)
-def test_fuzzed_spec_files_give_exit_0_or_2_and_no_traceback(tmp_path, capsys, specs):
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(specs))
-    rc = main(["golden", "--spec", str(path), "--out", str(tmp_path / "b"), "--dry-run"])
-    cap = capsys.readouterr()
-    assert rc in (0, 2), (rc, cap.err)
-    assert "Traceback" not in cap.err and "internal error" not in cap.err, cap.err
-    if rc == 2:
-        assert cap.err.startswith("deepgemm-ref: error: ")
-    else:
-        assert "plan:" in cap.out
-    assert not (tmp_path / "b").exists()  # a dry run writes nothing
+@pytest.mark.parametrize("examples", [100, pytest.param(300, marks=pytest.mark.slow)])
+def test_fuzzed_spec_files_give_exit_0_or_2_and_no_traceback(tmp_path, capsys, examples):
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(specs=hs.lists(_spec(), min_size=0, max_size=4) | _json_value)
+    def run(specs):
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(specs))
+        rc = main(["golden", "--spec", str(path), "--out", str(tmp_path / "b"), "--dry-run"])
+        cap = capsys.readouterr()
+        assert rc in (0, 2), (rc, cap.err)
+        assert "Traceback" not in cap.err and "internal error" not in cap.err, cap.err
+        if rc == 2:
+            assert cap.err.startswith("deepgemm-ref: error: ")
+        else:
+            assert "plan:" in cap.out
+        assert not (tmp_path / "b").exists()  # a dry run writes nothing
+
+    run()
 
 
 # Small values for drawing specs the schema accepts.
@@ -100,7 +103,9 @@ def _generate_valid(spec, tmp_path):
     assert golden.verify(tmp_path / "b")["ok"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# 10 examples in the default run; the slow run's test_every_spec_the_schema_accepts_generates_many
+# draws 600.
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(spec=_valid_spec())
 def test_every_spec_the_schema_accepts_generates(tmp_path, spec):

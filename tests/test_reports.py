@@ -135,8 +135,10 @@ def _pytest_junit(tmp_path: Path) -> ET.Element:
     test = tmp_path / "test_sample.py"
     test.write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2\n")
     out = tmp_path / "pytest.xml"
+    # plain pytest (no plugin autoloading: neither this package's plugin nor hypothesis' is imported)
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),
-                    f"--junitxml={out}", "-o", "addopts="], cwd=tmp_path, capture_output=True, timeout=120)
+                    f"--junitxml={out}", "-o", "addopts="], cwd=tmp_path, capture_output=True, timeout=120, env=env)
     return ET.parse(out).getroot()
 
 

@@ -17,11 +17,42 @@ from deepgemm_ref.golden.cases import FAMILIES, validate_spec
 from deepgemm_ref.strategies import cases, kernels, specs
 from deepgemm_ref.testing import assert_matches_golden
 
-from . import standins
+from .standin import DROPS_K_BLOCK, FLUSHES_NAN, K_GROUPED_DROPS_C, MQA_NO_KV_SCALE, SKIPS_GROUP, TRUNCATES, WRONG_SCALE
 
 KERNELS = kernels()
 QUICK = settings(max_examples=3, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+#: A test parametrized with ``full``: the default run draws small sizes (``_small``), the ``slow``
+#: run draws the strategy's whole size range, with the same examples count and assertions.
+FULL = pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["small", "full"])
+#: Sizes for the default run of the kernels whose drawn cases can take seconds at full size
+#: (DeepGEMM-Ascend's MQA head scores on adversarial values fall back to exact rationals, at a cost
+#: that grows fastest with the number of heads; a Mega MoE case is a whole layer): the same
+#: profiles, value modes and other keys, at sizes that take milliseconds (_quick_cases).
+#: test_the_emulator_matches_its_goldens_many (slow) draws the full range.
+SMALL = {
+    "fp8_fp4_mqa_logits": {"seq": st.integers(1, 4), "seq_kv": st.integers(1, 24)},
+    "fp8_fp4_paged_mqa_logits": {"batch": st.integers(1, 2)},
+    "bf16_mega_moe": {"ranks": st.integers(1, 2), "tokens": st.integers(1, 8)},
+    "fp8_fp4_mega_moe": {"ranks": st.integers(1, 2), "tokens": st.integers(1, 8)},
+}
+SMALL_ASCEND_MQA_HEADS = st.sampled_from([4, 8])
+
+
+def _quick_cases(kernel: str, values: str = "normal") -> st.SearchStrategy[strategies.Case]:
+    """cases(kernel, values=values) for the default run: SMALL's sizes, and at most 8 heads for
+    the MQA kernels under ascend950 (every profile drawn, as cases() draws them)."""
+    small = SMALL.get(kernel, {})
+    if kernel not in ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"):
+        return cases(kernel, values=values, **small)
+    return st.one_of(*(cases(kernel, profile=p, values=values, **small,
+                             **({"heads": SMALL_ASCEND_MQA_HEADS} if p == "ascend950" else {}))
+                       for p in _profiles(kernel)))
+
+
+def _small(**caps: int) -> dict[str, st.SearchStrategy[int]]:
+    """Size keys drawn from 1 up to a cap (values the schema refuses are rejected, not moved)."""
+    return {k: st.integers(1, v) for k, v in caps.items()}
 
 
 def test_kernels_are_the_golden_families_kernels():
@@ -31,12 +62,13 @@ def test_kernels_are_the_golden_families_kernels():
             "fp8_fp4_paged_mqa_logits", "fp8_fp4_mega_moe", "tf32_hc_prenorm_gemm"} <= set(KERNELS)
 
 
+@pytest.mark.parametrize("examples", [20, pytest.param(60, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_every_drawn_spec_is_valid_for_the_schema(kernel):
+def test_every_drawn_spec_is_valid_for_the_schema(kernel, examples):
     profiles = _profiles(kernel)
     seen_profiles = set()
 
-    @settings(max_examples=60, deadline=None, database=None)
+    @settings(max_examples=examples, deadline=None, database=None)
     @given(spec=specs(kernel))
     def check(spec):
         parsed = validate_spec(spec)
@@ -57,8 +89,9 @@ def _profiles(kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_emulator_matches_its_goldens_on_normal_cases(kernel):
     @QUICK
-    @given(case=cases(kernel))
+    @given(case=_quick_cases(kernel))
     def check(case):
+        assert case.values == "normal" and "values" not in case.to_spec()
         assert_matches_golden(case, case.call())
 
     check()
@@ -68,7 +101,7 @@ def test_the_emulator_matches_its_goldens_on_normal_cases(kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_emulator_matches_its_goldens_on_adversarial_and_special_cases(kernel, values):
     @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(case=cases(kernel, values=values))
+    @given(case=_quick_cases(kernel, values))
     def check(case):
         assert case.values == values and case.to_spec()["values"] == values
         assert_matches_golden(case, case.call())
@@ -80,9 +113,11 @@ def test_the_emulator_matches_its_goldens_on_adversarial_and_special_cases(kerne
 @pytest.mark.parametrize("values", ["normal", "adversarial", "special"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_emulator_matches_its_goldens_many(kernel, values):
+    """The two tests above over the strategy's whole size range, 25 examples each."""
     @settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(case=cases(kernel, values=values))
     def check(case):
+        assert case.values == values and case.to_spec().get("values", "normal") == values
         assert_matches_golden(case, case.call())
 
     check()
@@ -246,8 +281,10 @@ def _falsify(strategy, module, **kw):
     return str(err.value), notes
 
 
-def test_a_kernel_that_drops_a_k_block_fails_shrunk_to_k_129():
-    msg, notes = _falsify(cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), standins.DROPS_K_BLOCK)
+@FULL
+def test_a_kernel_that_drops_a_k_block_fails_shrunk_to_k_129(full):
+    sizes = {} if full else _small(m=8, n=8, k=256)
+    msg, notes = _falsify(cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128, **sizes), DROPS_K_BLOCK)
     assert "fp8_gemm_nt under sm100 does not match its golden values" in msg
     assert "(m=1 n=1 k=129;" in msg  # the smallest shape that has a second K block
     assert "worst 1 of them" in msg and "allowed [" in msg and "ULPs" in msg
@@ -255,12 +292,14 @@ def test_a_kernel_that_drops_a_k_block_fails_shrunk_to_k_129():
 
 
 def test_a_kernel_with_the_wrong_scale_fails_shrunk_to_two_rows():
-    msg, _ = _falsify(cases("fp8_gemm_nt", profile="sm90"), standins.WRONG_SCALE)
+    msg, _ = _falsify(cases("fp8_gemm_nt", profile="sm90"), WRONG_SCALE)
     assert "fp8_gemm_nt under sm90 does not match" in msg and "(m=2 n=1 k=1;" in msg
 
 
-def test_a_kernel_that_truncates_its_output_fails_on_a_tiny_case():
-    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", out="bf16", c="none", alpha=None), standins.TRUNCATES)
+@FULL
+def test_a_kernel_that_truncates_its_output_fails_on_a_tiny_case(full):
+    sizes = {} if full else _small(m=8, n=8, k=16)
+    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", out="bf16", c="none", alpha=None, **sizes), TRUNCATES)
     assert "bf16_gemm_nt under sm100 does not match" in msg
     line = next(x for x in msg.splitlines() if x.strip().startswith("at ("))
     assert "ULPs 1" in line  # one bf16 step below the correctly rounded value
@@ -270,33 +309,43 @@ def test_a_kernel_that_truncates_its_output_fails_on_a_tiny_case():
 
 
 def test_a_grouped_kernel_that_skips_its_last_group_fails():
-    msg, _ = _falsify(cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"), standins.SKIPS_GROUP)
+    msg, _ = _falsify(cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"), SKIPS_GROUP)
     assert "m_grouped_bf16_gemm_nt_contiguous under sm100 does not match" in msg and "groups=1" in msg
 
 
 def test_a_kernel_that_flushes_nan_fails_with_a_class_mismatch():
-    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", values="special"), standins.FLUSHES_NAN)
+    msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", values="special"), FLUSHES_NAN)
     assert "class mismatch (finite where the golden value is NaN)" in msg
 
 
-def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one_key():
-    msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False), standins.MQA_NO_KV_SCALE)
+@FULL
+def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one_key(full):
+    sizes = {} if full else _small(seq=4, seq_kv=24)
+    msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False, **sizes), MQA_NO_KV_SCALE)
     assert "fp8_fp4_mqa_logits under sm100 does not match its golden values" in msg
     assert "(seq=1 seq_kv=1 " in msg and "output 'logits' (1, 1) float32: 1 of 1 checked elements fail" in msg
     assert "'seq': 1, 'seq_kv': 1" in notes
 
 
-def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group():
-    msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100"), standins.K_GROUPED_DROPS_C)
+@FULL
+def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group(full):
+    sizes = {} if full else _small(groups=3, m=32, n=32, k=64)
+    msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100", **sizes), K_GROUPED_DROPS_C)
     assert "k_grouped_fp8_gemm_tn_contiguous under sm100 does not match its golden values" in msg
     assert "(groups=1 m=4 n=4 k=1;" in msg and "16 of 16 checked elements fail" in msg
 
 
-def test_the_same_properties_pass_on_the_correct_kernels():
-    for strategy in (cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128), cases("fp8_gemm_nt", profile="sm90"),
+@FULL
+def test_the_same_properties_pass_on_the_correct_kernels(full):
+    """The strategies of the tests above (small: with the same size caps) pass on deepgemm_ref."""
+    def sizes(**caps):
+        return {} if full else _small(**caps)
+
+    for strategy in (cases("fp8_gemm_nt", profile="sm100", gran_k_a=128, gran_k_b=128, **sizes(m=8, n=8, k=256)),
+                     cases("fp8_gemm_nt", profile="sm90"),
                      cases("m_grouped_bf16_gemm_nt_contiguous", profile="sm100"),
-                     cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False),
-                     cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100")):
+                     cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False, **sizes(seq=4, seq_kv=24)),
+                     cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100", **sizes(groups=3, m=32, n=32, k=64))):
         @settings(max_examples=10, deadline=None, database=None)
         @given(case=strategy)
         def prop(case):
