@@ -36,9 +36,10 @@ PKG = ROOT / "deepgemm_ref"
 
 #: The layers, bottom to top: each room's layer.  A room imports rooms of its own layer or below.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    # errors, exact arithmetic, trace, dry-run flag, the parallel pool, interop, settings storage
-    ("base", frozenset({"_exports", "_parallel", "_state", "_version", "dryrun", "dtypes", "errors", "exact",
-                        "interop", "trace"})),
+    # errors, exact arithmetic, trace, dry-run flag, the parallel pool, interop, settings storage,
+    # groups of ranks and their transports
+    ("base", frozenset({"_exports", "_parallel", "_state", "_version", "comm", "dryrun", "dtypes", "errors",
+                        "exact", "interop", "trace"})),
     # formats, certified rounding, the one core, numerics options, arch profiles, epilogue objects
     ("numerics", frozenset({"certified", "config", "core", "epilogue", "formats", "profiles", "settings"})),
     # the dispatcher, runtime settings, argument / operand / output / scale checks, the executor
