@@ -11,13 +11,30 @@ Kernel families that move data between ranks (Mega MoE, DeepEP's dispatch and co
   :meth:`LocalGroup.join`, the last rank's call completes the collective);
 * a ``torch.distributed`` process group, one rank per process (gloo on a CPU machine): the
   collectives are torch.distributed's, arrays travel as byte views (gloo refuses float8 and
-  int16), so every form gives the same bytes.
+  int16), so every form gives the same bytes (:class:`TorchTransport`; torch is imported only
+  when a collective runs).
+
+Ranks that call different collectives at once, or disagree on an array's dtype or row shape,
+all raise the same :class:`CollectiveMismatch` in every form; waits are bounded (the group's
+``timeout_s``, or the process group's timeout) and a failed rank fails the others' collectives.
 
 This package is the base layer under every kernel family: it imports nothing of them, so the
 families that use it stay peers.
 """
 
-from .local import LocalGroup, LocalRank, run_emulated
-from .transport import Transport, transport
+from .local import DEFAULT_TIMEOUT_S, LocalGroup, LocalRank, LocalTransport, PeerFailed, run_emulated
+from .torchdist import TorchTransport
+from .transport import CollectiveMismatch, Transport, transport
 
-__all__ = ["LocalGroup", "LocalRank", "run_emulated", "Transport", "transport"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "CollectiveMismatch",
+    "LocalGroup",
+    "LocalRank",
+    "LocalTransport",
+    "PeerFailed",
+    "TorchTransport",
+    "Transport",
+    "run_emulated",
+    "transport",
+]

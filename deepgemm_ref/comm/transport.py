@@ -3,6 +3,11 @@
 Every collective is called by every rank of the group, in the same order, with arrays of the same
 dtype and row shape on every rank (their row counts may differ).  Validation is the caller's and
 happens before the first collective, so that a bad argument raises on every rank without a hang.
+
+Both transports describe each collective by a label (:func:`collective_label`: the collective's
+name, the dtype and the row shape) and compare the ranks' labels before any data moves: ranks
+that disagree (different collectives, dtypes or row shapes) all raise the same
+:class:`CollectiveMismatch`, whatever the form the ranks run in.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import arg_error
+from ._rows import CollectiveMismatch, as_rows, collective_label, mismatch_message, send_arrays
 
-__all__ = ["Transport", "transport"]
+__all__ = [
+    "CollectiveMismatch", "Transport", "as_rows", "collective_label", "mismatch_message", "send_arrays", "transport",
+]
 
 
 @runtime_checkable
@@ -27,6 +35,9 @@ class Transport(Protocol):
                        rows rank s sent here (same dtype and row shape as sent).
     all_gather(x):     every rank's ``x`` (same dtype and row shape; row counts may differ), in
                        rank order.
+
+    The arrays returned are C-contiguous, writeable, and share memory with nothing the caller or
+    another rank holds; their bytes are the bytes sent.
     """
 
     @property

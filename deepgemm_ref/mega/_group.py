@@ -1,17 +1,20 @@
 """An expert-parallel process group emulated inside one process: the registry of its ranks.
 
 A :class:`GroupRegistry` (public as :class:`deepgemm_ref.mega.EmulatedGroup`, which adds the
-kernels' ``bind``) is shared by its rank views ``group.rank(r)``; a rank view
-is what DeepGEMM's mega-MoE code expects of a ``torch.distributed`` process group (``size()``,
-``rank()``, ``barrier()``).  Every :class:`SymmBuffer` made on a rank view registers itself as
+kernels' ``bind``) is a :class:`deepgemm_ref.comm.LocalGroup`, the package's in-process group,
+shared by its rank views ``group.rank(r)`` (:class:`EmulatedRank`, a
+:class:`~deepgemm_ref.comm.LocalRank`); a rank view is what DeepGEMM's mega-MoE code expects of a
+``torch.distributed`` process group (``size()``, ``rank()``, ``barrier()``) and what the rest of
+the package accepts as one.  Every :class:`SymmBuffer` made on a rank view registers itself as
 that rank's symmetric buffer, so one process holds every rank's buffer.
 
 Kernel calls are collective, as on the devices:
 
 * ``collective=True`` (default): a call for rank r checks its arguments and joins the pending
-  collective; when every rank of the group has joined, the whole layer is computed (reading every
-  rank's inputs from its buffer) and every rank's ``y``, statistics and receive counts are
-  written.  The calls before the last one return with their outputs not yet written.
+  collective (:meth:`~deepgemm_ref.comm.LocalGroup.join`, the sequential collective); when every
+  rank of the group has joined, the whole layer is computed (reading every rank's inputs from its
+  buffer) and every rank's ``y``, statistics and receive counts are written.  The calls before
+  the last one return with their outputs not yet written.
 * ``collective=False``: a call for rank r computes rank r's outputs at once.  Tokens routed to
   other ranks' experts need those ranks' weights and token counts: the ones of their most recent
   call, or those given with :meth:`EmulatedGroup.bind`.
@@ -21,31 +24,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..comm import LocalGroup, LocalRank
 from ..errors import arg_error
 
 __all__ = ["GroupRegistry", "EmulatedRank", "resolve_group"]
 
 
-class GroupRegistry:
-    """``size`` EP ranks in one process: every rank's symmetric buffer, binding and pending call.
+class GroupRegistry(LocalGroup):
+    """``size`` EP ranks in one process: a :class:`~deepgemm_ref.comm.LocalGroup` (its rank views,
+    its sequential collective :meth:`join` that the kernels' calls join, its blocking collectives
+    for ranks that run in threads) plus what only Mega MoE keeps: every rank's symmetric buffer
+    and binding.
 
     A plain registry: it stores what the buffers and the kernels put into it and decides nothing
     (validation and computation are the kernels'; :class:`deepgemm_ref.mega.EmulatedGroup` is
-    this registry with the kernels' ``bind``).  ``rank(r)`` gives rank r's process-group view.
+    this registry with the kernels' ``bind``).  ``rank(r)`` gives rank r's process-group view, an
+    :class:`EmulatedRank` (a :class:`~deepgemm_ref.comm.LocalRank`, so the view is accepted
+    wherever the package accepts a process group, e.g. by :mod:`deepgemm_ref.ep` with its ranks
+    in threads).
     """
 
     def __init__(self, size: int, *, collective: bool = True) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise arg_error("EmulatedGroup", "size", "a positive int", repr(size))
-        self._size = size
+        super().__init__(size)
         self.collective = bool(collective)
         self._buffers: list[Any] = [None] * size  # each rank's SymmBuffer (this module stores, never reads them)
-        self._pending: dict[int, Any] = {}
         self._bound: dict[int, Any] = {}
-
-    def size(self) -> int:
-        """The number of ranks."""
-        return self._size
 
     def rank(self, rank: int) -> EmulatedRank:
         """Rank ``rank``'s process-group view (all views share this group's registry)."""
@@ -74,58 +79,35 @@ class GroupRegistry:
         """Ranks without a call or binding yet."""
         return [r for r in range(self._size) if r not in self._bound]
 
-    def join(self, rank: int, call: Any) -> dict[int, Any] | None:
-        """Add rank ``rank``'s call to the pending collective: every rank's call once the last one
-        joined (the collective then starts afresh), else None."""
-        self._pending[rank] = call
-        if len(self._pending) < self._size:
-            return None
-        calls = dict(self._pending)
-        self._pending.clear()
-        return calls
-
-    def pending_ranks(self) -> list[int]:
-        """Ranks whose kernel call waits for the rest of the collective."""
-        return sorted(self._pending)
+    def barrier(self, rank: int) -> None:
+        """Returns at once: one thread plays every rank, so a rank has no one to wait for (the
+        blocking barrier of ranks in threads is the transport's, :meth:`LocalRank.transport`)."""
+        self._rank_arg("EmulatedGroup.barrier", rank)
 
     def reset(self) -> None:
         """Drop the pending collective and every binding."""
-        self._pending.clear()
+        super().reset()
         self._bound.clear()
 
     def __repr__(self) -> str:
         return f"EmulatedGroup(size={self._size}, collective={self.collective})"
 
 
-class EmulatedRank:
-    """One rank's view of a group (``size()``, ``rank()``, ``barrier()``)."""
+class EmulatedRank(LocalRank):
+    """One rank's view of an :class:`EmulatedGroup <GroupRegistry>` (``size()``, ``rank()``,
+    ``barrier()``, which returns at once): a :class:`~deepgemm_ref.comm.LocalRank`."""
 
-    def __init__(self, group: GroupRegistry, rank: int) -> None:
-        self.group = group
-        self._rank = rank
-
-    def size(self) -> int:
-        return self.group.size()
-
-    def rank(self) -> int:
-        return self._rank
-
-    def barrier(self) -> None:
-        """Nothing to wait for in one process."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EmulatedRank) and other.group is self.group and other._rank == self._rank
-
-    def __hash__(self) -> int:
-        return hash((id(self.group), self._rank))
+    group: GroupRegistry
 
     def __repr__(self) -> str:
         return f"EmulatedRank({self._rank} of {self.group.size()})"
 
 
 def resolve_group(func: str, group: Any) -> tuple[GroupRegistry, int]:
-    """(registry, rank) of a ``group`` argument: an EmulatedRank, or any single-rank group."""
-    if isinstance(group, EmulatedRank):
+    """(registry, rank) of a ``group`` argument: a rank view of an EmulatedGroup (an
+    :class:`EmulatedRank`, or any :class:`~deepgemm_ref.comm.LocalRank` of one), or any
+    single-rank group (a rank view of a one-rank ``run_emulated`` group included)."""
+    if isinstance(group, LocalRank) and isinstance(group.group, GroupRegistry):
         return group.group, group.rank()
     size = getattr(group, "size", None)
     rank = getattr(group, "rank", None)
@@ -137,6 +119,7 @@ def resolve_group(func: str, group: Any) -> tuple[GroupRegistry, int]:
         if n == 1 and r == 0:
             return GroupRegistry(1), 0
     # Note: multi-rank groups must be EmulatedGroup rank views; a real torch.distributed group is
-    # accepted only with one rank (everything runs in this process).
+    # accepted only with one rank (everything runs in this process), and so is a run_emulated
+    # group (its ranks run in threads; the kernels' collective is the sequential one).
     raise arg_error(func, "group", "deepgemm_ref.mega.EmulatedGroup(size).rank(r), or a one-rank process group",
                     f"{type(group).__name__} {group!r}")
