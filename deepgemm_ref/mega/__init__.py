@@ -29,9 +29,12 @@ outside [0, E) masked), on the expert's rank ``e // E_l`` (local expert ``e % E_
          (DeepGEMM: no amax floor, amax 0 gives SF byte 0; DeepGEMM-Ascend: amax floored at 1e-4,
          byte 105 for amax 0).  BF16 path: ``q = bf16(v)``.
 5. L2:   ``o = bf16(q_deq @ W2_deq[e]^T)`` (H,), sent to combine slot (s, t, k).
-6. Combine on rank s: ``y[t] = bf16(sum of o over the valid slots in increasing k`` (DeepGEMM-Ascend:
-         then the shared-expert slot, whose S shared experts form one wide expert of S * I
-         channels computed on rank s) ``)``; a token without valid slots gives +0.
+6. Combine on rank s, over the valid slots in increasing k (DeepGEMM-Ascend: then the
+         shared-expert slot, whose S shared experts form one wide expert of S * I channels
+         computed on rank s).  DeepGEMM: ``F = +0; F = f32(F + o_k)``, ``y[t] = bf16(F)``, the
+         order DeepGEMM's test asserts bitwise (the fused kernel equals DeepEP's
+         ``allow_multiple_reduction=False`` combine); DeepGEMM-Ascend, whose combine order no
+         source shows: ``y[t] = bf16(exact sum of the o)``.  A token without valid slots gives +0.
 7. Stats: ``cumulative_local_expert_recv_stats[i] += routes received by local expert i`` (int32,
          wrapping); DeepGEMM-Ascend also writes ``sym_buffer.expert_recv_count[s, i]``.
 
@@ -41,33 +44,41 @@ Accumulation models (``deepgemm_ref.numerics(accumulation=...)``)
 values and nothing else: L1 = bf16 of the exact dot product; v = float32 of the exact SwiGLU
 value, rounded once (certified float64 evaluation with an exact rational / ``decimal``
 fallback: ``_swiglu.swiglu_exact`` states and proves it); FP8 re-quantisation by the target's
-bit recipe; L2 = bf16 of the exact dot product; y = bf16 of the exact combine sum.  ``fast_math``
-is recorded and has no effect.
+bit recipe; L2 = bf16 of the exact dot product; y = the combine of step 6 (DeepGEMM: the
+specified float32 order; DeepGEMM-Ascend: bf16 of the exact sum).  ``fast_math`` is recorded and
+has no effect.
 ``fp32``: the kernels' float32 order: every GEMM as the core's fp32 model (per 32-element block
 partial sums in float32, block scales, float32 accumulator), SwiGLU in float32 operations with a
 correctly rounded expf (and the reciprocal-then-multiply of DeepGEMM's fused kernel under
-``fast_math``), the combine as a float32 running sum from +0.  ``limited(...)`` applies to the
-GEMMs; SwiGLU and the combine then follow ``fp32``.  The devices' ``__expf``, ``rcp.approx`` and
+``fast_math``), the combine as a float32 running sum from +0 (under DeepGEMM's profiles the
+same combine as ``exact``: given the same slot outputs both models give the same y; they differ
+only through the GEMMs' and SwiGLU's roundings).  ``limited(...)`` applies to the GEMMs; SwiGLU
+and the combine then follow ``fp32``.  The devices' ``__expf``, ``rcp.approx`` and
 Ascend vector exp/div, and their MMA accumulation orders, are not reproducible bit for bit
 (spec 16).
 
 Stage goldens and the trace
 ---------------------------
-The unfused baseline of DeepGEMM's test is available as stage functions over all ranks:
-:func:`mega_moe_dispatch`, :func:`mega_moe_grouped_gemm`, :func:`swiglu_apply_weight_to_fp8`,
-:func:`mega_moe_combine`; they compose to the fused result (by default they mirror the fused
-kernel where it differs from TileLang's op: ``semantics="baseline"`` gives the op's amax floor
-and float32 clamp).  Each stage takes the previous stage's output, so a device's stage-k output
-gives the golden of stage k + 1 conditioned on it.
+The unfused baseline of DeepGEMM's test is available as stage functions, also collected in the
+public module :mod:`deepgemm_ref.mega.stages` (which documents each against the op it stands
+for): :func:`mega_moe_dispatch` and :func:`mega_moe_combine` over all ranks,
+:func:`mega_moe_grouped_gemm` and :func:`swiglu_apply_weight_to_fp8` (TileLang's op) on one
+rank's tensors; they compose to the fused result bitwise (by default the SwiGLU stage mirrors the
+fused kernel where it differs from TileLang's op: ``semantics="baseline"`` gives the op's amax
+floor and float32 clamp).  Each stage takes the previous stage's output, so a device's stage-k
+output gives the golden of stage k + 1 conditioned on it.
 
 Under ``deepgemm_ref.trace.capture()`` a completed collective records one ``KernelRecord`` per
-rank (in rank order) with ``acc`` = the exact combine sum (float64, before the final bf16
-rounding), ``S`` = the sum of |slot contributions| (the bound a float32 combine of these
-contributions can deviate by is ``gamma_J * S``, J = slots + shared; a float32 device pipeline
-with the same FP8 activations deviates further only through its L2 accumulation, bounded by the
-``l2.S`` extra), and ``extra`` = every stage's golden: for the rank as expert owner, in its
-dispatch order (expert by expert, routes in (source rank, token, slot) order)
-``dispatch.src`` (M, 3), ``dispatch.psum`` (E_l,) END offsets, ``dispatch.topk_weights`` (M,),
+rank (in rank order) with ``acc`` = the combine sum before the final bf16 rounding (float64):
+under DeepGEMM's profiles the float32 running sum F of step 6, under DeepGEMM-Ascend's the exact
+sum; ``S`` = the sum of |slot contributions| (J = slots + shared of them; any float32 combine of
+them is within ``gamma_J * S`` of the exact sum; a float32 device pipeline with the same FP8
+activations deviates further only through its L2 accumulation, bounded by the ``l2.S`` extra),
+under DeepGEMM's profiles times 1 + 2^-12 so that the checker's bounds, centred on F, still
+cover a device that adds the same contributions in another float32 order
+(``_pipeline.combine_rows`` derives it); and ``extra`` = every stage's golden: for the rank as
+expert owner, in its dispatch order (expert by expert, routes in (source rank, token, slot)
+order) ``dispatch.src`` (M, 3), ``dispatch.psum`` (E_l,) END offsets, ``dispatch.topk_weights`` (M,),
 ``l1.output`` bf16 (M, 2I) [gate | up], ``swiglu.output`` float32 (M, I), ``l2.acts`` e4m3 (M, I)
 (bf16 on the BF16 path), ``l2.acts_sf`` UE8M0 bytes (M, I / 32), ``l2.output`` bf16 (M, H),
 ``l1.acc``/``l2.acc`` and ``l1.S``/``l2.S`` when the capture wants them; for the rank as token
@@ -89,6 +100,7 @@ scheduling.
 from __future__ import annotations
 
 from ..api import profiled
+from . import stages  # the public module of the stage functions
 from ._buffer import (
     SymmBuffer,
     get_ring_limit_for_mega_moe,
@@ -125,6 +137,7 @@ __all__ = [
     "mega_moe_grouped_gemm",
     "swiglu_apply_weight_to_fp8",
     "mega_moe_combine",
+    "stages",
     "BLOCK_N",
     "_mega_moe_block_n",
 ]

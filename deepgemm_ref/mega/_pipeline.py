@@ -16,8 +16,11 @@ stages as labelled executor tasks and fills (:mod:`deepgemm_ref.executor`; :func
     combine   o -> slot (s, t, k) (a fill);  y_s[t] = bf16( sum over valid k in increasing k of
               o_{s,t,k}  (+ shared-expert slot) )
 
-The combine sum is exact in the ``exact`` model (certified float64, Fraction fallback) and a
-float32 running sum from +0 in slot order in the ``fp32`` model.  Every row is computed
+Where the target's library specifies the combine order and tests it bitwise (DeepGEMM: the fused
+kernel equals DeepEP's ``allow_multiple_reduction=False`` combine), the combine sum is that
+float32 running sum from +0 in slot order under every accumulation model; otherwise
+(DeepGEMM-Ascend) it is exact in the ``exact`` model (certified float64, Fraction fallback) and
+the same float32 running sum in the ``fp32`` model (:func:`combine_rows`).  Every row is computed
 independently of every other, so results do not depend on the rank count, on which rank owns
 which expert, or on which other tokens are present.
 """
@@ -47,6 +50,8 @@ __all__ = [
     "run",
     "swiglu_stage",
     "combine_rows",
+    "combine_order_specified",
+    "ORDER_MARGIN",
     "ue8m0_values",
     "Routes",
     "route",
@@ -128,9 +133,9 @@ class PipelineConfig:
 
 @dataclass
 class PipelineResult:
-    """y, exact combine accumulators and error scales of the requested source ranks; routing counts
-    (dst rank, local expert, src rank) of every rank; stage goldens by rank when requested; the
-    labels of the executor tasks run for each rank."""
+    """y, combine accumulators and error scales (:func:`combine_rows`) of the requested source
+    ranks; routing counts (dst rank, local expert, src rank) of every rank; stage goldens by rank
+    when requested; the labels of the executor tasks run for each rank."""
 
     y: dict[int, np.ndarray]
     acc: dict[int, np.ndarray]
@@ -216,30 +221,66 @@ def swiglu_stage(
 # combine
 # ----------------------------------------------------------------------------------------------
 
-def combine_rows(values: np.ndarray, model: Any,
-                 want_S: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Combine (n, J, H) bf16 slot contributions (masked slots +0) in slot order.
+#: The relative margin by which the error scale ``S`` of a combine in the specified order exceeds
+#: ``sum |o_j|`` (see :func:`combine_rows`).
+ORDER_MARGIN = 2.0**-12
 
-    Returns (y bf16 (n, H), exact sum float64 (n, H), S = sum |contributions| float64 (n, H) or None).
-    The exact sum: the float64 running sum in slot order, with every addition checked exact by
-    TwoSum (a zero error term at every step means every partial sum, hence the result, is exact);
-    elements with a non-zero error anywhere are summed with Fractions (their float64 ``acc`` is
-    the nearest float64).  ``exact`` rounds the exact sum once to bf16; ``fp32`` (and limited) runs
-    the kernels' float32 chain ``acc = f32(acc + o_j)`` from +0, then one bf16 rounding.
+
+def combine_order_specified(target: Target) -> bool:
+    """Whether the target's library specifies its combine order and tests it bitwise.
+
+    DeepGEMM does: its Mega MoE test asserts ``torch.equal`` between the fused kernel and DeepEP's
+    ``allow_multiple_reduction=False`` expanded combine, a float32 running sum from +0 of the bf16
+    slot outputs in increasing top-k order, rounded once to bf16 (DeepEP spec 8.2, 16.9).  No
+    DeepGEMM-Ascend source shows its combine order, so its golden keeps the exact sum.
+    """
+    # Note: the golden keeps DeepGEMM's float32 combine order (specified and tested bitwise), and
+    # rounds DeepGEMM-Ascend's exact sum once (no source shows that order: accumulation).
+    return target == "deepgemm"
+
+
+def combine_rows(values: np.ndarray, model: Any, want_S: bool = True,
+                 ordered: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Combine (n, J, H) bf16 slot contributions o_j (masked slots +0) in slot order j = 0 .. J-1.
+
+    Returns (y bf16 (n, H), acc float64 (n, H), S float64 (n, H) or None).
+
+    ``ordered`` (the order the library specifies, :func:`combine_order_specified`; every
+    accumulation model): ``F = +0; F = f32(F + o_j)`` for j = 0 .. J-1, ``y = bf16_RN(F)``;
+    ``acc = F`` (a float32 value, exact in float64) and ``S = (1 + ORDER_MARGIN) sum_j |o_j|``.
+    Why the margin: the checker's bounds for Mega MoE (``u_acc = 2^-8``, ``n = J``) were derived
+    around the exact sum X, which a device summing in any float32 order stays close to; centred
+    on F they must also absorb ``|F - X| <= gamma_{J-1}(2^-24) sum_j |o_j|`` (J - 1 float32
+    roundings; any other float32 order F' has the same bound, so ``|F' - F|`` is at most twice
+    it).  The factor 1 + 2^-12 adds at least ``J 2^-20 sum |o_j|`` to ``E_hard`` (more than that
+    shift for every J) and ``8 sqrt(J) 2^-20 sum |o_j|`` to ``E`` (more for every J < 16000).
+    Masked slots (+0) change nothing: F is never -0.
+
+    Otherwise: ``acc`` = the exact sum: the float64 running sum in slot order, with every addition
+    checked exact by TwoSum (a zero error term at every step means every partial sum, hence the
+    result, is exact); elements with a non-zero error anywhere are summed with Fractions (their
+    float64 ``acc`` is the nearest float64).  ``exact`` rounds the exact sum once to bf16; ``fp32``
+    (and limited) runs the float32 chain above, then one bf16 rounding.  ``S = sum_j |o_j|``
+    (rounded up).
     """
     n, j, hdim = values.shape
+    S = None
+    if want_S:
+        S = np.zeros((n, hdim))
+        for k in range(j):
+            S += np.abs(values[:, k, :].astype(np.float64))
+        S *= 1 + 2.0**-50  # an upper bound also where the float64 sum of |terms| rounded
+        if ordered:
+            S *= 1 + ORDER_MARGIN
+    if ordered:
+        y32, acc32 = _f32_chain(values)
+        return y32, acc32.astype(np.float64), S
     acc = np.zeros((n, hdim))
     exact = np.ones((n, hdim), bool)
-    S = np.zeros((n, hdim)) if want_S else None
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
-            v = values[:, k, :].astype(np.float64)
-            acc, e = two_sum(acc, v)
+            acc, e = two_sum(acc, values[:, k, :].astype(np.float64))
             exact &= e == 0
-            if S is not None:
-                S += np.abs(v)
-    if S is not None:
-        S *= 1 + 2.0**-50  # an upper bound also where the float64 sum of |terms| rounded
     acc[acc == 0] = 0.0  # an exact zero sum is +0
     rounding = FormatRounding(fm.BF16)
 
@@ -258,11 +299,18 @@ def combine_rows(values: np.ndarray, model: Any,
     codes, _ = round_certified(acc, bound, rounding, final=~np.isfinite(acc), fallback=exact_sum)
     if model == "exact":
         return codes.view(BF16), acc, S
+    return _f32_chain(values)[0], acc, S
+
+
+def _f32_chain(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bf16_RN(F), F) of the float32 running sum ``F = +0; F = f32(F + o_j)`` over the slots j of
+    (n, J, H) bf16 contributions, in increasing j; bf16 (n, H) and float32 (n, H)."""
+    n, j, hdim = values.shape
     acc32 = np.zeros((n, hdim), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(j):
             acc32 = (acc32 + values[:, k, :].astype(np.float32)).astype(np.float32)
-    return fm.cast(acc32, fm.BF16, fm.IEEE_RNE), acc, S
+    return fm.cast(acc32, fm.BF16, fm.IEEE_RNE), acc32
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,7 +519,8 @@ def run(
             res = _expert(_Expert(f"rank {s} shared expert", x, x_sf, sh.l1(0), sh.l2(0), None, options[s],
                                   (rows, K), False), cfg, comb, stats)
             ranks.expert(s, res, shared=True)
-        y, acc, S = combine_rows(comb[rows], cfg.accumulation.model, want_S=cfg.want_stages)
+        y, acc, S = combine_rows(comb[rows], cfg.accumulation.model, want_S=cfg.want_stages,
+                                 ordered=combine_order_specified(cfg.target))
         result.y[s], result.acc[s] = y, acc
         if S is not None:
             result.S[s] = S

@@ -2,9 +2,10 @@
 
 These are DeepGEMM's test baseline (``tests/test_mega_moe.py``: DeepEP dispatch, a psum-layout
 grouped GEMM, TileLang's ``swiglu_apply_weight_to_fp8``, the grouped GEMM again, DeepEP combine),
-over all ranks of one process.  Each takes the previous stage's output, so feeding a device's
-stage-k output gives the golden of stage k + 1 conditioned on the device: a single FP8 rounding
-flip on the device does not cascade into false failures downstream.
+in one process: dispatch and combine over all ranks, the GEMM and SwiGLU on one rank's tensors
+(public home: :mod:`deepgemm_ref.mega.stages`).  Each takes the previous stage's output, so
+feeding a device's stage-k output gives the golden of stage k + 1 conditioned on the device: a
+single FP8 rounding flip on the device does not cascade into false failures downstream.
 
 Row order (a destination rank's "dispatch order"): local expert by local expert, each expert's
 routes in increasing (source rank, token, slot), each expert's segment starting at
@@ -37,7 +38,15 @@ from ..toolkit.args import BF16, E4M3, I8, align, as_array, as_pair, ceil_div, i
 from ..toolkit.groups import psum_ranges
 from ..toolkit.scales import sf_values
 from . import _swiglu as sw
-from ._pipeline import PipelineConfig, RankOptions, RankTokens, combine_rows, route, swiglu_stage
+from ._pipeline import (
+    PipelineConfig,
+    RankOptions,
+    RankTokens,
+    combine_order_specified,
+    combine_rows,
+    route,
+    swiglu_stage,
+)
 from ._weights import PlainWeights
 
 __all__ = [
@@ -458,7 +467,9 @@ def _swiglu_apply_weight_to_fp8(profile: Profile, /, x: Any, topk_weights: Any, 
 
     x:            bfloat16 (M, 2I): gate = x[:, :I], up = x[:, I:] (un-interleaved L1 output)
     topk_weights: float32 (M,) route weights, or None (no weight: shared experts)
-    avail_tokens: None (all rows) or the number of leading rows to process; later rows are zero
+    avail_tokens: None (all rows) or the number of leading rows to process (an int, a NumPy integer,
+                  a 0-D or one-element integer array or tensor: DeepGEMM's test passes the
+                  dispatch's ``psum_num_recv_tokens_per_expert[-1]``); later rows are zero
     num_per_channels: channels per scale group (32 in the mega-MoE pipeline)
     use_col_major_scales, round_scale, ue8m0_scale: the scale output form (see below)
     clamp_value:  None or the activation clamp c (gate <= c, |up| <= c)
@@ -472,10 +483,14 @@ def _swiglu_apply_weight_to_fp8(profile: Profile, /, x: Any, topk_weights: Any, 
     sf = 2^ceil(log2(amax / 448)) (round_scale) or amax / 448, y = e4m3(v / sf).
     Returns (y float8_e4m3fn (M, I), y_sf) or, with output_bf16, (y, y_sf, bfloat16(v)).  y_sf:
     ue8m0_scale: int32 (M, ceil(G / 4)) MN-major packed UE8M0 (strides (1, align(M, 4)));
-    otherwise float32 (M, G), column-major (strides (1, align(M, 4))) with use_col_major_scales.
+    otherwise float32 (M, G), column-major (strides (1, align(M, 4))) with use_col_major_scales,
+    row-major without.  The public home is :mod:`deepgemm_ref.mega.stages`, which describes the
+    op's data flow and how DeepGEMM's baseline calls it.
     """
     # Note: ``semantics`` is this package's keyword (the fused kernels and TileLang's op differ in
     # the amax floor and the clamp precision, spec 10.7); the default mirrors the fused kernel.
+    # Note: row-major float32 scales (use_col_major_scales=False) come back as (M, G); TileLang's
+    # op returns the transpose of its (M, G) buffer cut to M rows there (DeepGEMM never asks for it).
     func = "swiglu_apply_weight_to_fp8"
     return _swiglu(func, _check_swiglu(profile, func, x, topk_weights, avail_tokens, num_per_channels,
                                        use_col_major_scales, round_scale, ue8m0_scale, clamp_value, fmt, output_bf16,
@@ -485,7 +500,8 @@ def _swiglu_apply_weight_to_fp8(profile: Profile, /, x: Any, topk_weights: Any, 
 @dataclass
 class _CombineRequest:
     """A validated mega_moe_combine call: every destination rank's L2 rows and dispatch handle, the
-    shared-expert outputs per source rank (or None), and the accumulation model."""
+    shared-expert outputs per source rank (or None), the accumulation model, and whether the
+    target specifies the combine order (DeepGEMM: DeepEP's float32 order)."""
 
     kind: Kind
     x: list[np.ndarray]
@@ -493,6 +509,7 @@ class _CombineRequest:
     shared: list[np.ndarray] | None
     hidden: int
     model: Any
+    ordered: bool
 
 
 def _check_combine(profile: Profile, func: str, x: Any, handles: Any, shared_output: Any) -> _CombineRequest:
@@ -522,12 +539,15 @@ def _check_combine(profile: Profile, func: str, x: Any, handles: Any, shared_out
             if sa.dtype != BF16 or sa.shape != (ns[src], hdim):
                 raise arg_error(func, f"shared_output[{src}]", f"bfloat16 ({ns[src]}, {hdim})", sa)
             sa_list.append(sa)
-    return _CombineRequest(kind, xa_list, list(hs), sa_list, hdim, active_accumulation(profile).model)
+    return _CombineRequest(kind, xa_list, list(hs), sa_list, hdim, active_accumulation(profile).model,
+                           combine_order_specified(profile.target))
 
 
 def _combine(func: str, req: _CombineRequest) -> list[Any]:
     """y_s[t] = bf16(sum over valid slots k, in increasing k, of o_{s,t,k} (+ shared_s[t])); one
-    record per source rank (acc: the exact sum, S: sum |terms|, extra: its combine input)."""
+    record per source rank (acc, S: see :func:`combine_rows`; extra: its combine input, the
+    shared output in the last slot).  In the specified order (DeepGEMM) the shared output is
+    DeepEP's bias: added first."""
     hs = req.handles
     ns, k = hs[0].num_tokens_per_rank, hs[0].num_topk
     j = k + (1 if req.shared is not None else 0)
@@ -544,7 +564,12 @@ def _combine(func: str, req: _CombineRequest) -> list[Any]:
             comb[src][:, k] = sa
     out = []
     for src in range(len(ns)):
-        y, acc, S = combine_rows(comb[src], req.model)
+        terms = comb[src]
+        if req.ordered and req.shared is not None:
+            # Note: under DeepGEMM's profiles the shared output is DeepEP's bias, added before the
+            # slots (F = +0 + bias + slots); DeepGEMM-Ascend adds its shared slot last.
+            terms = np.concatenate([terms[:, k:], terms[:, :k]], axis=1)
+        y, acc, S = combine_rows(terms, req.model, ordered=req.ordered)
         record(func, Collected(y.shape, False, False, acc=acc, S=S), None, stats={"rank": src},
                extra={"combine.input": comb[src]})
         out.append(from_numpy(y, req.kind))
@@ -557,10 +582,15 @@ def _mega_moe_combine(profile: Profile, /, x: Any, handles: Sequence[MegaMoEDisp
 
     x:       per destination rank, bfloat16 (M_r, H) L2 outputs in that rank's dispatch order
     handles: the :class:`MegaMoEDispatch` of every destination rank (row -> (source rank, token, slot))
-    shared_output: None, or per source rank bfloat16 (N_s, H) (DeepGEMM-Ascend's shared experts;
-             added after the routed slots)
-    Returns per source rank bfloat16 (N_s, H).  ``exact``: the exact sum rounded once; ``fp32``: a
-    float32 running sum from +0.  Each source rank's call records acc (exact sum) and S = sum |terms|.
+    shared_output: None, or per source rank bfloat16 (N_s, H): DeepGEMM-Ascend's shared experts
+             (added after the routed slots), or under DeepGEMM's profiles DeepEP's ``bias``
+             (added first, ``F = +0 + bias``, as DeepEP's combine does)
+    Returns per source rank bfloat16 (N_s, H).  DeepGEMM's profiles (every accumulation model):
+    DeepEP's ``allow_multiple_reduction=False`` combine, ``F = +0; F = f32(F + o_k)`` in increasing
+    k, ``y = bf16(F)``, the order DeepGEMM's fused kernel is tested bitwise against;
+    DeepGEMM-Ascend: ``exact`` the exact sum rounded once, ``fp32`` the same float32 running sum.
+    Each source rank's call records acc and S (:func:`~deepgemm_ref.mega._pipeline.combine_rows`:
+    F and (1 + 2^-12) sum |terms| in the specified order, else the exact sum and sum |terms|).
     """
     func = "mega_moe_combine"
     return _combine(func, _check_combine(profile, func, x, handles, shared_output))
