@@ -21,7 +21,9 @@ ranks are an ``EmulatedGroup``; a real library is driven in one process, so only
 
 Outputs: ``y`` (R, N, H) bf16, every rank's combined tokens, and ``stats`` (R, E_l) int32,
 ``cumulative_local_expert_recv_stats`` from zero (compared bit for bit).  The golden tensors
-also hold, per rank, the exact combine sum ``acc`` and ``S`` = sum of |slot contributions|, and
+also hold, per rank, the combine's accumulator ``acc`` (under DeepGEMM's profiles the float32 running
+sum in top-k order that DeepGEMM specifies; under ascend950 the exact sum) and ``S`` = sum of |slot
+contributions| (with a 2^-12 margin under DeepGEMM's profiles, see docs/numerics.md), and
 every stage's golden as ``extra.rank<r>.<stage>`` (``dispatch.src``, ``l1.output``,
 ``swiglu.output``, ``l2.acts``, ``l2.acts_sf``, ``l2.output``, ``combine.input``, ...; see
 ``deepgemm_ref.mega``).

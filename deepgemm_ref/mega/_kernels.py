@@ -427,7 +427,7 @@ def _outputs(call: RankRequest, res: PipelineResult) -> list[Fill]:
 
 def _launch(layer: Layer) -> None:
     """Compute the layer for ``layer.out_ranks`` from every rank's call, then write their outputs
-    and report one record per rank (acc: the exact combine sum, S: sum |slot contributions|,
+    and report one record per rank (acc: the combine's accumulator, S: sum |slot contributions|,
     extra: every stage's golden; tasks: the executor tasks run for the rank)."""
     calls, ranks = layer.calls, sorted(layer.calls)
     first = calls[ranks[0]]
