@@ -31,7 +31,8 @@ EXTRAS = ("numerics", "set_numerics", "get_numerics", "reset_numerics", "Limited
           "mega.inverse_transform_weights_for_mega_moe")
 EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.executor", "deepgemm_ref.toolkit", "deepgemm_ref.exact",
                  "deepgemm_ref.certified", "deepgemm_ref.formats", "deepgemm_ref.settings", "deepgemm_ref.trace",
-                 "deepgemm_ref.mega", "deepgemm_ref.mega.stages", "deepgemm_ref.golden", "deepgemm_ref.golden.check", "deepgemm_ref.golden.moe",
+                 "deepgemm_ref.mega", "deepgemm_ref.mega.stages", "deepgemm_ref.golden", "deepgemm_ref.golden.check",
+                 "deepgemm_ref.golden.moe",
                  "deepgemm_ref.golden.values", "deepgemm_ref.golden.case", "deepgemm_ref.strategies",
                  "deepgemm_ref.pytest_plugin", "deepgemm_ref.testing.assertions",
                  "deepgemm_ref.dryrun", "deepgemm_ref.namespace", "deepgemm_ref.testing.npu_shim")
