@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # the dispatcher, runtime settings, argument / operand / output / scale checks, the executor
     ("toolkit", frozenset({"api", "executor", "namespace", "runtime", "toolkit"})),
     # kernel families and their peers: none imports another
-    ("families", frozenset({"attention", "einsum", "gemm", "grouped", "layout", "locality_domain", "mega",
+    ("families", frozenset({"attention", "einsum", "ep", "gemm", "grouped", "layout", "locality_domain", "mega",
                             "quant"})),
     # the package face: DeepGEMM's namespaces and testing helpers
     ("face", frozenset({"__init__", "_C", "names", "testing", "utils"})),
