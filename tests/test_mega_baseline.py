@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import deepgemm_ref as dg
+from deepgemm_ref import ep as deep_ep
 from deepgemm_ref import formats as fm
 from deepgemm_ref import mega, runtime, trace
 from deepgemm_ref.golden.check import CheckOptions, element_bounds
@@ -170,6 +171,38 @@ def _span_binades(terms: list[np.ndarray]) -> float:
         if ok.any():
             widest = max(widest, float(np.log2(hi[ok] / lo[ok]).max()))
     return widest
+
+
+def deepep_baseline(p: Problem, bf16: bool, clamp: float | None, semantics: str = "fused") -> list[np.ndarray]:
+    """The baseline exactly as DeepGEMM's test builds it, with ``deepgemm_ref.ep`` for DeepEP: on every
+    rank (one thread each, ``run_emulated``) an ``ElasticBuffer`` expand-mode dispatch (FP8 with
+    TMA-aligned column-major scales, no CPU sync, no handle copy), the L1 grouped GEMM, the SwiGLU
+    op, the L2 grouped GEMM, and the buffer's ``combine`` of the L2 rows with
+    ``allow_multiple_reduction=False``.  Returns y per rank."""
+    alignment = dg.get_theoretical_mk_alignment_for_contiguous_layout()
+    t_max = max(p.N)
+    state = runtime.runtime_state()
+    dg.set_mk_alignment_for_contiguous_layout(alignment)
+
+    def rank(group) -> np.ndarray:
+        r = group.rank()
+        buf = deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=t_max, hidden=p.H, num_topk=p.K,
+                                    use_fp8_dispatch=not bf16, allow_multiple_reduction=False)
+        x = p.x[r] if bf16 else (p.xq[r], p.x_sf_packed[r])
+        recv_x, _, recv_w, handle, _ = buf.dispatch(
+            x, topk_idx=p.idx[r], topk_weights=p.w[r], num_experts=p.E, expert_alignment=alignment,
+            do_expand=True, do_cpu_sync=False, do_handle_copy=False, use_tma_aligned_col_major_sf=True)
+        xs, sf = (recv_x, None) if bf16 else recv_x
+        psum = handle.psum_num_recv_tokens_per_expert
+        d = Received(xs, sf, recv_w, psum, np.zeros((0, 3), np.int64))
+        l2 = experts(p, r, d, bf16, clamp, semantics)
+        y, _, _ = buf.combine(l2, handle)
+        return y
+
+    try:
+        return deep_ep.run_emulated(rank, p.R)
+    finally:
+        runtime.restore_runtime(state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,3 +498,19 @@ def test_swiglu_op_takes_torch_tensors_and_a_0d_avail_tokens():
     assert isinstance(got[0], torch.Tensor) and got[0].dtype == torch.float8_e4m3fn
     assert got[0].view(torch.uint8).numpy().tobytes() == want[0].view(np.uint8).tobytes()
     assert np.array_equal(got[1].numpy(), want[1])
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_deepep_dispatch_gemms_swiglu_combine_equal_the_fused_kernel(bf16):
+    """DeepGEMM's check, with this package's DeepEP: ElasticBuffer dispatch + grouped GEMM + SwiGLU
+    + grouped GEMM + ElasticBuffer combine (allow_multiple_reduction=False) give the fused kernel's
+    y bit for bit, on random inputs and on slot outputs spanning more than 24 binades."""
+    h = 256 if bf16 else 512
+    wide = _wide_range(Problem(2, 4, 8, 3, h, h, seed=107), {1: 26, 3: 26})
+    for p in (Problem(4, 16, 5, 4, h, 512, seed=202, masked_ratio=0.15), wide):
+        want = run_cuda(p, clamp=10.0, bf16=bf16)[0]
+        got = deepep_baseline(p, bf16, clamp=10.0, semantics="baseline")
+        for r in range(p.R):
+            assert _bits(got[r]).tobytes() == _bits(want[r]).tobytes(), (bf16, r)
+    _, recv, l2 = baseline(wide, bf16=bf16, clamp=10.0, semantics="baseline")
+    assert _span_binades(slot_terms(wide, recv, l2)) > 24  # the float32 order decides roundings
