@@ -9,6 +9,8 @@ Options (each also an environment variable):
     it cannot be imported).
 ``--dg-module NAME`` (``DG_MODULE``; default ``deep_gemm``)
     The real library's module (a stand-in module for testing the tests).
+``--dg-ep-module NAME`` (``DG_EP_MODULE``; default ``deep_ep``)
+    The real DeepEP / DeepEP-Ascend module the ``deep_ep`` fixture yields under ``--dg-backend real``.
 ``--dg-device DEVICE`` (``DG_DEVICE``)
     The ``dg_device`` fixture: ``cpu`` for the emulator; for the real library ``cuda`` where
     torch sees a CUDA device, else ``npu`` where torch_npu does, else ``cpu``.
@@ -28,12 +30,17 @@ each profile: the emulator switches to it around the test's call, the real libra
 variants its device is not), ``dg_group`` (``dg_group(num_ranks)`` -> ``rank(r)``, the process
 group of each expert-parallel rank of a Mega MoE test: the emulator's ``EmulatedGroup``; the real
 library takes one rank of an initialised one-process ``torch.distributed`` group, other tests
-skip); and, per test, ``dg_npu`` (``torch.npu`` for DeepGEMM-Ascend's flows: under the emulator the CPU
-namespace of :mod:`deepgemm_ref.testing.npu_shim`, installed for the test, so ``device='npu'``
-tensors land on the CPU, ``import deep_gemm`` is the emulator and the profile is ``ascend950``;
-under the real library ``torch.npu`` of torch_npu, skipped where torch_npu is absent).  Under
-the real backend a test using ``deep_gemm`` also has ``dg_device`` as torch's
-default device during its call, so tensors it creates land on the device.
+skip); ``deep_ep`` (DeepEP's module: :mod:`deepgemm_ref.ep`, or the real ``deep_ep``) and
+``dg_ep_ranks`` (``dg_ep_ranks(fn, num_ranks)`` runs ``fn(group)`` for every expert-parallel rank
+and returns the results in rank order: the emulator's ranks are threads of this process
+(:func:`deepgemm_ref.ep.run_emulated`); the real library runs this process's rank of an initialised
+``torch.distributed`` world of ``num_ranks`` processes, and skips otherwise); and, per test,
+``dg_npu`` (``torch.npu`` for DeepGEMM-Ascend's flows: under the emulator the CPU namespace of
+:mod:`deepgemm_ref.testing.npu_shim`, installed for the test, so ``device='npu'`` tensors land on
+the CPU, ``import deep_gemm`` is the emulator and the profile is ``ascend950``; under the real
+library ``torch.npu`` of torch_npu, skipped where torch_npu is absent).  Under the real backend a
+test using ``deep_gemm`` also has ``dg_device`` as torch's default device during its call, so
+tensors it creates land on the device.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["BundleFile", "BundleItem", "CaseMismatch", "backend_module", "default_device"]
+__all__ = ["BundleFile", "BundleItem", "CaseMismatch", "backend_module", "ep_module", "default_device"]
 
 _BACKENDS = ("emulator", "real")
 _BUNDLES = pytest.StashKey[dict[str, Path]]()
@@ -60,6 +67,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "env DG_BACKEND")
     group.addoption("--dg-module", default=None,
                     help="the real library's module name (default deep_gemm); env DG_MODULE")
+    group.addoption("--dg-ep-module", default=None,
+                    help="the real DeepEP module for the deep_ep fixture (default deep_ep); env DG_EP_MODULE")
     group.addoption("--dg-device", default=None,
                     help="the dg_device fixture: cpu, cuda, npu (default: cpu for the emulator, the available device "
                          "for the real library); env DG_DEVICE")
@@ -100,6 +109,21 @@ def backend_module(config: pytest.Config) -> Any:
         pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install the library on its device host, or "
                     "run with --dg-backend emulator")
     except Exception as e:  # a library that fails while importing (no device, a driver error)
+        pytest.skip(f"--dg-backend real: importing {name!r} failed ({type(e).__name__}: {e})")
+
+
+def ep_module(config: pytest.Config) -> Any:
+    """DeepEP's module under test: :mod:`deepgemm_ref.ep`, or the real ``deep_ep`` (``--dg-ep-module``;
+    ``pytest.skip`` where it cannot be imported)."""
+    if _backend(config) == "emulator":
+        return importlib.import_module("deepgemm_ref.ep")
+    name = _option(config, "--dg-ep-module", "DG_EP_MODULE") or "deep_ep"
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install DeepEP on its device host, or run "
+                    "with --dg-backend emulator")
+    except Exception as e:  # a library that fails while importing
         pytest.skip(f"--dg-backend real: importing {name!r} failed ({type(e).__name__}: {e})")
 
 
@@ -235,6 +259,37 @@ def dg_group(deep_gemm: Any, dg_backend: str) -> Callable[[int], Callable[[int],
                     "process per rank (torch.distributed), or one rank with an initialised one-process group")
 
     return make
+
+
+@pytest.fixture(scope="session")
+def deep_ep(request: pytest.FixtureRequest) -> Any:
+    """DeepEP's module under test: :mod:`deepgemm_ref.ep` (the emulator) or the real ``deep_ep``."""
+    return ep_module(request.config)
+
+
+@pytest.fixture(scope="session")
+def dg_ep_ranks(deep_ep: Any, dg_backend: str) -> Callable[[Callable[[Any], Any], int], list[Any]]:
+    """``dg_ep_ranks(fn, num_ranks)``: ``fn(group)`` for every expert-parallel rank, results in rank
+    order.  Emulator: the ranks are threads of this process (``run_emulated``: collectives
+    rendezvous, a failing rank fails the others).  Real library: this process's rank of an
+    initialised ``torch.distributed`` world of ``num_ranks`` processes (the result list holds only
+    this rank's result, at its index); skipped otherwise."""
+
+    def run(fn: Callable[[Any], Any], num_ranks: int) -> list[Any]:
+        if dg_backend == "emulator":
+            return list(deep_ep.run_emulated(fn, num_ranks))
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            pytest.skip("a DeepEP test needs torch.distributed for the real library")
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() == num_ranks):
+            pytest.skip(f"{num_ranks} expert-parallel ranks: the real library needs an initialised torch.distributed "
+                        f"world of {num_ranks} processes (one per rank)")
+        out: list[Any] = [None] * num_ranks
+        out[dist.get_rank()] = fn(dist.group.WORLD)
+        return out
+
+    return run
 
 
 @pytest.fixture
