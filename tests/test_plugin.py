@@ -147,6 +147,33 @@ def test_dg_group_under_each_backend(pytester):
     result.stdout.fnmatch_lines([reason])
 
 
+def test_deep_ep_and_dg_ep_ranks_under_each_backend(pytester):
+    """The emulator's deep_ep is deepgemm_ref.ep and its ranks are threads; the real backend imports
+    --dg-ep-module (skipping with the reason where it cannot) and skips multi-rank bodies outside an
+    initialised torch.distributed world."""
+    pytester.makepyfile(standin_ep="import deepgemm_ref.ep as _ep\nfrom deepgemm_ref.ep import *  # noqa: F401,F403\n"
+                                   "def __getattr__(name):\n    return getattr(_ep, name)\n")
+    pytester.syspathinsert()
+    pytester.makepyfile(test_it='''
+        import threading
+
+        def test_module(deep_ep, dg_backend):
+            assert deep_ep.__name__ == ("deepgemm_ref.ep" if dg_backend == "emulator" else "standin_ep")
+
+        def test_ranks(dg_ep_ranks):
+            out = dg_ep_ranks(lambda g: (g.rank(), g.size(), threading.current_thread().name), 3)
+            assert [o[:2] for o in out] == [(0, 3), (1, 3), (2, 3)]
+            assert len({o[2] for o in out}) == 3
+    ''')
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    result = pytester.runpytest("--dg-backend", "real", "--dg-ep-module", "standin_ep", "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result = pytester.runpytest("--dg-backend", "real", "--dg-ep-module", "no_such_deep_ep", "-rs",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*cannot import 'no_such_deep_ep'*"])
+
+
 @pytest.mark.torch
 def test_dg_npu_is_the_shim_under_the_emulator_and_skips_without_torch_npu(pytester):
     pytest.importorskip("torch")
@@ -232,7 +259,7 @@ def test_drop_in_tests_take_the_module_from_the_fixture_only():
     from pathlib import Path
 
     files = sorted((Path(__file__).parent).glob("test_dropin_*.py"))
-    assert len(files) == 6
+    assert len(files) == 7
     for path in files + [Path(__file__).parent / "ascend_flows.py"]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -246,7 +273,8 @@ def test_drop_in_tests_take_the_module_from_the_fixture_only():
                 assert node.attr not in ("numerics", "set_arch", "EmulatedGroup"), (path, node.lineno)
         tests = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
         assert tests or path.name == "ascend_flows.py"
-        assert all("deep_gemm" in [a.arg for a in t.args.args] for t in tests), path
+        module = "deep_ep" if path.name == "test_dropin_ep.py" else "deep_gemm"
+        assert all(module in [a.arg for a in t.args.args] for t in tests), path
 
 
 @pytest.mark.torch
