@@ -26,3 +26,7 @@ def test_api_reference_documents_every_reference_name_with_a_docstring():
             if e.module.startswith("deep_gemm.legacy"):
                 continue
             assert e.qualified.replace("deep_gemm", "deepgemm_ref", 1) in headings, e.qualified
+    import json
+
+    for e in json.loads((ROOT / "deepgemm_ref" / "ep" / "spec" / "deepep-signatures.json").read_text()):
+        assert f"{e['module'].replace('deep_ep', 'deepgemm_ref.ep', 1)}.{e['name']}" in headings, e["name"]

@@ -85,9 +85,11 @@ class EventOverlap:
         return self
 
     def __enter__(self) -> Any:
+        """``with event_overlap:`` (DeepEP's overlap idiom): the block runs, the wait comes at its end."""
         return self
 
     def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        """Wait for the event (runs its hook) when there is one; the release flag of ``__call__`` is reset."""
         if self.event is not None:
             self.current_stream_wait(release_handle=self._release_handle_by_call)
         self._release_handle_by_call = False
