@@ -915,6 +915,37 @@ def test_low_latency_shrink_masks():
         assert same(out["mask"], want)
 
 
+def test_clean_buffer_and_mask_api():
+    """clean_low_latency_buffer is a barrier of the group; in shrink mode a rank masked by a peer
+    masks it back (DeepEP's clean_low_latency_buffer masks ranks whose barrier times out)."""
+    R, T, H, E = 4, 8, 2048, 8
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+
+    def fn(g: Any) -> list[int]:
+        r = g.rank()
+        buf = deep_ep.Buffer(g, 0, hint, low_latency_mode=True, num_qps_per_rank=2, enable_shrink=True)
+        assert buf.get_comm_stream() is not None
+        if r == 0:
+            buf.low_latency_update_mask_buffer(3, True)
+        buf.clean_low_latency_buffer(T, H, E)
+        status = np.full(R, 9, np.int32)
+        buf.low_latency_query_mask_buffer(status)
+        seen = status.tolist()
+        buf.low_latency_clean_mask_buffer()
+        buf.low_latency_query_mask_buffer(status)
+        assert not status.any()
+        with pytest.raises(DGArgumentError, match="rank_to_mask"):
+            buf.low_latency_update_mask_buffer(R, True)
+        with pytest.raises(DGArgumentError, match="mask_status"):
+            buf.low_latency_query_mask_buffer(np.zeros(R, np.int64))
+        with pytest.raises(DGArgumentError, match="num_experts"):
+            buf.clean_low_latency_buffer(T, H, 1 << 30)  # signalling past the buffer
+        return seen
+
+    masks = deep_ep.run_emulated(fn, R)
+    assert masks == [[0, 0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+
+
 def test_deepep_low_latency_idioms():
     """tests/legacy/test_low_latency.py's checks: x = rank - 128 with the token index in the last 128
     channels; per-source blocks hold that source's value; combine of the cast-back data with the
