@@ -987,8 +987,8 @@ def test_signatures_match_deepep():
              inspect.Parameter.VAR_KEYWORD: "var_keyword"}
     checked, skipped = 0, []
     for e in spec:
-        if e["name"].split(".")[0] == "Buffer" or e["module"] == "deep_ep.utils.refs":
-            skipped.append(e["name"])  # the legacy Buffer and DeepEP's reference are not part of this package
+        if e["module"] == "deep_ep.utils.refs":
+            skipped.append(e["name"])  # DeepEP's reference is not part of this package
             continue
         mod = {"deep_ep": deep_ep, "deep_ep.utils.math": deep_ep.utils.math,
                "deep_ep.utils.envs": deep_ep.utils.envs}[e["module"]]
@@ -1006,10 +1006,10 @@ def test_signatures_match_deepep():
         ref = [(p["name"], p["default"], p["kind"]) for p in e["params"]]
         assert ours == ref, e["name"]
         for a in e.get("attributes") or []:
-            if e["name"] in ("ElasticBuffer", "EPBuffer", "EPHandle", "EventOverlap", "Config"):
+            if e["name"] in ("ElasticBuffer", "EPBuffer", "EPHandle", "EventOverlap", "Config", "Buffer"):
                 assert a in _attributes(e["name"]), (e["name"], a)
         checked += 1
-    assert checked > 60 and len(skipped) < 30
+    assert checked > 80 and len(skipped) < 10
 
 
 def _attributes(name: str) -> set[str]:
@@ -1023,6 +1023,8 @@ def _attributes(name: str) -> set[str]:
                                          None, None, None, None)))
     if name == "EventOverlap":
         return set(vars(deep_ep.EventOverlap()))
+    if name == "Buffer":  # low-latency mode: nvshmem_qp_depth exists there
+        return set(vars(deep_ep.Buffer(g, 0, 1 << 20, low_latency_mode=True)))
     return set(vars(deep_ep.Config()))
 
 

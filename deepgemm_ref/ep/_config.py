@@ -1,7 +1,10 @@
-"""DeepEP's legacy ``Config`` (the chunking of the V1 intranode / internode kernels).
+"""DeepEP's legacy ``Config``: the chunking of the V1 intranode / internode kernels.
 
-Only the constructor's checks and the two buffer-size hints are emulated here; the legacy
-``Buffer`` that consumes a ``Config`` is not part of this module.
+The constructor checks DeepEP's ranges (and rounds the RDMA receive chunk up to a multiple of the
+send chunk), the two size hints are DeepEP's formulas.  :class:`~deepgemm_ref.ep.Buffer` takes a
+``Config`` in ``dispatch`` / ``combine`` (``num_sms / 2`` channels, the NVLink chunk sizes of its
+buffer-size checks); ``Buffer.get_dispatch_config`` / ``get_combine_config`` return DeepEP's
+recommended ones.  A config changes no result.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ _MAX_SCALES = 128
 
 
 class Config:
-    """Chunk sizes of the legacy kernels.
+    """Chunk sizes of the legacy kernels (no effect on results).
 
-    num_sms:  SMs of the kernels (>= 0; channels = num_sms / 2);
+    num_sms:  SMs of the kernels (>= 0; channels = num_sms / 2; dispatch and combine need an even
+              count of at least 2);
     num_max_nvl_chunked_send_tokens < num_max_nvl_chunked_recv_tokens (both > 0);
     num_max_rdma_chunked_recv_tokens is rounded up to a multiple of the send chunk, which must
     then be at most half of it.

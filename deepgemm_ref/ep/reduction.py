@@ -17,6 +17,11 @@ The terms depend on the recipe:
   within each scale-out group (``owner // num_scaleup_ranks``) ``bf16(+0 + sum of the group's
   partials in master order)`` placed at the group's highest slot, then the final sum.
 
+The legacy ``Buffer`` (contract 11.4, 11.6): :func:`rank_order_combine` (``F = bias0 + bias1``,
+then the holding ranks' rows in ascending rank order; :func:`sum_pieces` with ``start="bias"``),
+:func:`rank_order_weights`, and :func:`low_latency_combine_reference` (the float32 FMA chain
+``acc = RN32(acc + y_k w_k)`` over the slots in top-k order, :func:`fma_f32`).
+
 Masked slots (``topk_idx < 0``) contribute nothing.  Adding +0 to F changes nothing (F starts at
 +0 and a round-to-nearest sum is -0 only when both addends are), so the buffers pad with zero rows.
 
@@ -37,7 +42,7 @@ import numpy as np
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..dtypes import BF16, F32
-from ..exact import fraction_sum, two_sum
+from ..exact import dd_to_f64_round_odd, fraction_sum, two_sum
 
 __all__ = [
     "Recipe",
@@ -51,6 +56,11 @@ __all__ = [
     "combine_exact",
     "ExactCombine",
     "combined_weights",
+    "sum_f32_pieces",
+    "rank_order_combine",
+    "rank_order_weights",
+    "fma_f32",
+    "low_latency_combine_reference",
 ]
 
 Recipe = Literal["local", "slots", "hybrid"]
@@ -80,19 +90,50 @@ def sum_rows(rows: np.ndarray, index: np.ndarray, bias0: np.ndarray | None = Non
 
 
 def sum_pieces(pieces: list[np.ndarray], index_owner: np.ndarray, index_row: np.ndarray,
-               bias0: np.ndarray | None = None, bias1: np.ndarray | None = None) -> np.ndarray:
+               bias0: np.ndarray | None = None, bias1: np.ndarray | None = None,
+               start: Literal["zero", "bias"] = "zero") -> np.ndarray:
     """:func:`sum_rows` with the terms spread over several arrays (one per owner rank): term j of
     token t is ``pieces[index_owner[t, j]][index_row[t, j]]`` (owner -1: none).  Returns bf16 (T, H).
 
-    A missing term is added as +0, which changes nothing: the float32 sum starts at +0 and a
-    round-to-nearest sum is -0 only when both addends are -0, so it never holds -0.
+    start:  ``"zero"`` (the V2 kernels): ``F = ((+0 + bias0) + bias1)``; ``"bias"`` (the legacy
+            intranode kernel): ``F = (bias0 or +0) + (bias1 or +0)``, one addition.  The two
+            differ only when both biases are -0 (then ``"bias"`` starts at -0).
+
+    A missing term is added as +0, which changes nothing when F cannot be -0 (``start="zero"``:
+    a round-to-nearest sum is -0 only when both addends are -0); with ``start="bias"`` F can be
+    -0, so missing terms are skipped, not added.
     """
     t_count, j_count = index_row.shape
     hdim = pieces[0].shape[1] if pieces else (bias0.shape[1] if bias0 is not None else 0)
     acc = np.zeros((t_count, hdim), F32)
-    for b in (bias0, bias1):
-        if b is not None:
-            np.add(acc, b, out=acc, dtype=F32)  # float32 addition of the exactly widened bf16 rows
+    if start == "bias":
+        if bias0 is not None:
+            acc[...] = bias0  # exact widening
+        np.add(acc, np.float32(0) if bias1 is None else bias1, out=acc, dtype=F32)
+    else:
+        for b in (bias0, bias1):
+            if b is not None:
+                np.add(acc, b, out=acc, dtype=F32)  # float32 addition of the exactly widened bf16 rows
+    _accumulate(acc, pieces, index_owner, index_row, skip_missing=start == "bias")
+    return bf16_round(acc)
+
+
+def sum_f32_pieces(pieces: list[np.ndarray], index_owner: np.ndarray, index_row: np.ndarray,
+                   width: int) -> np.ndarray:
+    """A float32 running sum from +0 of the rows ``pieces[index_owner[t, j]][index_row[t, j]]``
+    in ascending j (owner -1: none), each addition rounded to float32.  ``pieces``: float32
+    arrays of ``width`` columns.  Returns float32 (T, width) (the legacy combine's weights)."""
+    acc = np.zeros((index_row.shape[0], width), F32)
+    _accumulate(acc, pieces, index_owner, index_row, skip_missing=False)
+    return acc
+
+
+def _accumulate(acc: np.ndarray, pieces: list[np.ndarray], index_owner: np.ndarray, index_row: np.ndarray,
+                skip_missing: bool) -> None:
+    """``acc += term_j`` in float32 for j = 0, 1, ... (in place); missing terms add +0, or are
+    skipped with ``skip_missing``."""
+    t_count, j_count = index_row.shape
+    hdim = acc.shape[1]
     term = np.empty((t_count, hdim), pieces[0].dtype if pieces else BF16)
     for j in range(j_count):
         own = index_owner[:, j]
@@ -108,8 +149,10 @@ def sum_pieces(pieces: list[np.ndarray], index_owner: np.ndarray, index_row: np.
             for q in owners:
                 at = np.flatnonzero(own == q)
                 term[at] = pieces[int(q)][index_row[at, j]]
-        np.add(acc, term, out=acc, dtype=F32)
-    return bf16_round(acc)
+        if skip_missing and not have.all():
+            np.add(acc, term, out=acc, dtype=F32, where=have[:, None])
+        else:
+            np.add(acc, term, out=acc, dtype=F32)
 
 
 def local_reduce(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -323,3 +366,89 @@ def combined_weights(topk_weights: np.ndarray, topk_idx: np.ndarray) -> np.ndarr
     """The weights a combine returns after a dispatch round trip: the dispatched weights, 0.0
     on masked slots (contract 6)."""
     return np.where(np.asarray(topk_idx) >= 0, np.asarray(topk_weights, F32), np.float32(0)).astype(F32)
+
+
+# ----------------------------------------------------------------------------------------------
+# the legacy Buffer's combines (contract 11.4, 11.6)
+# ----------------------------------------------------------------------------------------------
+
+def rank_order_combine(y: np.ndarray, present: np.ndarray,
+                       bias: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """The legacy intranode combine of one source rank (contract 11.4), bitwise:
+    ``F = float(bias0 or +0) + float(bias1 or +0)``, then ``F += float(y[t, q])`` for every rank
+    q holding the token (``present[t, q]``) in ascending q, each addition a float32 rounding;
+    ``combined_x[t] = bf16_RN(F)``.
+
+    y: bf16 (T, R, H), the row each rank passed back for the token;  present: bool (T, R).
+    Returns bf16 (T, H).
+    """
+    y = np.asarray(y)
+    have = np.asarray(present, bool)
+    t_count, num_ranks, hdim = y.shape
+    rows = np.arange(t_count, dtype=np.int64)[:, None] * num_ranks + np.arange(num_ranks)
+    order = np.argsort(~have, axis=1, kind="stable")  # holding ranks first, ascending
+    width = int(have.sum(axis=1).max()) if t_count else 0
+    index = np.take_along_axis(np.where(have, rows, -1), order, axis=1)[:, :width]
+    b0, b1 = _biases(bias)
+    return sum_pieces([y.reshape(t_count * num_ranks, hdim)], np.where(index >= 0, 0, -1), index, b0, b1,
+                      start="bias")
+
+
+def rank_order_weights(w: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """The legacy combine's ``combined_topk_weights`` (contract 11.4): ``0 + w[t, q]`` summed in
+    float32 over the ranks q holding the token, ascending.  w: float32 (T, R, K).  Returns float32 (T, K)."""
+    w = np.asarray(w, F32)
+    have = np.asarray(present, bool)
+    t_count, num_ranks, k_count = w.shape
+    rows = np.arange(t_count, dtype=np.int64)[:, None] * num_ranks + np.arange(num_ranks)
+    order = np.argsort(~have, axis=1, kind="stable")
+    width = int(have.sum(axis=1).max()) if t_count else 0
+    index = np.take_along_axis(np.where(have, rows, -1), order, axis=1)[:, :width]
+    return sum_f32_pieces([w.reshape(t_count * num_ranks, k_count)], np.where(index >= 0, 0, -1), index, k_count)
+
+
+def fma_f32(acc: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The float32 fused multiply-add ``RN32(acc + x * w)`` with the exact product, elementwise
+    (``acc``, ``w`` float32; ``x`` bf16 or float32; broadcasting).
+
+    A bf16 x float32 product has at most 8 + 24 significant bits, so the float64 product is exact
+    (no overflow or underflow either: |x w| lies in [2^-282, 2^256]).  The sum is then exact as a
+    float64 pair (TwoSum), rounded to float64 with round-to-odd and from there to float32 with
+    round-to-nearest-even: round-to-odd at p + 29 bits followed by RN at p bits is the correct
+    rounding of the pair (it cannot land on a float32 midpoint unless the pair is one), so there is
+    no double rounding.  Non-finite values follow IEEE (inf * 0 and inf - inf give NaN).
+    A float32 ``x`` must have at most 29 significant bits for the product to be exact (any float32
+    value times a bf16 one, or a bf16 value times a float32 one, qualifies).
+    """
+    p = np.asarray(x).astype(np.float64) * np.asarray(w, F32).astype(np.float64)
+    a = np.asarray(acc, F32).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s, e = two_sum(a, p)
+        e = np.where(np.isfinite(s), e, 0.0)
+        r = dd_to_f64_round_odd(s, e)
+        return r.astype(F32)
+
+
+def low_latency_combine_reference(y: np.ndarray, topk_idx: np.ndarray, topk_weights: np.ndarray,
+                                  skip: np.ndarray | None = None) -> np.ndarray:
+    """The legacy low-latency combine of one source rank (contract 11.6), bitwise: ``acc = +0``,
+    then for k ascending with ``topk_idx[t, k] >= 0`` (and not ``skip[t, k]``: a masked owner)
+    ``acc = RN32(acc + float(y[t, k]) * w[t, k])`` (:func:`fma_f32`, nvcc's contraction of
+    ``acc += x * w``); ``combined_x = bf16_RN(acc)``.
+
+    y: bf16 (T, K, H), the row each slot's expert returned;  topk_idx: int (T, K);
+    topk_weights: float32 (T, K);  skip: bool (T, K) or None.  Returns bf16 (T, H).
+    """
+    y = np.asarray(y)
+    idx = np.asarray(topk_idx, np.int64)
+    w = np.asarray(topk_weights, F32)
+    use = idx >= 0
+    if skip is not None:
+        use &= ~np.asarray(skip, bool)
+    t_count, k_count, hdim = y.shape
+    acc = np.zeros((t_count, hdim), F32)
+    for k in range(k_count):
+        at = np.flatnonzero(use[:, k])
+        if at.size:
+            acc[at] = fma_f32(acc[at], y[at, k], w[at, k][:, None])
+    return bf16_round(acc)

@@ -25,6 +25,12 @@ Everything is a function of the routing alone, so one destination's layout
 (:func:`case_layouts`, from every rank's ``topk_idx``: what the golden workflow calls) are the
 same arrays.  The buffers' dispatch is: check, exchange the rows of :func:`send_plan` through the
 transport, then assemble with :func:`recv_layout`, :func:`expand_rows` and :func:`metadata`.
+
+The legacy ``Buffer`` (contract 11) adds :func:`dispatch_layout` (``get_dispatch_layout``), the
+intranode kernels' channel bookkeeping (:func:`channel_prefix_matrix`, :func:`send_head`,
+:func:`rank_prefix_matrix`) and the low-latency packed layout (:func:`low_latency_messages`,
+:func:`packed_layout`, :func:`case_packed_layouts`): one message per valid (token, expert) slot,
+inside each local expert the source ranks' blocks in ascending order, each block's tokens ascending.
 """
 
 from __future__ import annotations
@@ -48,6 +54,17 @@ __all__ = [
     "expand_rows",
     "metadata",
     "metadata_columns",
+    "NUM_MAX_NVL_PEERS",
+    "DispatchLayout",
+    "dispatch_layout",
+    "channel_ranges",
+    "channel_prefix_matrix",
+    "send_head",
+    "rank_prefix_matrix",
+    "PackedLayout",
+    "low_latency_messages",
+    "packed_layout",
+    "case_packed_layouts",
 ]
 
 
@@ -262,4 +279,200 @@ def metadata(layout: RecvLayout, expand: bool, ascend: bool, num_rows: int) -> n
     out[:n, master_col] = layout.master if ascend else layout.src_rank * k_count + layout.master
     if expand:
         out[:n, slots] = layout.slot_row
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the legacy Buffer's layouts (contract 11): intranode dispatch and the low-latency packed layout
+# ----------------------------------------------------------------------------------------------
+
+#: NVLink peers of one host in the legacy kernels (ranks per RDMA rank).
+NUM_MAX_NVL_PEERS = 8
+
+
+@dataclass(frozen=True)
+class DispatchLayout:
+    """``Buffer.get_dispatch_layout`` of one rank's ``topk_idx`` (T, K) (contract 11.2).
+
+    num_tokens_per_rank:      int32 (R,), tokens with at least one expert on each rank.
+    num_tokens_per_rdma_rank: int32 (R / 8,), tokens with at least one expert on each group of 8
+                              ranks (an RDMA rank), or None for R <= 8 (one host).
+    num_tokens_per_expert:    int32 (E,), selections of each expert (slots, not tokens).
+    is_token_in_rank:         bool (T, R).
+    """
+
+    num_tokens_per_rank: np.ndarray
+    num_tokens_per_rdma_rank: np.ndarray | None
+    num_tokens_per_expert: np.ndarray
+    is_token_in_rank: np.ndarray
+
+
+def dispatch_layout(topk_idx: np.ndarray, num_experts: int, num_ranks: int) -> DispatchLayout:
+    """The :class:`DispatchLayout` of ``topk_idx`` (T, K) int (-1: no selection, ids < E)."""
+    idx = np.asarray(topk_idx, np.int64)
+    t_count = idx.shape[0]
+    owner = owners(idx, num_experts // num_ranks)
+    in_rank = np.zeros((t_count, num_ranks), bool)
+    ti, ki = np.nonzero(owner >= 0)
+    in_rank[ti, owner[ti, ki]] = True
+    per_rank = in_rank.sum(axis=0).astype(np.int32)
+    per_rdma = None
+    if num_ranks > NUM_MAX_NVL_PEERS:
+        groups = in_rank.reshape(t_count, num_ranks // NUM_MAX_NVL_PEERS, NUM_MAX_NVL_PEERS)
+        per_rdma = groups.any(axis=2).sum(axis=0).astype(np.int32)
+    per_expert = np.bincount(idx[idx >= 0], minlength=num_experts).astype(np.int32)
+    return DispatchLayout(per_rank, per_rdma, per_expert, in_rank)
+
+
+def channel_ranges(num_tokens: int, num_channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) int64 (C,) of the token ranges of the legacy kernels' channels: channel c takes
+    ``[min(c n, T), min(c n + n, T))`` with ``n = ceil(T / C)``."""
+    per = -(-num_tokens // num_channels) if num_channels else 0
+    starts = np.minimum(np.arange(num_channels, dtype=np.int64) * per, num_tokens)
+    return starts, np.minimum(starts + per, num_tokens)
+
+
+def channel_prefix_matrix(is_token_in_rank: np.ndarray, num_channels: int) -> np.ndarray:
+    """int32 (R, C): for destination d, the tokens sent to d by channels 0..c (inclusive prefix),
+    each channel a :func:`channel_ranges` range of this rank's tokens."""
+    sent = np.asarray(is_token_in_rank, bool)
+    t_count, num_ranks = sent.shape
+    starts, ends = channel_ranges(t_count, num_channels)
+    csum = np.concatenate([np.zeros((1, num_ranks), np.int64), np.cumsum(sent, axis=0, dtype=np.int64)])
+    per_channel = csum[ends] - csum[starts]  # (C, R)
+    return np.ascontiguousarray(np.cumsum(per_channel, axis=0).T, dtype=np.int32)
+
+
+def send_head(is_token_in_rank: np.ndarray, num_channels: int) -> np.ndarray:
+    """int32 (T, R): for a token sent to rank d, how many tokens of its channel were sent to d
+    before it (the slot the legacy kernel records); -1 for tokens not sent to d."""
+    sent = np.asarray(is_token_in_rank, bool)
+    t_count = sent.shape[0]
+    starts, _ = channel_ranges(t_count, num_channels)
+    csum = np.cumsum(sent, axis=0, dtype=np.int64) - sent  # tokens sent before t (exclusive)
+    per = -(-t_count // num_channels) if num_channels else 1
+    channel = np.arange(t_count, dtype=np.int64) // max(per, 1)
+    base = np.concatenate([np.zeros((1, sent.shape[1]), np.int64), np.cumsum(sent, axis=0, dtype=np.int64)])
+    before = csum - base[starts[channel]]
+    return np.where(sent, before, -1).astype(np.int32)
+
+
+def rank_prefix_matrix(counts: np.ndarray) -> np.ndarray:
+    """int32 (R, R): ``[i, j]`` = tokens sent to rank j by ranks 0..i, from ``counts[s, d]``
+    (tokens rank s sends to rank d)."""
+    return np.cumsum(np.asarray(counts, np.int64), axis=0).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Destination rank ``rank``'s low-latency packed layout (contract 11.5), canonical: inside
+    each local expert the blocks of the source ranks in ascending order, each block's tokens
+    ascending.
+
+    expert, src_rank, src_token, row:  int64 (n,), one entry per received (token, expert) message:
+        the local expert, the source rank and token, and the message's row in the expert's block.
+    counts:  int64 (E_l, R), messages of each source for each local expert (0 from a masked rank).
+    """
+
+    rank: int
+    num_ranks: int
+    num_experts: int
+    num_max_tokens_per_rank: int
+    expert: np.ndarray
+    src_rank: np.ndarray
+    src_token: np.ndarray
+    row: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def begins(self) -> np.ndarray:
+        """int64 (E_l, R): the first row of each source's block."""
+        return (np.cumsum(self.counts, axis=1) - self.counts).astype(np.int64)
+
+    @property
+    def recv_count(self) -> np.ndarray:
+        """int32 (E_l,): ``packed_recv_count``."""
+        return self.counts.sum(axis=1).astype(np.int32)
+
+    @property
+    def layout_range(self) -> np.ndarray:
+        """int64 (E_l, R): ``(begin << 32) | count``."""
+        return (self.begins << 32) | self.counts
+
+    def src_info(self) -> np.ndarray:
+        """int32 (E_l, R * T_max): the source token of each packed row, -1 past the received rows."""
+        e_l = self.counts.shape[0]
+        out = np.full((e_l, self.num_ranks * self.num_max_tokens_per_rank), -1, np.int32)
+        out[self.expert, self.row] = self.src_token
+        return out
+
+
+def low_latency_messages(topk_idx: np.ndarray, num_experts: int, num_ranks: int,
+                         skip: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What one source rank sends in a low-latency dispatch: for each destination d,
+    ``(local expert, token)`` int64 arrays of every valid slot whose expert lives on d, ordered
+    by expert then token (one message per slot).  ``skip`` (R,) bool: destinations sent nothing
+    (masked ranks)."""
+    idx = np.asarray(topk_idx, np.int64)
+    e_l = num_experts // num_ranks
+    ti, ki = np.nonzero(idx >= 0)
+    e = idx[ti, ki]
+    order = np.lexsort((ti, e))  # by global expert (so by destination, then local expert), then token
+    e, ti = e[order], ti[order]
+    dest = e // e_l
+    out = []
+    for d in range(num_ranks):
+        sel = dest == d
+        if skip is not None and skip[d]:
+            sel[:] = False
+        out.append(((e[sel] - d * e_l).astype(np.int64), ti[sel].astype(np.int64)))
+    return out
+
+
+def packed_layout(received: list[tuple[np.ndarray, np.ndarray]], rank: int, num_ranks: int, num_experts: int,
+                  num_max_tokens_per_rank: int) -> PackedLayout:
+    """Rank ``rank``'s :class:`PackedLayout` from ``received[s] = (local expert, token)``, the
+    messages of source s (:func:`low_latency_messages` of s for this rank; empty if masked).
+    The entries keep the order of ``received`` (source after source, each in its given order)."""
+    e_l = num_experts // num_ranks
+    counts = np.zeros((e_l, num_ranks), np.int64)
+    for s, (ex, _) in enumerate(received):
+        counts[:, s] = np.bincount(ex, minlength=e_l)
+    begins = np.cumsum(counts, axis=1) - counts
+    experts, srcs, toks, rows = [], [], [], []
+    for s, (ex, tok) in enumerate(received):
+        ex, tok = np.asarray(ex, np.int64), np.asarray(tok, np.int64)
+        order = np.lexsort((tok, ex))  # inside an expert, tokens ascending
+        first = np.concatenate([[0], np.cumsum(np.bincount(ex, minlength=e_l))[:-1]]).astype(np.int64)
+        row = np.empty(ex.size, np.int64)
+        row[order] = begins[ex[order], s] + np.arange(ex.size, dtype=np.int64) - first[ex[order]]
+        experts.append(ex)
+        srcs.append(np.full(ex.size, s, np.int64))
+        toks.append(tok)
+        rows.append(row)
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    return PackedLayout(rank=rank, num_ranks=num_ranks, num_experts=num_experts,
+                        num_max_tokens_per_rank=num_max_tokens_per_rank, expert=cat(experts), src_rank=cat(srcs),
+                        src_token=cat(toks), row=cat(rows), counts=counts)
+
+
+def case_packed_layouts(topk_idx: Sequence[np.ndarray], num_experts: int, num_max_tokens_per_rank: int,
+                        masked: np.ndarray | None = None) -> list[PackedLayout]:
+    """Every rank's :class:`PackedLayout` from every rank's ``topk_idx`` (rank order).
+    ``masked`` (R, R) bool: ``masked[d, s]`` - rank d receives nothing from rank s (a masked
+    pair; pass it symmetric, as the buffers resolve it)."""
+    num_ranks = len(topk_idx)
+    sent = [low_latency_messages(t, num_experts, num_ranks) for t in topk_idx]
+    out = []
+    for d in range(num_ranks):
+        received = []
+        for s in range(num_ranks):
+            ex, tok = sent[s][d]
+            if masked is not None and masked[d, s]:
+                ex, tok = ex[:0], tok[:0]
+            received.append((ex, tok))
+        out.append(packed_layout(received, d, num_ranks, num_experts, num_max_tokens_per_rank))
     return out
