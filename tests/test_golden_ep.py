@@ -14,11 +14,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import deepgemm_ref as dg
 import deepgemm_ref.ep as deep_ep
 from deepgemm_ref import golden
-from deepgemm_ref.errors import DGArgumentError
 from deepgemm_ref.golden import ep as gep
 from deepgemm_ref.golden.bundle import BundleError, manifest_digest
 from deepgemm_ref.golden.cases import SpecError, validate_spec
@@ -334,12 +334,17 @@ print("ok", len(specs))
 # strategies: the property fails on a broken port and shrinks
 # ----------------------------------------------------------------------------------------------
 
+#: Size caps of the default run's property tests (the slow run's generic tests draw the full range).
+SMALL = {"ranks": st.integers(1, 3), "tokens": st.integers(1, 6), "experts": st.integers(1, 12),
+         "topk": st.integers(1, 4)}
+
+
 def test_a_dispatch_that_drops_a_slot_fails_shrunk_to_one_token():
     found = []
 
     @settings(max_examples=60, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(case=cases("ep_dispatch", profile="sm100"))
+    @given(case=cases("ep_dispatch", profile="sm100", **SMALL))
     def prop(case):
         found.append(case)
         assert_matches_golden(case, case.call(EP_DROPS_SLOT))
@@ -351,6 +356,23 @@ def test_a_dispatch_that_drops_a_slot_fails_shrunk_to_one_token():
     line = msg.splitlines()[1]
     assert "(ranks=1 tokens=1 hidden=8 " in line and " topk=2;" in line, line  # the smallest that can show it
     assert "compared bit for bit" in msg and "output 'recv_topk_idx'" in msg
+
+
+@pytest.mark.slow
+def test_a_combine_that_adds_the_bias_twice_fails_shrunk_to_one_token():
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(case=cases("ep_combine", profile="sm100", **SMALL))
+    def prop(case):
+        assert_matches_golden(case, case.call(EP_BIAS_TWICE))
+
+    with pytest.raises(AssertionError) as err:
+        prop()
+    msg = str(err.value)
+    line = msg.splitlines()[1]
+    assert "ep_combine under sm100 does not match its golden values" in msg
+    assert "(ranks=1 tokens=1 hidden=256 " in line and " topk=1;" in line, line  # the smallest combine
+    assert "output 'combined_x'" in msg and "allowed [" in msg and "exact accumulator" in msg
 
 
 @pytest.mark.parametrize("kernel", ["ep_dispatch", "ep_combine"])
@@ -435,11 +457,14 @@ def test_a_real_module_replays_every_rank_under_two_processes(tmp_path):
     assert all(r.status == "pass" for r in golden.check(bundle, tmp_path / "o0.safetensors"))
 
 
-def test_driver_refuses_a_module_without_deepeps_names():
+def test_the_driver_finds_deeps_names_and_refuses_a_module_without_them(tmp_path):
     import types
 
-    entry = {"driver": {"name": "ep_dispatch"}, "profile": "sm100"}
+    assert gep._ep_module(dg) is deep_ep and gep._ep_module(deep_ep) is deep_ep
     with pytest.raises(BundleError, match="neither DeepEP's buffers"):
         gep._ep_module(types.ModuleType("nothing"))
-    assert gep._ep_module(dg) is deep_ep and gep._ep_module(deep_ep) is deep_ep
-    _ = (entry, DGArgumentError)
+    bundle = tmp_path / "b"
+    golden.generate([_spec("d", "ep_dispatch")], bundle)
+    sys.modules["no_deep_ep"] = types.ModuleType("no_deep_ep")
+    res = golden.replay(bundle, tmp_path / "o.safetensors", module="no_deep_ep", use_torch=False)
+    assert "neither DeepEP's buffers" in res.errors["d"]
