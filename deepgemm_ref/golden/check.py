@@ -737,7 +737,7 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
 def lead_label(entry: Mapping[str, Any]) -> str:
     """What the leading axis of a case's 3-D outputs indexes."""
     kernel = str(entry.get("kernel", ""))
-    if "mega_moe" in kernel:
+    if "mega_moe" in kernel or kernel.startswith("ep_"):
         return "rank"
     if "grouped" in kernel:
         return "group"
