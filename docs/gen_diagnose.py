@@ -47,7 +47,7 @@ def generate() -> str:
     ]
     for e in CATALOGUE:
         kernels = ", ".join(f"`{k}`" for k in e.kernels)
-        seen = "<br>".join(f"[{s.split('github.com/')[-1]}]({s})" for s in e.sources) or "issue 18"
+        seen = "<br>".join(f"[{s.split('github.com/')[-1]}]({s})" for s in e.sources) or e.origin
         lines.append(f"| `{e.name}` | {e.stage} | {kernels} | {e.specificity} | {e.description} | {seen} |")
     lines += ["", "Each entry's variants (operand, direction, tile size, ...), from its mutation's docstring:", ""]
     for e in CATALOGUE:

@@ -120,3 +120,63 @@ SKIPS_GROUP = standin("skips_group", m_grouped_bf16_gemm_nt_contiguous=_grouped_
 FLUSHES_NAN = standin("flushes_nan", bf16_gemm_nt=_nan_becomes_zero)
 MQA_NO_KV_SCALE = standin("mqa_no_kv_scale", fp8_fp4_mqa_logits=_mqa_ignores_kv_scale)
 K_GROUPED_DROPS_C = standin("k_grouped_drops_c", k_grouped_fp8_gemm_tn_contiguous=_k_grouped_drops_c)
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepEP ports: deepgemm_ref.ep with its buffers' dispatch / combine wrapped
+# ----------------------------------------------------------------------------------------------
+
+def ep_port(name: str, dispatch: Callable[..., Any] | None = None,
+            combine: Callable[..., Any] | None = None) -> types.ModuleType:
+    """A DeepEP-like module named ``name``: deepgemm_ref.ep's names, its buffers' ``dispatch`` /
+    ``combine`` replaced by ``dispatch(buf, correct, *args, **kw)`` / ``combine(buf, correct, *args,
+    **kw)`` (``correct``: the emulator's method, which a port may call as its own transport)."""
+    import deepgemm_ref.ep as base
+
+    def port_of(cls: type) -> type:
+        def do_dispatch(self: Any, *args: Any, **kw: Any) -> Any:
+            correct = super(port, self).dispatch  # type: ignore[misc]
+            return dispatch(self, correct, *args, **kw) if dispatch else correct(*args, **kw)
+
+        def do_combine(self: Any, *args: Any, **kw: Any) -> Any:
+            correct = super(port, self).combine  # type: ignore[misc]
+            return combine(self, correct, *args, **kw) if combine else correct(*args, **kw)
+
+        port = type(cls.__name__, (cls,), {"dispatch": do_dispatch, "combine": do_combine})
+        return port
+
+    mod = types.ModuleType(name)
+    mod.__getattr__ = lambda attr: getattr(base, attr)  # type: ignore[method-assign]
+    mod.ElasticBuffer = port_of(base.ElasticBuffer)  # type: ignore[attr-defined]
+    mod.EPBuffer = port_of(base.EPBuffer)  # type: ignore[attr-defined]
+    sys.modules[name] = mod
+    return mod
+
+
+def _dispatch_args(args: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+    names = ("x", "topk_idx", "topk_weights", "cumulative_local_expert_recv_stats")
+    out = dict(zip(names, args, strict=False))
+    out.update(kw)
+    return out
+
+
+def _dispatch_drops_a_k_slot(buf: Any, correct: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """Sends each token to the owner of every slot but the last (a loop bound off by one)."""
+    a = _dispatch_args(args, kw)
+    idx = np.array(a["topk_idx"], copy=True)
+    if idx.shape[1] > 1:
+        idx[:, -1] = -1
+    a["topk_idx"] = idx
+    return correct(**a)
+
+
+def _combine_adds_bias_twice(buf: Any, correct: Callable[..., Any], x: Any, handle: Any, topk_weights: Any = None,
+                             bias: Any = None, **kw: Any) -> Any:
+    """Adds the bias tensors twice."""
+    if bias is not None and not isinstance(bias, tuple):
+        bias = (bias, bias)
+    return correct(x, handle, topk_weights, bias, **kw)
+
+
+EP_DROPS_SLOT = standin("ep_drops_slot", ep=ep_port("ep_port_drops_slot", dispatch=_dispatch_drops_a_k_slot))
+EP_BIAS_TWICE = standin("ep_bias_twice", ep=ep_port("ep_port_bias_twice", combine=_combine_adds_bias_twice))

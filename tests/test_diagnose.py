@@ -24,7 +24,7 @@ from deepgemm_ref.config import Limited
 from deepgemm_ref.golden import safetensors as st
 from deepgemm_ref.golden.diagnose import CATALOGUE, THRESHOLD, diagnose, entry
 
-from .standin import replay_through, standin, user_sf
+from .standin import ep_port, replay_through, standin, user_sf
 
 # ---------------------------------------------------------------------------------------------
 # the buggy ports (each implements its bug in its own way, not with the catalogue's mutation)
@@ -317,6 +317,126 @@ def sfa_mantissa_dropped(a, b, d, *args, **kw):
     return dg.fp8_gemm_nt((a[0], np.ldexp(0.5, e).astype(np.float32)), b, d, *args, **kw)
 
 
+# DeepEP ports (deepgemm_ref.ep's buffers with a bug; each uses the emulator's own dispatch and
+# combine as its transport and computes its bug itself)
+
+def _meta_columns(buf, k):
+    """(source column, slot columns) of the handle's metadata: CUDA's order, or DeepEP-Ascend's."""
+    return (k, slice(0, k)) if buf._ascend else (0, slice(2, 2 + k))
+
+
+def _slot_rows_at_source(buf, correct, x, handle):
+    """Each source token's slot rows (T, K, H) bf16, fetched with K combines of an expanded layout
+    whose x keeps only the rows of slot k (a one-term sum returns its term)."""
+    meta = np.asarray(handle.recv_src_metadata)
+    k = meta.shape[1] - 2
+    n = int(np.asarray(handle.psum_num_recv_tokens_per_scaleup_rank)[-1])
+    _, slots = _meta_columns(buf, k)
+    xa = np.asarray(x)
+    out = []
+    for kk in range(k):
+        rows = meta[:n, slots][:, kk]
+        keep = np.zeros_like(xa)
+        keep[rows[rows >= 0]] = xa[rows[rows >= 0]]
+        yk, _, _ = correct(keep, handle)
+        out.append(np.asarray(yk))
+    return np.stack(out, axis=1)
+
+
+def _biases(bias):
+    return [] if bias is None else ([bias] if not isinstance(bias, tuple) else list(bias))
+
+
+def ep_owners_by_rank(buf, correct, x, handle, topk_weights=None, bias=None, **kw):
+    """Adds the owners' partials in rank order (one combine per owner fetches each owner's
+    partial at the source: a one-term sum returns its term)."""
+    cx, cw, ev = correct(x, handle, topk_weights, bias, **kw)
+    xa = np.asarray(x)
+    acc = np.zeros(np.shape(cx), np.float32)
+    for b in _biases(bias):
+        acc += np.asarray(b).astype(np.float32)
+    for q in range(buf.num_ranks):
+        part, _, _ = correct(xa if buf.rank_idx == q else np.zeros_like(xa), handle)
+        acc += np.asarray(part).astype(np.float32)
+    return acc.astype(ml_dtypes.bfloat16), cw, ev
+
+
+def ep_partials_in_float32(buf, correct, x, handle, topk_weights=None, bias=None, **kw):
+    """Expanded: each owner's slots summed in float32 and added to the result without rounding."""
+    cx, cw, ev = correct(x, handle, topk_weights, bias, **kw)
+    rows = _slot_rows_at_source(buf, correct, x, handle).astype(np.float32)
+    routing = np.asarray(handle.topk_idx)
+    e_l = handle.num_experts // buf.num_ranks
+    owner = np.where(routing >= 0, routing // e_l, -1)
+    acc = np.zeros(np.shape(cx), np.float32)
+    for b in _biases(bias):
+        acc += np.asarray(b).astype(np.float32)
+    for t in range(routing.shape[0]):
+        masters = sorted({int(o): max(kk for kk in range(routing.shape[1]) if owner[t, kk] == o)
+                          for o in owner[t] if o >= 0}.items(), key=lambda kv: kv[1])
+        for o, _ in masters:
+            part = np.float32(0) + np.zeros(rows.shape[-1], np.float32)
+            for kk in range(routing.shape[1]):
+                if owner[t, kk] == o:
+                    part += rows[t, kk]
+            acc[t] += part
+    return acc.astype(ml_dtypes.bfloat16), cw, ev
+
+
+def ep_bias_after_rounding(buf, correct, x, handle, topk_weights=None, bias=None, **kw):
+    """Adds the bias to the bf16 result, in bf16."""
+    cx, cw, ev = correct(x, handle, topk_weights, None, **kw)
+    out = np.asarray(cx)
+    for b in _biases(bias):
+        out = (out.astype(np.float32) + np.asarray(b).astype(np.float32)).astype(ml_dtypes.bfloat16)
+    return out, cw, ev
+
+
+def ep_weights_again(buf, correct, x, handle, topk_weights=None, bias=None, **kw):
+    """Expanded: multiplies every slot row by its weight before reducing it (the expert side did already)."""
+    xa = np.asarray(x).astype(np.float32) * np.asarray(topk_weights, np.float32)[:, None]
+    return correct(xa.astype(ml_dtypes.bfloat16), handle, topk_weights, bias, **kw)
+
+
+def ep_round_robin_owners(buf, correct, x, topk_idx=None, *args, **kw):
+    """Sends expert e to rank e % R as its local expert e // R."""
+    idx = np.asarray(topk_idx)
+    e_l = kw["num_experts"] // buf.num_ranks
+    moved = np.where(idx >= 0, (idx % buf.num_ranks) * e_l + idx // buf.num_ranks, -1).astype(idx.dtype)
+    return correct(x, moved, *args, **kw)
+
+
+def ep_stale_padding(buf, correct, *args, **kw):
+    """Leaves each expanded padding row holding the row above it."""
+    recv_x, idx, w, handle, ev = correct(*args, **kw)
+    psum = np.asarray(handle.psum_num_recv_tokens_per_expert)
+    a = handle.expert_alignment
+    start = 0
+    for end in psum.tolist():
+        for row in range(end, -(-end // a) * a):
+            if row > start:
+                for arr in ([recv_x] if not isinstance(recv_x, tuple) else list(recv_x)) + ([w] if w is not None else []):
+                    arr[row] = arr[row - 1]
+        start = -(-end // a) * a
+    return recv_x, idx, w, handle, ev
+
+
+def ep_sf_left_zero(buf, correct, *args, **kw):
+    """Copies the FP8 rows but not their scale factors (left zero)."""
+    recv_x, idx, w, handle, ev = correct(*args, **kw)
+    np.asarray(recv_x[1])[...] = 0
+    return recv_x, idx, w, handle, ev
+
+
+def ep_int16_pairs_swapped(buf, correct, *args, **kw):
+    """Reads each float32 scale's int16 view high half first."""
+    recv_x, idx, w, handle, ev = correct(*args, **kw)
+    sf = np.asarray(recv_x[1])
+    words = np.ascontiguousarray(sf).view(np.uint32)
+    sf[...] = ((words << 16) | (words >> 16)).view(np.int16).reshape(sf.shape)
+    return recv_x, idx, w, handle, ev
+
+
 @dataclass
 class Bug:
     entry: str
@@ -415,6 +535,26 @@ BUGS = [
         float_sfa_as_ue8m0_bytes, {"operand": "a"}),
     Bug("sf_mantissa_dropped", _spec("mant", "fp8_gemm_nt", "sm90", m=48, n=64, k=384, out="f32", c="is_d"),
         "fp8_gemm_nt", sfa_mantissa_dropped, {"operand": "a"}),
+    # DeepEP (the port module replaces deepgemm_ref's ep: kernel "ep").  Another summation order
+    # passes the default check (within the bound); it fails a bitwise one, on values where the
+    # float32 order matters.
+    Bug("ep_combine_order", _spec("eporder", "ep_combine", ranks=4, experts=8, topk=4, bias=2,
+                                  combine_check="bitwise", values="adversarial"),
+        "ep", ep_port("ep_port_order", combine=ep_owners_by_rank), {"order": "rank"}),
+    Bug("ep_partial_not_rounded", _spec("eppart", "ep_combine", ranks=2, experts=4, topk=4, expand=True, bias=0),
+        "ep", ep_port("ep_port_partial", combine=ep_partials_in_float32), {"partial": "float32"}),
+    Bug("ep_bias_misapplied", _spec("epbias", "ep_combine", bias=2), "ep",
+        ep_port("ep_port_bias", combine=ep_bias_after_rounding), {"bias": "added in bf16"}),
+    Bug("ep_weights_misapplied", _spec("epw", "ep_combine", expand=True), "ep",
+        ep_port("ep_port_weights", combine=ep_weights_again), {"weights": "applied twice"}),
+    Bug("ep_expert_wrong_rank", _spec("eprank", "ep_dispatch", ranks=4, experts=16, topk=4), "ep",
+        ep_port("ep_port_rank", dispatch=ep_round_robin_owners), {"owner": "round_robin"}),
+    Bug("ep_padding_not_zeroed", _spec("eppad", "ep_dispatch", expand=True, alignment=8, zero_padding=True), "ep",
+        ep_port("ep_port_pad", dispatch=ep_stale_padding), {"padding": "previous_row"}),
+    Bug("ep_sf_not_copied", _spec("epsf", "ep_dispatch", fp8=True), "ep",
+        ep_port("ep_port_sf", dispatch=ep_sf_left_zero), {"sf": "not_written"}),
+    Bug("ep_sf_int16_misread", _spec("epi16", "ep_dispatch", "ascend950", fp8=True), "ep",
+        ep_port("ep_port_i16", dispatch=ep_int16_pairs_swapped), {"int16": "halves_swapped"}),
 ]
 
 
@@ -444,7 +584,10 @@ def test_the_issue_names_are_in_the_catalogue_with_data():
              "scale_block_reused k_tail_not_zeroed neg1_rows_as_group0 psum_offsets_shifted "
              "group_boundary_off_by_one masked_m_ignored c_missing c_added_twice alpha_missing output_truncated "
              "output_transposed tile_not_written narrow_accumulator mqa_weights_missing mqa_relu_missing "
-             "mqa_kv_range_off_by_one paged_block_table_misread").split()
+             "mqa_kv_range_off_by_one paged_block_table_misread "
+             # the DeepEP issue's port bugs of dispatch and combine
+             "ep_combine_order ep_partial_not_rounded ep_bias_misapplied ep_weights_misapplied ep_expert_wrong_rank "
+             "ep_padding_not_zeroed ep_sf_not_copied ep_sf_int16_misread").split()
     for name in names:
         e = entry(name)
         assert e.kernels and e.description and callable(e.mutation) and e.stage in ("inputs", "layout", "call",

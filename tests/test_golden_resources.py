@@ -34,6 +34,10 @@ _LARGER = [
     {"id": "moe", "kernel": "fp8_fp4_mega_moe", "profile": "ascend950", "ranks": 4, "experts": 8, "topk": 2,
      "tokens": 32, "shared": 2},
     {"id": "pr", "kernel": "fp8_gemm_nt", "profile": "sm100", "family": "probe", "probe": "accumulator"},
+    {"id": "epd", "kernel": "ep_dispatch", "profile": "sm100", "ranks": 4, "tokens": 32, "hidden": 1024,
+     "experts": 16, "topk": 4, "fp8": True, "expand": True, "alignment": 16, "zero_padding": True},
+    {"id": "epc", "kernel": "ep_combine", "profile": "ascend950", "ranks": 4, "tokens": 32, "hidden": 1024,
+     "experts": 16, "topk": 4, "bias": 2},
 ]
 
 
@@ -117,7 +121,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert "plan: 115 of 115 cases" in out and "estimated size" in out and "estimated time" in out
     assert not (tmp_path / "b").exists()
     plan = golden.generate(golden.preset("smoke"), tmp_path / "b", dry_run=True)
-    assert len(plan["cases"]) == 40 and plan["file_bytes"] > 0 and not (tmp_path / "b").exists()
+    assert len(plan["cases"]) == 46 and plan["file_bytes"] > 0 and not (tmp_path / "b").exists()
 
 
 def test_sizes_and_limits():

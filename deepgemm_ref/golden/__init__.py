@@ -17,6 +17,7 @@ from .bundle import Bundle, BundleError, CaseData, load_bundle
 from .cases import CaseSpec, SpecError, build_case, register_family, validate_spec
 from .check import CaseReport, CheckOptions, check, check_case, check_outputs, format_report, load_outputs
 from .diagnose import CATALOGUE, CaseDiagnosis, diagnose  # noqa: E402  (after check: it builds on it)
+from .ep import EPConfig  # DeepEP's families (registered after the others: docs and presets list them last)
 from .generation import CaseFailures, GenerationInterrupted, Plan, generate, plan_generation, verify
 from .presets import PRESETS, preset
 from .progress import Progress
@@ -27,6 +28,6 @@ __all__ = [
     "safetensors", "Bundle", "BundleError", "CaseData", "CaseSpec", "CaseReport", "CheckOptions", "SpecError",
     "generate", "plan_generation", "Plan", "load_bundle", "verify", "replay", "ReplayOutputs", "check",
     "check_outputs", "check_case", "format_report", "preset", "PRESETS", "build_case", "register_family",
-    "validate_spec", "load_outputs", "probes", "families", "moe", "CaseFailures", "GenerationInterrupted",
-    "Progress", "Estimate", "ResourceError", "diagnose", "CaseDiagnosis", "CATALOGUE",
+    "validate_spec", "load_outputs", "probes", "families", "moe", "ep", "EPConfig", "CaseFailures",
+    "GenerationInterrupted", "Progress", "Estimate", "ResourceError", "diagnose", "CaseDiagnosis", "CATALOGUE",
 ]

@@ -158,6 +158,14 @@ def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping
     the exact one: :func:`compute_golden`); the diagnosis regenerates mutated calls with it.
     ``module``: the emulator whose trace records give the accumulator and error scale (default
     this package's namespace)."""
+    if family.compute is not None:
+        # A family whose goldens come from a pure model of the call (DeepEP's dispatch and combine:
+        # the driver's ranks run in threads, which a trace capture does not follow).  The model
+        # follows the kernels' own numerics whatever the accumulation option says.
+        with single_threaded_blas(), numerics(arch=entry["profile"]), quiet_float_errors():
+            tensors = dict(inputs)
+            tensors.update(overrides or {})
+            return family.compute(entry, tensors, outputs)
     emu = emulator() if module is None else module
 
     # One BLAS thread: stored float64 tensors (acc, S) that no certificate makes exact would

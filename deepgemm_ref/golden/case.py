@@ -32,7 +32,7 @@ from . import safetensors as st
 from .bundle import CaseData, case_entry, load_bundle
 from .call import compute_golden, quiet_float_errors
 from .cases import BuiltCase, CaseSpec, SpecError, build_case, validate_spec
-from .check import CaseReport, CheckOptions, check_case, element_bounds, output_golden
+from .check import CaseReport, CheckOptions, check_case, element_bounds, family_view, output_golden
 from .emulator import emulator, is_emulator
 from .replay import _check_device, call_case
 
@@ -284,12 +284,20 @@ class Case:
                 problems.append(f"output {name!r}: shape {dev.shape} and dtype {dev.dtype}; expected shape "
                                 f"{want.shape} and dtype {want.dtype}")
                 continue
-            label = self.id if len(gold.outputs) == 1 else f"{self.id}/{name}"
-            reports.append(check_case(label, dev, output_golden(gold, name, gold.main), gold.check, self.inputs,
-                                      options))
             checked.append((name, dev))
+        view = family_view(self.entry, gold, dict(checked))
+        goldens: dict[str, dict[str, np.ndarray]] = {}
+        for name, dev in checked:
+            label = self.id if len(gold.outputs) == 1 else f"{self.id}/{name}"
+            if view is None:
+                goldens[name] = output_golden(gold, name, gold.main)
+                reports.append(check_case(label, dev, goldens[name], gold.check, self.inputs, options))
+            else:
+                goldens[name] = view.goldens[name]
+                reports.append(check_case(label, view.device[name], goldens[name], view.checks[name], self.inputs,
+                                          options))
         return Comparison(self, reports, [n for n, _ in checked], problems, options, strict,
-                          {n: d for n, d in checked})
+                          {n: d for n, d in checked}, goldens)
 
 
 def _finish_golden(g: Golden, entry: Mapping[str, Any], stats: Mapping[str, Any]) -> Golden:
@@ -334,6 +342,8 @@ class Comparison:
     options: CheckOptions
     strict: bool = False
     device: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: the golden tensors each output was checked against (see :func:`.check.output_golden`)
+    goldens: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -363,11 +373,22 @@ class Comparison:
             shown = [w for w in rep.worst if w["status"] == "fail" or (self.strict and w["status"] == "warn")]
             if shown:
                 lines.append(f"  worst {min(worst, len(shown))} of them:")
-            g = output_golden(gold, name, gold.main)
+            g = self.goldens.get(name) or output_golden(gold, name, gold.main)
+            # an output compared as bit patterns (DeepEP's dispatch payloads): values and bits
+            as_bits = np.asarray(g["main"]).dtype.kind in "iu" and gold[name].dtype.kind not in "iub"
             for w in shown[:worst]:
                 idx = tuple(w["index"])
                 dv, gv = float(w["device"]), float(w["golden"])
                 where = f"    at {idx} (128x128 tile {tuple(w['tile_128x128'])}): device {_fmt(dv)}, golden {_fmt(gv)}"
+                if as_bits:
+                    width = 2 * gold[name].dtype.itemsize
+                    dec = np.array([int(dv), int(gv)], np.asarray(g["main"]).dtype).view(gold[name].dtype)
+                    lines.append(f"    at {idx}: device {_fmt(float(dec[0]))} (bits 0x{int(dv):0{width}x}), golden "
+                                 f"{_fmt(float(dec[1]))} (bits 0x{int(gv):0{width}x}), compared bit for bit")
+                    continue
+                if gold[name].dtype.kind in "iub":
+                    lines.append(f"{where}, compared bit for bit")
+                    continue
                 if _special_class(dv) != _special_class(gv) or not (math.isfinite(dv) and math.isfinite(gv)):
                     lines.append(f"{where}: class mismatch ({_special_class(dv)} where the golden value is "
                                  f"{_special_class(gv)})")

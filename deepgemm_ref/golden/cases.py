@@ -154,6 +154,15 @@ Driver = Callable[[Any, dict[str, Any], dict[str, Any], dict[str, Any]], None]
 #: finish(golden tensors, trace records, inputs) -> golden stats: turns a driver's trace records
 #: into the case's golden tensors (``acc``, ``S``, ``defined``, ...).
 Finish = Callable[[dict[str, np.ndarray], list[Any], dict[str, np.ndarray]], dict[str, Any]]
+#: compute(manifest entry, inputs, outputs) -> (golden tensors, stats): the goldens of a family whose
+#: goldens come from a pure model of the call rather than from its trace records (DeepEP's dispatch
+#: and combine: the ranks of its driver run in threads, which a trace capture does not follow).
+Compute = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Mapping[str, Any]]],
+                   tuple[dict[str, np.ndarray], dict[str, Any]]]
+#: view(manifest entry, golden tensors, device outputs or None) -> check.CheckView: how the checker
+#: sees a family's outputs (a device's own row order put into the canonical one, per-output
+#: defined masks, bitwise or bounded comparison).
+View = Callable[[Mapping[str, Any], Mapping[str, np.ndarray], Mapping[str, Any] | None], Any]
 
 
 @dataclass(frozen=True)
@@ -165,7 +174,9 @@ class Family:
     derived inputs, layout transforms) its manifests may call besides its kernels.  driver /
     finish: a call that is more than one function call, and its golden bookkeeping.
     check_entry: family-specific consistency checks of a manifest entry (returns a problem or
-    None).  explicit: chosen only by a specification's ``family`` key.
+    None).  explicit: chosen only by a specification's ``family`` key.  compute: the goldens
+    from a pure model (no trace capture; :data:`Compute`).  view: how the checker compares the
+    family's outputs (:data:`View`; default: each output against its golden, element by element).
     """
 
     name: str
@@ -177,6 +188,8 @@ class Family:
     finish: Finish | None = None
     check_entry: Callable[[Mapping[str, Any]], str | None] | None = None
     explicit: bool = False
+    compute: Compute | None = None
+    view: View | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -194,9 +207,10 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
                     estimate: Callable[[Params], Estimate] | None = None, functions: tuple[str, ...] = (),
                     driver: Driver | None = None, finish: Finish | None = None,
                     check_entry: Callable[[Mapping[str, Any]], str | None] | None = None,
-                    explicit: bool = False) -> Family:
+                    explicit: bool = False, compute: Compute | None = None, view: View | None = None) -> Family:
     """Make a kernel family available to specifications (see :class:`Family`)."""
-    fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit)
+    fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit,
+                 compute, view)
     FAMILIES[name] = fam
     return fam
 

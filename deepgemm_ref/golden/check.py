@@ -39,12 +39,14 @@ from ..testing.numeric import ulp_distance
 from ..toolkit.operands import OUT_FORMAT
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle
+from .call import entry_family
 from .progress import as_progress
 from .replay import read_replay_record
 from .resources import default_memory_limit, format_size
 
 __all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
-           "check", "strict_json_value", "reports_json", "output_golden", "element_bounds"]
+           "check", "strict_json_value", "reports_json", "output_golden", "element_bounds", "CheckView",
+           "family_view"]
 
 ULP_BINS = (0, 1, 2, 4, 8, 16, 64, 256, 1024)  # histogram bin lower edges (last: >= 1024)
 
@@ -639,19 +641,26 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
     case = bundle.case(case_id)
     golden = case.golden()
     inputs = case.inputs()
+    for name in names:
+        key = keys[name]
+        if key in outputs:
+            dev, want = outputs[key], golden[name]
+            if dev.shape != want.shape or dev.dtype != want.dtype:
+                raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
+                                  f"expected shape {want.shape} and dtype {want.dtype}")
+    view = family_view(entry, golden, {name: outputs[keys[name]] for name in names if keys[name] in outputs})
     reports = []
     for name in names:
         key = keys[name]
         if key not in outputs:
             reports.append(_failed(label(name), f"output {name!r} missing from the outputs"))
             continue
-        dev = outputs[key]
         want = golden[name]
-        if dev.shape != want.shape or dev.dtype != want.dtype:
-            raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
-                              f"expected shape {want.shape} and dtype {want.dtype}")
-        g = output_golden(golden, name, main)
-        rep = check_case(label(name), dev, g, entry.get("check", {}), inputs, options)
+        if view is None:
+            rep = check_case(label(name), outputs[key], output_golden(golden, name, main), entry.get("check", {}),
+                             inputs, options)
+        else:
+            rep = check_case(label(name), view.device[name], view.goldens[name], view.checks[name], inputs, options)
         rep.dtype = str(want.dtype)
         rep.lead = lead_label(entry) if want.ndim == 3 else None
         reports.append(rep)
@@ -667,6 +676,31 @@ def output_golden(golden: Mapping[str, np.ndarray], name: str, main: str) -> dic
         return {"main": golden[name], **{k: v for k, v in golden.items() if k in sel}}
     return {"main": golden[name], **{k: golden[f"extra.{name}.{k}"] for k in ("acc", "S")
                                      if f"extra.{name}.{k}" in golden}}
+
+
+@dataclass
+class CheckView:
+    """How the checker sees one case's outputs, for a family with its own view (DeepEP):
+    ``device`` the outputs as compared (a device's own row order put into the canonical one,
+    payloads as bit patterns), ``goldens`` per output the golden tensors :func:`check_case` takes
+    (``main``, ``defined``, and ``acc`` / ``S`` / ``S_hard`` where an output is bounded), ``checks``
+    per output the checker parameters."""
+
+    device: dict[str, np.ndarray]
+    goldens: dict[str, dict[str, np.ndarray]]
+    checks: dict[str, dict[str, Any]]
+
+
+def family_view(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray],
+                device: Mapping[str, Any] | None = None) -> CheckView | None:
+    """The case family's view of its outputs (None for a family compared output by output
+    against ``output_golden``); ``device`` may lack outputs (missing ones are not in the view)."""
+    fam = entry_family(entry)
+    if fam.view is None:
+        return None
+    view = fam.view(entry, golden, device)
+    assert isinstance(view, CheckView)
+    return view
 
 
 def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
@@ -703,7 +737,7 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
 def lead_label(entry: Mapping[str, Any]) -> str:
     """What the leading axis of a case's 3-D outputs indexes."""
     kernel = str(entry.get("kernel", ""))
-    if "mega_moe" in kernel:
+    if "mega_moe" in kernel or kernel.startswith("ep_"):
         return "rank"
     if "grouped" in kernel:
         return "group"

@@ -1,5 +1,5 @@
 """Named case lists: ``smoke``, ``ascend-headline``, ``deepgemm-tests-small``, ``deepgemm-tests``,
-``ascend-probes``.
+``deepep-tests-small``, ``ascend-probes``.
 
 * ``smoke``: every kernel family at tiny sizes, each under at least one profile that provides
   it (seconds).
@@ -10,6 +10,10 @@
   runs in seconds on two cores.
 * ``deepgemm-tests``: the dense GEMM shape lists at DeepGEMM's full sizes (hours here; use
   ``--jobs`` or Dask).
+* ``deepep-tests-small``: DeepEP's dispatch and combine (``golden.ep``): DeepEP's test
+  configuration (8 ranks, hidden 7168, top-6 of 256 experts) with a few tokens per rank, under
+  ``sm100`` and ``ascend950``, and the Mega MoE baseline's dispatch and combine (expanded, no CPU
+  sync, alignment 224) at the Mega MoE small preset's shapes (seconds).
 * ``ascend-probes``: inputs crafted so that a device's outputs reveal its accumulator width and
   rounding, its output rounding and its reading of the UE8M0 byte 0x00 (``golden.probes``).
 """
@@ -127,6 +131,7 @@ PRESETS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "ascend-headline": _ascend_headline,
     "deepgemm-tests-small": _deepgemm_tests_small,
     "deepgemm-tests": _deepgemm_tests,
+    "deepep-tests-small": lambda: [],  # DeepEP's dispatch and combine: every case comes from golden.ep
 }
 
 

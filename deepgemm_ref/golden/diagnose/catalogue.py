@@ -5,7 +5,7 @@ kernel names), the stage it belongs to (``inputs``, ``layout``, ``call``, ``outp
 description, the mutation that reproduces it (:mod:`.mutations`), its specificity (how little
 of it is fitted to the device's data: 3 a fixed mutation, 1 a model fitted to the device, 0
 cells copied from the device output) and, for bugs seen in the wild, the public issues or pull
-requests it comes from.
+requests it comes from (``origin`` says where an entry without them was listed).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from . import ep_mutations as ep
 from . import mutations as mu
 
 __all__ = ["Entry", "CATALOGUE", "entry", "applicable"]
@@ -26,6 +27,12 @@ MASKED = ("m_grouped_*_masked", "*_m_grouped_gemm_nt_masked")
 K_GROUPED = ("k_grouped_*",)
 MQA = ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits")
 MEGA = ("fp8_fp4_mega_moe", "bf16_mega_moe")
+EP_DISPATCH = ("ep_dispatch",)
+EP_COMBINE = ("ep_combine",)
+EP = EP_DISPATCH + EP_COMBINE
+#: Where the entries without public sources come from.
+ISSUE_18 = "issue 18"
+EP_ISSUE = "the DeepEP issue, item 4"
 GEMM_LIKE = ("*gemm*", "einsum", "fp8_einsum")
 EVERY = ("*",)
 
@@ -41,10 +48,12 @@ class Entry:
     mutation: Callable[[Any], Iterable[Any]]
     specificity: int = 3
     sources: tuple[str, ...] = ()
+    origin: str = ISSUE_18
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "kernels": list(self.kernels), "stage": self.stage,
-                "description": self.description, "specificity": self.specificity, "sources": list(self.sources)}
+                "description": self.description, "specificity": self.specificity, "sources": list(self.sources),
+                "origin": self.origin}
 
 
 CATALOGUE: tuple[Entry, ...] = (
@@ -111,6 +120,33 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("paged_block_table_misread", ("fp8_fp4_paged_mqa_logits",), "inputs",
           "the paged KV block table misread: column-major, shifted by a block, or another request's row",
           mu.paged_block_table_misread),
+    # DeepEP's dispatch and combine
+    Entry("ep_combine_order", EP_COMBINE, "call",
+          "the combine's float32 sum in another order than DeepEP's recipe (owners by rank instead of by master "
+          "slot, terms reversed, biases last): within the bound, not bitwise DeepEP", ep.ep_combine_order,
+          origin=EP_ISSUE),
+    Entry("ep_partial_not_rounded", EP_COMBINE, "call",
+          "a rank's partial of two or more slots added in float32, without DeepEP's bf16 rounding where the "
+          "partial is sent (a missing rounding at a segment break)", ep.ep_partial_not_rounded, origin=EP_ISSUE),
+    Entry("ep_bias_misapplied", EP_COMBINE, "call",
+          "the combine's bias added twice, or in bf16 (to the rounded sum) instead of first into the float32 sum",
+          ep.ep_bias_misapplied, origin=EP_ISSUE),
+    Entry("ep_weights_misapplied", EP_COMBINE, "call",
+          "the top-k weights applied twice (the combine weights rows the expert side already weighted) or not "
+          "at all (lost by the dispatch)", ep.ep_weights_misapplied, origin=EP_ISSUE),
+    Entry("ep_expert_wrong_rank", EP, "call",
+          "an expert mapped to the wrong rank (owners round robin instead of in blocks of E / R, or one rank off): "
+          "tokens received by the wrong ranks, wrong local expert indices and partial groups",
+          ep.ep_expert_wrong_rank, origin=EP_ISSUE),
+    Entry("ep_padding_not_zeroed", EP_DISPATCH, "output",
+          "expanded padding rows not zeroed although do_zero_padding asks for it (stale rows: the expert's last "
+          "slot row or the next expert's first)", ep.ep_padding_not_zeroed, origin=EP_ISSUE),
+    Entry("ep_sf_not_copied", EP_DISPATCH, "layout",
+          "FP8 scale factors not moved with their rows (taken by position, from the source's first token, or not "
+          "written)", ep.ep_sf_not_copied, origin=EP_ISSUE),
+    Entry("ep_sf_int16_misread", EP_DISPATCH, "layout",
+          "DeepEP-Ascend's int16 view of the float32 scale factors misread (the two halves of a pack swapped, or "
+          "the bytes of each int16)", ep.ep_sf_int16_misread, origin=EP_ISSUE),
     # From the public trackers
     Entry("sf_float32_read_as_ue8m0", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "layout",
           "float32 scales left in the float layout and read by a UE8M0 kernel as packed exponent bytes "

@@ -47,7 +47,7 @@ from .. import safetensors as st
 from ..bundle import Bundle, CaseData
 from ..call import entry_family, golden_of_call
 from ..cases import ArgRef, Family
-from ..check import CaseReport, CheckOptions, Classification, classify_output, output_golden
+from ..check import CaseReport, CheckOptions, Classification, classify_output, family_view, output_golden
 
 __all__ = ["THRESHOLD", "Candidate", "Variant", "Score", "Sample", "CaseContext", "Evaluated", "rank_key"]
 
@@ -202,6 +202,13 @@ class CaseContext:
         self.options = options
         self.device = {name: np.asarray(device[name]) for name in self.outputs_desc}
         self.output_goldens = {name: output_golden(self.golden, name, self.main) for name in self.outputs_desc}
+        # A family with its own view (DeepEP) compares the device's outputs in canonical order, its
+        # payloads as bit patterns: mutations see the outputs (device and golden) as compared.
+        self.view = family_view(self.entry, self.golden, self.device)
+        if self.view is not None:
+            self.device = dict(self.view.device)
+            self.output_goldens = dict(self.view.goldens)
+            self.golden = {**self.golden, **{name: g["main"] for name, g in self.view.goldens.items()}}
         self.classes: dict[str, Classification] = {}
         self.reports: dict[str, CaseReport] = {}
         for name in self.outputs_desc:
@@ -218,6 +225,8 @@ class CaseContext:
 
     def check_of(self, name: str) -> dict[str, Any]:
         """The check description of an output (a second output has no epilogue ``c``)."""
+        if self.view is not None:
+            return dict(self.view.checks[name])
         if name == self.main:
             return self.check
         ep = dict(self.check.get("epilogue") or {})
