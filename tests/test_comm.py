@@ -183,6 +183,26 @@ def test_local_transport_hands_out_copies_not_views():
     assert all(np.all(gathered[r] == r) for r in range(ranks))
 
 
+def test_local_all_gather_shared_is_one_read_only_copy_per_sender():
+    ranks = 3
+    gathered = [np.full((r + 1, 2), r, np.int32) for r in range(ranks)]
+
+    def fn(g):
+        got = g.transport().all_gather_shared(gathered[g.rank()])
+        for a in got:  # what is shared cannot be scribbled on
+            with pytest.raises(ValueError, match="read-only"):
+                a[...] = -1
+        return got
+
+    results = run_emulated(fn, ranks)
+    for r in range(ranks):
+        for s in range(ranks):
+            a = results[r][s]
+            assert a.tobytes() == gathered[s].tobytes() and a.shape == gathered[s].shape
+            assert a is results[0][s]  # one copy per sender, shared by every receiver
+            assert not np.shares_memory(a, gathered[s])  # and not the caller's memory
+
+
 def test_local_group_reused_for_many_collectives():
     ranks, rounds = 4, 150
 

@@ -293,6 +293,18 @@ class LocalTransport:
                                     collective_label("all_gather", a))
         return [items[src][self._rank] for src in range(self.size)]
 
+    def all_gather_shared(self, x: np.ndarray) -> list[np.ndarray]:
+        """Every rank's ``x`` in rank order, each copied once and shared, read-only, by every
+        receiver (in-process groups only).
+
+        Not part of the :class:`~deepgemm_ref.comm.Transport` protocol, whose ``all_gather``
+        copies once per receiver: this is the in-process payload path of ``deepgemm_ref.ep``'s
+        buffers, which only read what they receive (R copies of the payloads instead of R * R)."""
+        a = as_rows("LocalTransport.all_gather_shared", "x", x)
+        mine = a.copy()
+        mine.flags.writeable = False
+        return self.group.exchange(self._rank, mine, collective_label("all_gather", a))
+
 
 def run_emulated(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (),
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:

@@ -324,8 +324,9 @@ def _sf_out(rows: int, packs: int, dtype: np.dtype, col_major: bool, ascend: boo
     return np.zeros((packs, ld), dtype).T[:rows]
 
 
-#: Payloads of an in-process group travel by ``all_gather`` (each rank's rows are copied once and
-#: shared by every receiver, which gathers its rows straight into its outputs); other transports
+#: Payloads of an in-process group travel by ``LocalTransport.all_gather_shared`` (each rank's rows
+#: are copied once and shared, read-only, by every receiver, which gathers its rows straight into
+#: its outputs); other transports
 #: move only the rows each destination needs (``all_to_all``).  The bytes are the same either way.
 SHARED_ALL_GATHER = True
 
@@ -375,12 +376,12 @@ def _dispatch_exchange(buf: _BufferBase, func: str, c: DispatchCall) -> tuple[An
     # exchange: the routing rows and the payloads of every token this rank owns an expert of
     xb = _bytes_rows(c.x)
     if _shared(t):
-        routing = t.all_gather(c.topk_idx)
+        routing = t.all_gather_shared(c.topk_idx)
         toks = [np.flatnonzero(((q >= r * e_l) & (q < (r + 1) * e_l)).any(axis=1)) for q in routing]
         topk = [q[tk] for q, tk in zip(routing, toks, strict=True)]
-        data = _Pieces(t.all_gather(xb), toks)
-        sfs = _Pieces(t.all_gather(_bytes_rows(c.sf)), toks) if c.sf is not None else None
-        weights = _Pieces(t.all_gather(c.weights), toks) if c.weights is not None else None
+        data = _Pieces(t.all_gather_shared(xb), toks)
+        sfs = _Pieces(t.all_gather_shared(_bytes_rows(c.sf)), toks) if c.sf is not None else None
+        weights = _Pieces(t.all_gather_shared(c.weights), toks) if c.weights is not None else None
     else:
         tokens = plan.tokens
         meta = t.all_to_all([np.concatenate([c.topk_idx[tk], tk[:, None]], axis=1) for tk in tokens])
@@ -576,9 +577,9 @@ def _combine_exchange(buf: _BufferBase, func: str, c: CombineCall) -> tuple[Any,
     # exchange: every source rank gets, per owner, an array of rows and its (token, slot, row) entries
     cb = _bytes_rows(contrib)
     if _shared(t):
-        entries = t.all_gather(entry)
-        arrays = t.all_gather(cb)
-        weights = t.all_gather(w_rows) if w_rows is not None else None
+        entries = t.all_gather_shared(entry)
+        arrays = t.all_gather_shared(cb)
+        weights = t.all_gather_shared(w_rows) if w_rows is not None else None
         mine = [e[e[:, 0] // t_max == buf.rank_idx] for e in entries]
     else:
         order = np.argsort(dest, kind="stable")
