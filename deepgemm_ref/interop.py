@@ -27,7 +27,8 @@ import numpy as np
 from . import dryrun
 from .errors import DGArgumentError
 
-__all__ = ["Kind", "is_tensor", "to_numpy", "from_numpy", "caller_kind", "torch_dtype_name", "TORCH_TO_NUMPY"]
+__all__ = ["Kind", "is_tensor", "to_numpy", "from_numpy", "caller_kind", "torch_dtype_name", "TORCH_TO_NUMPY",
+           "count_bytes"]
 
 Kind = Literal["numpy", "torch", "meta"]
 
@@ -159,3 +160,20 @@ def caller_kind(*args: Any) -> Kind:
         if k == "torch":
             kind = "torch"
     return kind
+
+
+def count_bytes(*tensors: Any) -> int:
+    """Total bytes of the arrays or tensors given (recursing into tuples and lists; None skipped).
+
+    DeepGEMM's ``testing.count_bytes`` and DeepEP's ``utils.math.count_bytes`` (the same function)."""
+    total = 0
+    for t in tensors:
+        if isinstance(t, (tuple, list)):
+            total += count_bytes(*t)
+        elif t is not None:
+            if is_tensor(t):
+                total += int(t.numel() * t.element_size())
+            else:
+                a = np.asarray(t)
+                total += int(a.size * a.dtype.itemsize)
+    return total

@@ -29,6 +29,8 @@ from deepgemm_ref.comm import LocalGroup
 from deepgemm_ref.ep import reduction, routing
 from deepgemm_ref.errors import DGArgumentError, DGUtilityError
 
+from .ep_model import align_up, bf16_bits, f32_of
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,23 +39,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # ----------------------------------------------------------------------------------------------
 # the independent model
 # ----------------------------------------------------------------------------------------------
-
-def bf16_bits(f: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bit patterns (uint16), round to nearest even, by integer arithmetic."""
-    u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
-    nan = np.isnan(np.asarray(f, np.float32))
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return np.where(nan, (u >> 16) | 0x40, r).astype(np.uint16)
-
-
-def f32_of(b: np.ndarray) -> np.ndarray:
-    """bf16 -> float32 (exact), by shifting the bits."""
-    return (np.asarray(b).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def align_up(a: int, b: int) -> int:
-    return -(-a // b) * b
-
 
 @dataclass
 class Case:

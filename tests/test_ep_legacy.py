@@ -29,6 +29,8 @@ import deepgemm_ref.ep as deep_ep
 from deepgemm_ref.ep import cast, reduction, routing
 from deepgemm_ref.errors import DGArgumentError, DGUtilityError
 
+from .ep_model import align_up, bf16_bits, f32_of
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,19 +41,6 @@ NVL = 1 << 28  # a num_nvl_bytes that fits the test configs (a multiple of 128)
 # independent helpers
 # ----------------------------------------------------------------------------------------------
 
-def bf16_bits(f: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bit patterns (uint16), round to nearest even, by integer arithmetic."""
-    u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
-    nan = np.isnan(np.asarray(f, np.float32))
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return np.where(nan, (u >> 16) | 0x40, r).astype(np.uint16)
-
-
-def f32_of(b: np.ndarray) -> np.ndarray:
-    """bf16 -> float32 (exact), by shifting the bits."""
-    return (np.asarray(b).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
 def _bits(a: Any) -> np.ndarray:
     a = np.ascontiguousarray(np.asarray(a))
     return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
@@ -60,10 +49,6 @@ def _bits(a: Any) -> np.ndarray:
 def same(a: Any, b: Any) -> bool:
     return np.shape(a) == np.shape(b) and np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(
         _bits(a), _bits(b))
-
-
-def align_up(a: int, b: int) -> int:
-    return -(-a // b) * b
 
 
 _CODES = np.arange(256, dtype=np.uint8)

@@ -23,7 +23,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -331,7 +331,7 @@ def _sf_out(rows: int, packs: int, dtype: np.dtype, col_major: bool, ascend: boo
 SHARED_ALL_GATHER = True
 
 
-def _shared(t: Any) -> bool:
+def _shared(t: Any) -> TypeGuard[LocalTransport]:
     return SHARED_ALL_GATHER and isinstance(t, LocalTransport)
 
 

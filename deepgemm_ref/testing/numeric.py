@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import arg_error
-from ..interop import caller_kind, is_tensor, to_numpy
+from ..interop import caller_kind, count_bytes, to_numpy
 
 __all__ = ["calc_diff", "count_bytes", "assert_bitwise_equal", "ulp_distance"]
 
@@ -42,21 +42,6 @@ def calc_diff(x: Any, y: Any) -> Any:
 
         return torch.tensor(float(result), dtype=torch.float64)
     return result
-
-
-def count_bytes(*tensors: Any) -> int:
-    """Total bytes of all arrays or tensors given (recursing into tuples and lists; None ignored)."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            if is_tensor(t):
-                total += t.numel() * t.element_size()
-            else:
-                a = np.asarray(t)
-                total += a.size * a.dtype.itemsize
-    return total
 
 
 def _raw_bytes(x: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from ... import formats as fm
 from ...dtypes import BF16, E4M3, F32, I32
 from ...errors import arg_error
 from ...exact import align, ceil_div
-from ...interop import caller_kind, from_numpy, is_tensor
+from ...interop import caller_kind, count_bytes, from_numpy, is_tensor
 from ...toolkit.args import as_array
 
 __all__ = [
@@ -166,17 +166,6 @@ def hash_tensors(*tensors: Any) -> int:
         elif t is not None:
             value ^= hash_tensor(t)
     return value
-
-
-def count_bytes(*tensors: Any) -> int:
-    """Total bytes of the tensors (nested tuples / lists included, None skipped)."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            total += int(t.numel() * t.element_size()) if is_tensor(t) else int(np.asarray(t).nbytes)
-    return total
 
 
 # re-exported as DeepEP's module has them
