@@ -1,9 +1,14 @@
 """Bit-level helpers of the DeepEP tests' independent model (integer arithmetic on bit patterns,
-no package code): shared by tests/test_ep.py and tests/test_ep_legacy.py."""
+no package code): shared by tests/test_ep.py, tests/test_ep_legacy.py and tests/test_ep_refs.py."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
+
+import ml_dtypes
 import numpy as np
+import pytest
 
 
 def bf16_bits(f: np.ndarray) -> np.ndarray:
@@ -21,3 +26,30 @@ def f32_of(b: np.ndarray) -> np.ndarray:
 
 def align_up(a: int, b: int) -> int:
     return -(-a // b) * b
+
+
+def wide_bf16(seed: int, rows: int, cols: int) -> np.ndarray:
+    """bf16 values of magnitudes 2^-24 .. 2^30, random signs and 7-bit mantissas: float32 sums of
+    them round, so only one summation order gives a combine's bytes."""
+    g = np.random.default_rng(seed)
+    mag = np.exp2(g.integers(-24, 31, (rows, cols))).astype(np.float32)
+    v = mag * g.choice([-1.0, 1.0], (rows, cols)) * (1 + g.integers(0, 128, (rows, cols)) / 128)
+    return v.astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def run_rank_processes(argv: Callable[[int], list[str]], ranks: int, env: dict[str, str],
+                       timeout_s: float = 300) -> list[str]:
+    """Start ``argv(r)`` for every rank, wait for all (killing all past ``timeout_s``), assert every
+    one exited 0; their combined stdout / stderr, rank by rank."""
+    procs = [subprocess.Popen(argv(r), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(ranks)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout_s)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"gloo ranks did not finish within {timeout_s:g} s")
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    return logs

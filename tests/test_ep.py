@@ -29,7 +29,7 @@ from deepgemm_ref.comm import LocalGroup
 from deepgemm_ref.ep import reduction, routing
 from deepgemm_ref.errors import DGArgumentError, DGUtilityError
 
-from .ep_model import align_up, bf16_bits, f32_of
+from .ep_model import align_up, bf16_bits, f32_of, wide_bf16
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -428,10 +428,7 @@ def test_wide_range_combine_where_the_order_matters(expand, payload_path):
     c = make_case(R, K=6, E=16, masked=0.1, seed=99, T_max=12)
 
     def wide(r: int, rows: int) -> np.ndarray:
-        g = np.random.default_rng(1234 + r)
-        mag = np.exp2(g.integers(-24, 31, (rows, c.H))).astype(np.float32)
-        v = mag * g.choice([-1.0, 1.0], (rows, c.H)) * (1 + g.integers(0, 128, (rows, c.H)) / 128)
-        return v.astype(np.float32).astype(BF16)
+        return wide_bf16(1234 + r, rows, c.H)
 
     c.extra["y_fn"] = wide
     res = run_dispatch(c, expand=expand, A=1, combine="random", num_bias=2, multi=True)

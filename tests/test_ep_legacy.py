@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ import deepgemm_ref.ep as deep_ep
 from deepgemm_ref.ep import cast, reduction, routing
 from deepgemm_ref.errors import DGArgumentError, DGUtilityError
 
-from .ep_model import align_up, bf16_bits, f32_of
+from .ep_model import align_up, bf16_bits, f32_of, run_rank_processes, wide_bf16
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -391,10 +390,7 @@ def test_wide_range_combine_where_rank_order_and_bias_matter():
     c = make_case(R, K=4, E=8, seed=17, T=9, masked=0.0)
 
     def wide(r: int, rows: int) -> np.ndarray:
-        g = np.random.default_rng(99 + r)
-        mag = np.exp2(g.integers(-24, 31, (rows, c.H))).astype(np.float32)
-        v = mag * g.choice([-1.0, 1.0], (rows, c.H)) * (1 + g.integers(0, 128, (rows, c.H)) / 128)
-        return v.astype(np.float32).astype(BF16)
+        return wide_bf16(99 + r, rows, c.H)
 
     c.extra["y_fn"] = wide
     res = run_intranode(c, num_bias=2)
@@ -1205,7 +1201,7 @@ _CHILD = textwrap.dedent("""
     rank, R, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     sys.path.insert(0, {tests!r})
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=R)
-    import test_ep_legacy as t
+    from tests import test_ep_legacy as t
     np.savez(out, **t.scenario(dist.group.WORLD))
     dist.barrier()
     dist.destroy_process_group()
@@ -1220,18 +1216,8 @@ def test_gloo_processes_give_the_in_process_bytes(tmp_path, R):
     script = tmp_path / "child.py"
     script.write_text(_CHILD.format(tests=str(ROOT / "tests")))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(R), str(tmp_path / "store"),
-                               str(tmp_path / f"out{r}.npz")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(R)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("gloo ranks did not finish within 300 s")
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    run_rank_processes(lambda r: [sys.executable, str(script), str(r), str(R), str(tmp_path / "store"),
+                                  str(tmp_path / f"out{r}.npz")], R, env)
     local = deep_ep.run_emulated(scenario, R)
     for r in range(R):
         with np.load(tmp_path / f"out{r}.npz") as got:

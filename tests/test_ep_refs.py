@@ -37,6 +37,8 @@ pytestmark = pytest.mark.torch
 import deepgemm_ref.ep as deep_ep  # noqa: E402
 from deepgemm_ref import comm  # noqa: E402
 
+from .ep_model import run_rank_processes  # noqa: E402
+
 MIRROR = Path(os.environ.get("DEEPEP_MIRROR", "/work/.mirror/deepseek-ai+DeepEP/repo"))
 ROOT = Path(__file__).resolve().parent.parent
 STUB = "deepep_refs_stub"
@@ -328,7 +330,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=R)
     refs = importlib.import_module("{pkg}.utils.refs")
-    import test_ep_refs as t
+    from tests import test_ep_refs as t
     result = {{}}
     try:
         bad = []
@@ -351,17 +353,8 @@ def test_refs_on_gloo_processes(deepep, tmp_path, R):
     script = tmp_path / "child.py"
     script.write_text(_CHILD.format(tests=str(ROOT / "tests"), pkg=STUB))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(R), str(tmp_path / "store"),
-                               str(tmp_path / f"out{r}.json"), str(stub)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(R)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("gloo ranks did not finish within 300 s")
+    logs = run_rank_processes(lambda r: [sys.executable, str(script), str(r), str(R), str(tmp_path / "store"),
+                                         str(tmp_path / f"out{r}.json"), str(stub)], R, env)
     results = []
     for r in range(R):
         f = tmp_path / f"out{r}.json"
