@@ -14,7 +14,7 @@ from ..errors import arg_error
 from ..interop import caller_kind, from_numpy, to_numpy
 from ..toolkit.args import align
 from ..toolkit.sizes import check_alloc, size_arg
-from ._group import GroupRegistry, resolve_group
+from ._group import Registry, resolve_group
 from ._layout import (
     TOKEN_ALIGNMENT,
     BufferLayout,
@@ -147,7 +147,7 @@ class _Handle:
     """The symmetric-memory handle: ``buffer_ptrs`` lists every rank's buffer address (0 for a rank
     that has no buffer yet); DeepGEMM-Ascend's handle also carries ``buffer``."""
 
-    def __init__(self, group: GroupRegistry, buffer: np.ndarray) -> None:
+    def __init__(self, group: Registry, buffer: np.ndarray) -> None:
         self._group = group
         self.buffer = buffer
 
@@ -187,7 +187,8 @@ class SymmBuffer(metaclass=_SymmBufferType):
     the shared-expert views, the ring scratch, the ``expert_recv_count`` (R, E_l) int32 property and
     ``num_bytes`` (port 1.10).
 
-    ``group`` is an :class:`GroupRegistry` rank view (or any one-rank group).  Buffers above 64 MiB
+    ``group`` is an :class:`GroupRegistry` rank view, a ``torch.distributed`` process group (this
+    process's rank; one rank per process) or any one-rank group.  Buffers above 64 MiB
     are anonymous memory maps: untouched pages cost nothing.
     """
 
@@ -199,13 +200,13 @@ class SymmBuffer(metaclass=_SymmBufferType):
     num_topk: int
     hidden: int
     intermediate_hidden: int
-    _registry: GroupRegistry
+    _registry: Registry
     _rank: int
     _layout: BufferLayout
     _mma: str
     _target: str
 
-    def _setup(self, registry: GroupRegistry, rank: int, layout: BufferLayout, mma: str, target: str,
+    def _setup(self, registry: Registry, rank: int, layout: BufferLayout, mma: str, target: str,
                buffer: np.ndarray | None = None, handle: Any = None) -> None:
         self._registry, self._rank, self._layout, self._mma, self._target = registry, rank, layout, mma, target
         if buffer is None:

@@ -18,16 +18,21 @@ Kernel calls are collective, as on the devices:
 * ``collective=False``: a call for rank r computes rank r's outputs at once.  Tokens routed to
   other ranks' experts need those ranks' weights and token counts: the ones of their most recent
   call, or those given with :meth:`EmulatedGroup.bind`.
+
+A ``torch.distributed`` process group of several processes (one rank each, gloo on a CPU) is the
+other form: its :class:`ProcessRegistry` holds this process's rank alone, and a kernel call
+computes this rank's outputs at once through the group's collectives
+(:class:`~deepgemm_ref.comm.TorchTransport`), as every rank's process calls the kernel.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..comm import LocalGroup, LocalRank
+from ..comm import LocalGroup, LocalRank, Transport, transport
 from ..errors import arg_error
 
-__all__ = ["GroupRegistry", "EmulatedRank", "resolve_group"]
+__all__ = ["GroupRegistry", "EmulatedRank", "ProcessRegistry", "Registry", "resolve_group"]
 
 
 class GroupRegistry(LocalGroup):
@@ -103,10 +108,49 @@ class EmulatedRank(LocalRank):
         return f"EmulatedRank({self._rank} of {self.group.size()})"
 
 
-def resolve_group(func: str, group: Any) -> tuple[GroupRegistry, int]:
+class ProcessRegistry:
+    """This process's rank of a ``torch.distributed`` process group whose ranks are processes:
+    the group, its transport, and this rank's symmetric buffer (other ranks' live in their
+    processes).  Kernel calls are collective over the group's processes (``collective`` True)."""
+
+    collective = True
+
+    def __init__(self, group: Any, transport: Transport) -> None:
+        self.group = group
+        self.transport = transport
+        self._size = transport.size
+        self._rank = transport.rank
+        self._buffer: Any = None
+
+    def size(self) -> int:
+        """The number of ranks (processes) of the group."""
+        return self._size
+
+    def rank_index(self) -> int:
+        """This process's rank in the group."""
+        return self._rank
+
+    def buffer(self, rank: int) -> Any:
+        """This rank's most recent SymmBuffer (None for other ranks: their buffers live in their processes)."""
+        return self._buffer if rank == self._rank else None
+
+    def register_buffer(self, rank: int, buffer: Any) -> None:
+        """Record ``buffer`` as this rank's symmetric buffer."""
+        self._buffer = buffer
+
+    def __repr__(self) -> str:
+        return f"ProcessRegistry(rank {self._rank} of {self._size})"
+
+
+#: What a kernel's group resolves to: ranks in this process, or this process's rank of processes.
+Registry = GroupRegistry | ProcessRegistry
+
+
+def resolve_group(func: str, group: Any) -> tuple[Registry, int]:
     """(registry, rank) of a ``group`` argument: a rank view of an EmulatedGroup (an
-    :class:`EmulatedRank`, or any :class:`~deepgemm_ref.comm.LocalRank` of one), or any
-    single-rank group (a rank view of a one-rank ``run_emulated`` group included)."""
+    :class:`EmulatedRank`, or any :class:`~deepgemm_ref.comm.LocalRank` of one), a
+    ``torch.distributed`` process group (one rank per process: a :class:`ProcessRegistry`), or any
+    other single-rank group (a rank view of a one-rank ``run_emulated`` group included)."""
     if isinstance(group, LocalRank) and isinstance(group.group, GroupRegistry):
         return group.group, group.rank()
     size = getattr(group, "size", None)
@@ -118,8 +162,15 @@ def resolve_group(func: str, group: Any) -> tuple[GroupRegistry, int]:
             n, r = -1, -1
         if n == 1 and r == 0:
             return GroupRegistry(1), 0
-    # Note: multi-rank groups must be EmulatedGroup rank views; a real torch.distributed group is
-    # accepted only with one rank (everything runs in this process), and so is a run_emulated
-    # group (its ranks run in threads; the kernels' collective is the sequential one).
-    raise arg_error(func, "group", "deepgemm_ref.mega.EmulatedGroup(size).rank(r), or a one-rank process group",
-                    f"{type(group).__name__} {group!r}")
+        if n > 1 and not isinstance(group, LocalRank):
+            try:
+                t = transport(group, func, "group")
+            except ValueError:
+                pass
+            else:
+                return ProcessRegistry(group, t), t.rank
+    # Note: a multi-rank group must be an EmulatedGroup rank view (ranks in this process) or a
+    # torch.distributed process group (one rank per process); a run_emulated group's ranks are
+    # threads, whose calls the kernels' sequential collective does not serve.
+    raise arg_error(func, "group", "deepgemm_ref.mega.EmulatedGroup(size).rank(r), a torch.distributed process "
+                    "group, or a one-rank group", f"{type(group).__name__} {group!r}")

@@ -16,6 +16,7 @@ Every call reads check -> (join) -> tasks -> execute:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,9 +48,9 @@ from ..toolkit.args import (
 )
 from ..toolkit.outputs import check_written
 from ._buffer import SymmBuffer, _AscendSymmBuffer, _CudaSymmBuffer
-from ._group import GroupRegistry
+from ._group import GroupRegistry, ProcessRegistry, Registry
 from ._layout import BLOCK_N
-from ._pipeline import ExpertWeights, PipelineConfig, PipelineResult, RankOptions, RankTokens, run
+from ._pipeline import ExpertWeights, PipelineConfig, PipelineResult, RankOptions, RankTokens, run, run_rank
 from ._weights import AscendWeights, CudaBf16Weights, CudaFp4Weights
 
 __all__ = ["EmulatedGroup", "fp8_fp4_mega_moe", "bf16_mega_moe", "bind_rank", "read_tokens", "RankRequest", "Layer"]
@@ -76,7 +77,7 @@ class RankRequest(Request):
 
     kind: Kind
     target: str
-    registry: GroupRegistry
+    registry: Registry
     rank: int
     buffer: SymmBuffer
     num_tokens: int
@@ -431,29 +432,72 @@ def _launch(layer: Layer) -> None:
     extra: every stage's golden; tasks: the executor tasks run for the rank)."""
     calls, ranks = layer.calls, sorted(layer.calls)
     first = calls[ranks[0]]
-    want_acc, want_S = trace.wants()
-    cfg = PipelineConfig(layer.profile, first.kind, accumulation=active_accumulation(layer.profile),
-                         want_stages=trace.active() is not None, want_acc=want_acc, want_S=want_S)
+    cfg = _pipeline_config(layer.profile, first)
     shared = [calls[r].shared for r in ranks] if first.target == "deepgemm-ascend" else None
     # Note: the ring scratch views (l1_acts, l2_acts and their SFs) are not written: their contents
     # on a device depend on the scheduling; every stage's golden is in the record instead.
     res = run(layer.tokens, [calls[r].weights for r in ranks], [calls[r].options for r in ranks], cfg,
               layer.out_ranks, shared)
-    # Everything is computed: now write.
-    debug = first.target == "deepgemm" and _debug_zero()
-    written = {r: execute(calls[r], _outputs(calls[r], res), record_trace=False) for r in layer.out_ranks}
-    for r in layer.out_ranks:
-        c = calls[r]
+    _write(layer.func, [calls[r] for r in layer.out_ranks], res)
+
+
+def _launch_process(call: RankRequest, reg: ProcessRegistry) -> None:
+    """This process's rank of a group of processes: agree on the configuration with every rank
+    (each raises the same argument error if they differ), then compute this rank's outputs
+    through the group's collectives (:func:`._pipeline.run_rank`, the same bytes as :func:`run`)
+    and write them."""
+    _check_outputs(call)
+    _agree(call, reg)
+    tokens = read_tokens(call.func, call)
+    cfg = _pipeline_config(call.profile, call)
+    res = run_rank(tokens, call.weights, call.options, cfg, reg.transport,
+                   call.shared if call.target == "deepgemm-ascend" else None)
+    _write(call.func, [call], res)
+
+
+#: What every rank's call must agree on (the buffer's configuration, the kernel), in _config's order.
+_CONFIG_FIELDS = ("kernel (fp8 / bf16)", "sym_buffer (target)", "sym_buffer (mma_type)", "group (size)",
+                  "sym_buffer (num_experts)", "sym_buffer (num_max_tokens_per_rank)", "sym_buffer (num_topk)",
+                  "sym_buffer (hidden)", "sym_buffer (intermediate_hidden)", "sym_buffer (num_shared_experts)")
+
+
+def _agree(call: RankRequest, reg: ProcessRegistry) -> None:
+    """All-gather the call's configuration; if the ranks' differ, every rank raises the same
+    argument error naming the first field that differs (before anything is computed or written)."""
+    values = [v if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else
+              int.from_bytes(hashlib.blake2b(repr(v).encode(), digest_size=7).digest(), "little")
+              for v in _config(call)]
+    got = np.stack(reg.transport.all_gather(np.asarray(values, np.int64)))
+    bad = np.flatnonzero((got != got[0]).any(axis=0))
+    if bad.size:
+        i = int(bad[0])
+        raise arg_error(call.func, "sym_buffer", f"every rank's call on the same configuration ({_CONFIG_FIELDS[i]} "
+                        f"equal on every rank)", f"rank {reg.rank_index()}: {_config(call)}; differing ranks: "
+                        f"{np.flatnonzero(got[:, i] != got[0, i]).tolist()}")
+
+
+def _pipeline_config(profile: Profile, call: RankRequest) -> PipelineConfig:
+    want_acc, want_S = trace.wants()
+    return PipelineConfig(profile, call.kind, accumulation=active_accumulation(profile),
+                          want_stages=trace.active() is not None, want_acc=want_acc, want_S=want_S)
+
+
+def _write(func: str, calls: Sequence[RankRequest], res: PipelineResult) -> None:
+    """Write each call's outputs (everything is computed) and report one record per rank."""
+    debug = calls[0].target == "deepgemm" and _debug_zero()
+    written = {c.rank: execute(c, _outputs(c, res), record_trace=False) for c in calls}
+    for c in calls:
+        r = c.rank
         st = {"rank": r, "num_tokens": c.num_tokens, "num_received": int(res.counts[r].sum()),
               "fast_math": int(c.options.fast_math), **res.stats}
         col = Collected(tuple(c.d.shape), False, False, acc=res.acc[r], S=res.S.get(r),
                         tasks=res.tasks.get(r, []) + written[r].tasks)
-        record(layer.func, col, None, stats=st, extra=res.stages.get(r, {}))
+        record(func, col, None, stats=st, extra=res.stages.get(r, {}))
     if debug:
         from ._layout import zero_bytes
 
-        for r in layer.out_ranks:
-            buf = calls[r].buffer.buffer
+        for c in calls:
+            buf = c.buffer.buffer
             if buf is not None:
                 zero_bytes(buf)
 
@@ -473,6 +517,9 @@ def _join(call: RankRequest) -> Layer | None:
     # return at once and every rank's outputs are written by the last call (collective=True), or
     # a call computes its own rank's outputs from the other ranks' bindings (collective=False).
     reg = call.registry
+    if isinstance(reg, ProcessRegistry):
+        _launch_process(call, reg)
+        return None
     reg.set_binding(call.rank, call)
     if not reg.collective:
         missing = reg.unbound_ranks()

@@ -27,7 +27,8 @@ which expert, or on which other tokens are present.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -36,6 +37,7 @@ import numpy as np
 from .. import core, executor
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
+from ..comm import Transport
 from ..exact import fraction_sum, two_sum
 from ..profiles import Profile
 from ..toolkit.args import BF16, E4M3
@@ -48,6 +50,9 @@ __all__ = [
     "PipelineResult",
     "ExpertWeights",
     "run",
+    "run_rank",
+    "route_table",
+    "route_counts",
     "swiglu_stage",
     "combine_rows",
     "combine_order_specified",
@@ -167,20 +172,24 @@ class Routes:
 
 def route(tokens: Sequence[RankTokens], num_experts: int) -> Routes:
     """The route table of all source ranks (slots with id -1 are masked)."""
+    return route_table([tk.topk_idx for tk in tokens], num_experts)
+
+
+def route_table(topk_idx: Sequence[np.ndarray], num_experts: int) -> Routes:
+    """The route table of every source rank's ``topk_idx`` (int64 (N_s, K); -1: a masked slot)."""
     src, tok, slot, exp = [], [], [], []
-    for s, tk in enumerate(tokens):
-        valid = tk.topk_idx >= 0
-        t, k = np.nonzero(valid)
+    for s, idx in enumerate(topk_idx):
+        t, k = np.nonzero(idx >= 0)
         src.append(np.full(t.size, s, np.int64))
         tok.append(t.astype(np.int64))
         slot.append(k.astype(np.int64))
-        exp.append(tk.topk_idx[t, k].astype(np.int64))
+        exp.append(idx[t, k].astype(np.int64))
     s_all, t_all, k_all, e_all = (np.concatenate(a) if a else np.zeros(0, np.int64) for a in (src, tok, slot, exp))
     order = np.argsort(e_all, kind="stable")  # stable: (src, token, slot) order inside an expert
     s_all, t_all, k_all, e_all = s_all[order], t_all[order], k_all[order], e_all[order]
     starts = np.searchsorted(e_all, np.arange(num_experts + 1), side="left")
-    offs = np.zeros(len(tokens) + 1, np.int64)
-    offs[1:] = np.cumsum([tk.num_tokens for tk in tokens])
+    offs = np.zeros(len(topk_idx) + 1, np.int64)
+    offs[1:] = np.cumsum([idx.shape[0] for idx in topk_idx])
     return Routes(s_all, t_all, k_all, e_all, starts, offs)
 
 
@@ -447,6 +456,85 @@ class _Ranks:
             self.keep(rank, "l2.S", out.l2.S)
 
 
+def route_counts(routes: Routes, num_ranks: int, num_local_experts: int) -> np.ndarray:
+    """counts[r, i, s]: the routes from source rank s to rank r's local expert i (int64)."""
+    counts = np.zeros((num_ranks, num_local_experts, num_ranks), np.int64)
+    if routes.src.size:
+        np.add.at(counts, (routes.expert // num_local_experts, routes.expert % num_local_experts, routes.src), 1)
+    return counts
+
+
+#: What an expert owner reads for the route indices ``sel`` (sorted): the token rows, their scales
+#: (or None) and the route weights, in the order of ``sel``.
+Fetch = Callable[[np.ndarray], tuple[np.ndarray, "np.ndarray | None", np.ndarray]]
+
+
+def _owner(r: int, routes: Routes, selected: Callable[[int], np.ndarray], fetch: Fetch,
+           place: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | int]], sink: np.ndarray,
+           weights: ExpertWeights, options: RankOptions, cfg: PipelineConfig, stats: dict[str, int],
+           ranks: _Ranks) -> None:
+    """Expert owner r: every local expert's rows (``selected(global expert)``: route indices),
+    fetched, run through :func:`_expert` and filled into ``sink`` at ``place(sel)``."""
+    e_l = weights.num_local_experts
+    ends, total = [], 0
+    for i in range(e_l):
+        sel = selected(r * e_l + i)
+        total += sel.size
+        ends.append(total)
+        if sel.size == 0:
+            continue
+        x, x_sf, wts = fetch(sel)
+        res = _expert(_Expert(f"rank {r} expert {i}", x, x_sf, weights.l1(i), weights.l2(i), wts, options,
+                              place(sel), True), cfg, sink, stats)
+        ranks.keep(r, "dispatch.src", np.stack([routes.src[sel], routes.tok[sel], routes.slot[sel]], axis=1))
+        ranks.keep(r, "dispatch.topk_weights", wts.astype(np.float32))
+        ranks.expert(r, res, shared=False)
+    ranks.keep(r, "dispatch.psum", np.array(ends, np.int32))
+
+
+def _source(s: int, tokens: RankTokens, comb: np.ndarray, shared: ExpertWeights | None, options: RankOptions,
+            cfg: PipelineConfig, stats: dict[str, int], ranks: _Ranks, result: PipelineResult) -> None:
+    """Source rank s: its shared expert (DeepGEMM-Ascend) into the last slot of ``comb`` (its
+    (N, slots, H) combine array, routed slots already filled), then the combine into ``result``."""
+    n, k = tokens.num_tokens, tokens.topk_idx.shape[1]
+    if shared is not None and n:
+        res = _expert(_Expert(f"rank {s} shared expert", tokens.x.copy(), None if tokens.x_scales is None
+                              else tokens.x_scales.copy(), shared.l1(0), shared.l2(0), None, options,
+                              (slice(0, n), k), False), cfg, comb, stats)
+        ranks.expert(s, res, shared=True)
+    y, acc, S = combine_rows(comb, cfg.accumulation.model, want_S=cfg.want_stages,
+                             ordered=combine_order_specified(cfg.target))
+    result.y[s], result.acc[s] = y, acc
+    if S is not None:
+        result.S[s] = S
+    ranks.keep(s, "combine.input", comb)
+    ranks.keep(s, "y", y)
+
+
+def _finish(result: PipelineResult, ranks: _Ranks, weights: dict[int, ExpertWeights], hidden: int,
+            cfg: PipelineConfig) -> PipelineResult:
+    """Every kept stage golden of the ranks in ``weights`` (empty ones for ranks that received
+    nothing), concatenated; the task labels."""
+    if cfg.want_stages:
+        for r, w in weights.items():
+            named = ranks.stages.setdefault(r, {})
+            i_dim = int(w.l2(0).shape[1]) if w.num_local_experts and "l2.acts" not in named else 0
+            for key, shape, dt in (("dispatch.src", (0, 3), np.int64), ("dispatch.topk_weights", (0,), np.float32),
+                                   ("l1.output", (0, 2 * i_dim), BF16), ("swiglu.output", (0, i_dim), np.float32),
+                                   ("l2.output", (0, hidden), BF16)):
+                named.setdefault(key, [np.zeros(shape, dt)])
+    for rank, named in ranks.stages.items():
+        result.stages[rank] = {k: (np.concatenate(v) if len(v) > 1 else v[0]) for k, v in named.items()}
+    result.tasks = ranks.tasks
+    return result
+
+
+def _merge_stats(result: PipelineResult, *parts: dict[str, int]) -> None:
+    for part in parts:
+        for key, val in part.items():
+            result.stats[key] = result.stats.get(key, 0) + val
+
+
 def run(
     tokens: Sequence[RankTokens],
     weights: Sequence[ExpertWeights],
@@ -467,9 +555,6 @@ def run(
     R = len(tokens)
     E_l = weights[0].num_local_experts
     routes = route(tokens, E_l * R)
-    counts = np.zeros((R, E_l, R), np.int64)
-    if routes.src.size:
-        np.add.at(counts, (routes.expert // E_l, routes.expert % E_l, routes.src), 1)
     out = sorted(set(int(s) for s in out_ranks))
     x_all = np.concatenate([tk.x for tk in tokens]) if R else np.zeros((0, 0))
     sc_all = None if tokens[0].x_scales is None else np.concatenate([tk.x_scales for tk in tokens])
@@ -480,61 +565,106 @@ def run(
     first = np.zeros(R, np.int64)  # the combine row of each out rank's token 0
     first[out] = np.cumsum([0] + [tokens[s].num_tokens for s in out])[:-1]
     comb = np.zeros((sum(tokens[s].num_tokens for s in out), K + int(has_shared), H), BF16)
-    stats: dict[str, int] = {}
+    routed: dict[str, int] = {}
     ranks = _Ranks(cfg.want_stages)
 
-    def dispatched(glob: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """The token rows ``glob`` of the global token list, and their scales."""
-        return x_all[glob], (None if sc_all is None else sc_all[glob])
+    def selected(expert: int) -> np.ndarray:
+        seg = routes.rows(expert)
+        sel = np.arange(seg.start, seg.stop)
+        return sel[np.isin(routes.src[sel], out)] if len(out) < R else sel
+
+    def fetch(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        glob = routes.token_offsets[routes.src[sel]] + routes.tok[sel]
+        return x_all[glob], (None if sc_all is None else sc_all[glob]), w_all[glob, routes.slot[sel]]
+
+    def place(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return first[routes.src[sel]] + routes.tok[sel], routes.slot[sel]
 
     for r in range(R):
-        ends, total = [], 0
-        for i in range(E_l):
-            seg = routes.rows(r * E_l + i)
-            sel = np.arange(seg.start, seg.stop)
-            if len(out) < R:
-                sel = sel[np.isin(routes.src[sel], out)]
-            total += sel.size
-            ends.append(total)
-            if sel.size == 0:
-                continue
-            src, tok, slot = routes.src[sel], routes.tok[sel], routes.slot[sel]
-            glob = routes.token_offsets[src] + tok
-            x, x_sf = dispatched(glob)
-            wts = w_all[glob, slot]
-            res = _expert(_Expert(f"rank {r} expert {i}", x, x_sf, weights[r].l1(i), weights[r].l2(i), wts,
-                                  options[r], (first[src] + tok, slot), True), cfg, comb, stats)
-            ranks.keep(r, "dispatch.src", np.stack([src, tok, slot], axis=1))
-            ranks.keep(r, "dispatch.topk_weights", wts.astype(np.float32))
-            ranks.expert(r, res, shared=False)
-        ranks.keep(r, "dispatch.psum", np.array(ends, np.int32))
-
-    result = PipelineResult({}, {}, {}, counts, {}, stats)
+        _owner(r, routes, selected, fetch, place, comb, weights[r], options[r], cfg, routed, ranks)
+    result = PipelineResult({}, {}, {}, route_counts(routes, R, E_l), {}, {})
+    own: dict[str, int] = {}
     for s in out:
-        n = tokens[s].num_tokens
-        rows = slice(int(first[s]), int(first[s]) + n)
-        sh = None if shared is None else shared[s]
-        if has_shared and sh is not None and n:
-            x, x_sf = dispatched(np.arange(routes.token_offsets[s], routes.token_offsets[s + 1]))
-            res = _expert(_Expert(f"rank {s} shared expert", x, x_sf, sh.l1(0), sh.l2(0), None, options[s],
-                                  (rows, K), False), cfg, comb, stats)
-            ranks.expert(s, res, shared=True)
-        y, acc, S = combine_rows(comb[rows], cfg.accumulation.model, want_S=cfg.want_stages,
-                                 ordered=combine_order_specified(cfg.target))
-        result.y[s], result.acc[s] = y, acc
-        if S is not None:
-            result.S[s] = S
-        ranks.keep(s, "combine.input", comb[rows])
-        ranks.keep(s, "y", y)
-    if cfg.want_stages:
-        for r in range(R):
-            named = ranks.stages.setdefault(r, {})
-            i_dim = int(weights[r].l2(0).shape[1]) if E_l and "l2.acts" not in named else 0
-            for key, shape, dt in (("dispatch.src", (0, 3), np.int64), ("dispatch.topk_weights", (0,), np.float32),
-                                   ("l1.output", (0, 2 * i_dim), BF16), ("swiglu.output", (0, i_dim), np.float32),
-                                   ("l2.output", (0, H), BF16)):
-                named.setdefault(key, [np.zeros(shape, dt)])
-    for rank, named in ranks.stages.items():
-        result.stages[rank] = {k: (np.concatenate(v) if len(v) > 1 else v[0]) for k, v in named.items()}
-    result.tasks = ranks.tasks
-    return result
+        rows = slice(int(first[s]), int(first[s]) + tokens[s].num_tokens)
+        _source(s, tokens[s], comb[rows], None if shared is None else shared[s], options[s], cfg, own, ranks, result)
+    _merge_stats(result, routed, own)
+    return _finish(result, ranks, dict(enumerate(weights)), H, cfg)
+
+
+def run_rank(
+    tokens: RankTokens,
+    weights: ExpertWeights,
+    options: RankOptions,
+    cfg: PipelineConfig,
+    transport: Transport,
+    shared: ExpertWeights | None = None,
+) -> PipelineResult:
+    """:func:`run` for this process's rank of a group whose ranks are processes: the same bytes
+    (y, acc, S, counts, stages, stats, task labels of this rank) from this rank's own inputs.
+
+    tokens, weights, options, shared: this rank's (``transport.rank``).  The exchanges:
+    all-gather of every rank's ``topk_idx`` (the route table), all-to-all of the routed token
+    rows, their scales and route weights to the experts' owners (each owner receives its rows in
+    the route table's order, as :func:`run` reads them), all-to-all of the L2 outputs back to
+    their source ranks, all-gather of the stats.
+    """
+    me, R = transport.rank, transport.size
+    E_l = weights.num_local_experts
+    idx = transport.all_gather(tokens.topk_idx)
+    routes = route_table(idx, E_l * R)
+    K, H = tokens.topk_idx.shape[1], tokens.x.shape[1]
+    owner = routes.expert // E_l
+    # what this rank sends to each owner: its routes to that owner's experts, in route-table order
+    sent = [np.flatnonzero((routes.src == me) & (owner == r)) for r in range(R)]
+    tok = [routes.tok[j] for j in sent]
+    x_in = transport.all_to_all([tokens.x[t] for t in tok])
+    sc_in = None if tokens.x_scales is None else transport.all_to_all([tokens.x_scales[t] for t in tok])
+    w_in = transport.all_to_all([tokens.topk_weights[t, routes.slot[j]] for t, j in zip(tok, sent, strict=True)])
+    # this rank's routes as owner (route-table order) and where each one's row arrived
+    mine = np.flatnonzero(owner == me)
+    src = routes.src[mine]
+    start = np.concatenate([[0], np.cumsum([a.shape[0] for a in x_in])]).astype(np.int64)
+    nth = np.zeros(mine.size, np.int64)  # the route's position among its source's routes to this rank
+    for s in range(R):
+        at = np.flatnonzero(src == s)
+        nth[at] = np.arange(at.size)
+    arrived = np.full(routes.src.size, -1, np.int64)
+    arrived[mine] = start[src] + nth
+    x_all = np.concatenate(x_in)
+    sc_all = None if sc_in is None else np.concatenate(sc_in)
+    w_all = np.concatenate(w_in)
+    out_rows = np.zeros((x_all.shape[0], 1, H), BF16)
+    routed: dict[str, int] = {}
+    ranks = _Ranks(cfg.want_stages)
+
+    def selected(expert: int) -> np.ndarray:
+        seg = routes.rows(expert)
+        return np.arange(seg.start, seg.stop)
+
+    def fetch(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        at = arrived[sel]
+        return x_all[at], (None if sc_all is None else sc_all[at]), w_all[at]
+
+    def place(sel: np.ndarray) -> tuple[np.ndarray, int]:
+        return arrived[sel], 0
+
+    _owner(me, routes, selected, fetch, place, out_rows, weights, options, cfg, routed, ranks)
+    # back to the sources, in the order each one sent its rows
+    back = transport.all_to_all([out_rows[start[s]:start[s + 1], 0] for s in range(R)])
+    comb = np.zeros((tokens.num_tokens, K + int(shared is not None), H), BF16)
+    for r in range(R):
+        comb[tok[r], routes.slot[sent[r]]] = back[r]
+    result = PipelineResult({}, {}, {}, route_counts(routes, R, E_l), {}, {})
+    own: dict[str, int] = {}
+    _source(me, tokens, comb, shared, options, cfg, own, ranks, result)
+    for part in _gather_stats(transport, routed, own):
+        _merge_stats(result, part)
+    return _finish(result, ranks, {me: weights}, H, cfg)
+
+
+def _gather_stats(transport: Transport, *parts: dict[str, int]) -> list[dict[str, int]]:
+    """Every rank's stats dicts, merged in :func:`run`'s order: the first part of every rank in
+    rank order, then the second part of every rank, ... (JSON text as bytes, no pickle)."""
+    text = json.dumps([list(p.items()) for p in parts]).encode()
+    got = [json.loads(a.tobytes().decode()) for a in transport.all_gather(np.frombuffer(text, np.uint8))]
+    return [dict(rank_parts[i]) for i in range(len(parts)) for rank_parts in got]
