@@ -67,6 +67,8 @@ _CHILD = textwrap.dedent("""
                     l1, l2 = p.cuda_weights(rank)
             buf.topk_idx[:n] = p.idx[rank]
             buf.topk_weights[:n] = p.w[rank]
+            if spec["die_late"] == rank:
+                os._exit(3)  # this rank dies with its buffer made, before the kernel's collective
             y = np.full((n, p.H), np.nan, BF16)
             if spec["arch"] == "ascend950":
                 stats = np.zeros(p.E_l, np.int32)
@@ -92,7 +94,7 @@ _CHILD = textwrap.dedent("""
 
 def _spec(**kw: Any) -> dict[str, Any]:
     spec = {"E": 8, "N": 6, "K": 3, "H": 512, "I": 512, "seed": 5, "masked": 0.2, "num_tokens": None,
-            "shared": 0, "arch": "sm100", "bf16": False, "die": -1, "bad_tokens": -1}
+            "shared": 0, "arch": "sm100", "bf16": False, "die": -1, "die_late": -1, "bad_tokens": -1}
     spec.update(kw)
     return spec
 
@@ -190,11 +192,14 @@ def test_ranks_that_disagree_all_raise_the_argument_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_fails_the_others_naming_it(tmp_path):
+@pytest.mark.parametrize("when", ["before its buffer", "before the kernel"])
+def test_a_rank_that_dies_fails_the_others_naming_it(tmp_path, when):
     t0 = time.monotonic()
-    results = _run_processes(tmp_path, 3, _spec(E=6, die=2), expect_ok=False)
+    spec = _spec(E=6, die=2) if when == "before its buffer" else _spec(E=6, die_late=2)
+    results = _run_processes(tmp_path, 3, spec, expect_ok=False)
     assert time.monotonic() - t0 < 120
     assert results[2].get("missing")
     for r in (0, 1):
         assert results[r].get("error") == "RuntimeError", results[r]
-        assert "rank 2" in results[r]["message"], results[r]["message"]
+        want = "rank 2 never joined" if when == "before its buffer" else "rank 2 (process "
+        assert want in results[r]["message"], results[r]["message"]

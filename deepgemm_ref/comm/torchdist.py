@@ -12,16 +12,22 @@ Every collective runs in two steps over the group:
    has a byte to send.  gloo (torch 2.13) refuses float8, int16 and the unsigned types wider
    than a byte ("Invalid scalar type"); as bytes every dtype travels, bitwise.
 
-Nothing is pickled.  Waits are bounded by the process group's timeout (the ``timeout`` given to
+Every transport records its process (host name and pid) in the default store of
+``torch.distributed`` when it is made; when a collective fails, the error names the ranks whose
+process on this host has exited and the ranks that never made a transport. Nothing is pickled.
+Waits are bounded by the process group's timeout (the ``timeout`` given to
 ``torch.distributed.init_process_group`` or ``new_group``; torch's default for gloo is 30
 minutes): a rank whose peer never calls the collective raises after it, and a rank whose peer
-process exited raises as soon as the connection drops.  Either way the ``RuntimeError`` names
-the collective and this rank, with torch's error as its cause.
+process exited raises as soon as the connection drops. Either way the ``RuntimeError`` names the
+collective and this rank, with torch's error as its cause.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +56,7 @@ class TorchTransport:
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        self._register()
 
     @property
     def rank(self) -> int:
@@ -134,13 +141,83 @@ class TorchTransport:
         try:
             fn()
         except Exception as e:
+            peers = self._failed_peers()
             raise RuntimeError(f"TorchTransport.{op}: rank {self.rank} of {self.size}: the process group failed "
                                f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
-                               "a peer process may have exited, or the wait passed the group's timeout "
-                               "(torch.distributed.init_process_group(timeout=...))") from e
+                               + (f"{peers}" if peers else "a peer process may have exited, or the wait passed the "
+                                  "group's timeout (torch.distributed.init_process_group(timeout=...))")) from e
+
+    # -- naming the ranks that failed ---------------------------------------------------------------
+
+    def _key(self, rank: int) -> str:
+        import torch.distributed as dist
+
+        return _PROCESS_KEY + str(dist.get_global_rank(self.group, rank))
+
+    def _register(self) -> None:
+        """Record this process (host, pid) under this rank's key in the default store (best effort)."""
+        try:
+            _default_store().set(self._key(self.rank), f"{socket.gethostname()} {os.getpid()}")
+        except Exception:  # noqa: BLE001 - naming failed peers is best effort
+            pass
+
+    def _failed_peers(self, tries: int = 10) -> str:
+        """The ranks whose process on this host has exited and those that never made a transport
+        ("" if none is found or the store cannot tell)."""
+        try:
+            store = _default_store()
+            host = socket.gethostname()
+            for attempt in range(tries):
+                exited, absent = [], []
+                for r in range(self.size):
+                    if r == self.rank:
+                        continue
+                    key = self._key(r)
+                    if not store.check([key]):
+                        absent.append(r)
+                        continue
+                    where, pid = store.get(key).decode().split()
+                    if where == host and not _alive(int(pid)):
+                        exited.append(f"rank {r} (process {pid}) has exited")
+                if exited or absent or attempt == tries - 1:
+                    break
+                time.sleep(0.1)  # a peer's sockets close before its process is gone
+            if absent:
+                exited.append(f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} never joined "
+                              "(no deepgemm_ref transport was made there)")
+            return "; ".join(exited)
+        except Exception:  # noqa: BLE001 - the store itself may be gone with its host rank
+            return ""
 
     def __repr__(self) -> str:
         return f"TorchTransport({self.group!r})"
+
+
+#: The default store's key prefix under which each rank records its process.
+_PROCESS_KEY = "deepgemm_ref/process/"
+
+
+def _default_store() -> Any:
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no procfs: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
