@@ -48,7 +48,8 @@ _CHILD = textwrap.dedent("""
     try:
         if spec["die"] == rank:
             os._exit(3)  # this rank dies before the collective
-        with dg.numerics(arch=spec["arch"]), trace.capture(want_acc=True, want_S=True) as cap:
+        with dg.numerics(arch=spec["arch"], accumulation=spec["acc"]), \
+                trace.capture(want_acc=True, want_S=True) as cap:
             if spec["arch"] == "ascend950":
                 buf = mega.SymmBuffer(group, p.E, max(p.N), p.K, p.H, p.I, num_shared_experts=p.S)
                 buf.x[:n], buf.x_sf[:n] = p.xq[rank], _pairs(p.x_sf32[rank])
@@ -94,7 +95,7 @@ _CHILD = textwrap.dedent("""
 
 def _spec(**kw: Any) -> dict[str, Any]:
     spec = {"E": 8, "N": 6, "K": 3, "H": 512, "I": 512, "seed": 5, "masked": 0.2, "num_tokens": None,
-            "shared": 0, "arch": "sm100", "bf16": False, "die": -1, "die_late": -1, "bad_tokens": -1}
+            "shared": 0, "arch": "sm100", "bf16": False, "die": -1, "die_late": -1, "bad_tokens": -1, "acc": "exact"}
     spec.update(kw)
     return spec
 
@@ -135,7 +136,7 @@ def _single_process(R: int, spec: dict[str, Any]) -> tuple[list[Any], list[Any],
 
     p = Problem(R, spec["E"], spec["N"], spec["K"], spec["H"], spec["I"], seed=spec["seed"],
                 masked_ratio=spec["masked"], num_tokens=spec["num_tokens"], shared=spec["shared"])
-    with dg.numerics(arch=spec["arch"]), trace.capture(want_acc=True, want_S=True) as cap:
+    with dg.numerics(arch=spec["arch"], accumulation=spec["acc"]), trace.capture(want_acc=True, want_S=True) as cap:
         if spec["arch"] == "ascend950":
             ys, stats, bufs = run_ascend(p)
             counts = [b.expert_recv_count.copy() for b in bufs]
@@ -167,10 +168,12 @@ def _assert_same(results: list[dict[str, Any]], R: int, spec: dict[str, Any]) ->
             assert a["expert_recv_count"].tobytes() == counts[r].tobytes()
 
 
-@pytest.mark.parametrize("kind", ["fp8xfp4", "bf16xbf16", "ascend950"])
+@pytest.mark.parametrize("kind", ["fp8xfp4", "bf16xbf16", "ascend950", "fp8xfp4 fp32", "ascend950 fp32"])
 def test_two_processes_give_the_single_process_bytes(tmp_path, kind):
-    spec = _spec(bf16=kind == "bf16xbf16", arch="ascend950" if kind == "ascend950" else "sm100",
-                 shared=1 if kind == "ascend950" else 0, num_tokens=[6, 3])
+    """Every kernel, under the default (exact) and the float32 accumulation models."""
+    spec = _spec(bf16="bf16xbf16" in kind, arch="ascend950" if "ascend950" in kind else "sm100",
+                 shared=1 if "ascend950" in kind else 0, num_tokens=[6, 3],
+                 acc="fp32" if "fp32" in kind else "exact")
     _assert_same(_run_processes(tmp_path, 2, spec), 2, spec)
 
 
