@@ -69,16 +69,12 @@ def _mega_worker(rank: int, R: int, store: str, cfg: dict[str, int], conn: Conne
     _fill(buf, p, rank)
     l1, l2 = p.cuda_weights(rank)
     y = np.zeros((p.N[rank], p.H), BF16)
-    while True:
-        cmd = conn.recv()
-        if cmd == "stop":
-            break
-        dist.barrier()
-        t0 = time.perf_counter()
+
+    def call() -> bytes:
         mega.fp8_fp4_mega_moe(y, l1, l2, buf)
-        dist.barrier()
-        conn.send((time.perf_counter() - t0, y.tobytes() if cmd == "bytes" else b""))
-    dist.destroy_process_group()
+        return y.tobytes()
+
+    _serve(conn, call)
 
 
 def _ep_worker(rank: int, R: int, store: str, cfg: dict[str, int], conn: Connection) -> None:
@@ -92,16 +88,29 @@ def _ep_worker(rank: int, R: int, store: str, cfg: dict[str, int], conn: Connect
     x, idx, w = _ep_inputs(rank, cfg)
     buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=cfg["tokens"], hidden=cfg["hidden"],
                                 num_topk=cfg["topk"])
+
+    def call() -> bytes:
+        recv_x, _, recv_w, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=cfg["experts"])
+        buf.combine(recv_x, handle, topk_weights=recv_w)
+        return b""
+
+    _serve(conn, call)
+
+
+def _serve(conn: Connection, call: Any) -> None:
+    """A worker's rounds: on "run" / "bytes" time ``call`` from a barrier to the barrier after it
+    and send (seconds, its bytes for "bytes"); on "stop" leave the group."""
+    import torch.distributed as dist
+
     while True:
         cmd = conn.recv()
         if cmd == "stop":
             break
         dist.barrier()
         t0 = time.perf_counter()
-        recv_x, _, recv_w, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=cfg["experts"])
-        y, _, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+        out = call()
         dist.barrier()
-        conn.send((time.perf_counter() - t0, b""))
+        conn.send((time.perf_counter() - t0, out if cmd == "bytes" else b""))
     dist.destroy_process_group()
 
 
@@ -231,8 +240,8 @@ def bench_ep(R: int, rounds: int) -> None:
             thr.append(threads())
     finally:
         workers.close()
-    print(f"  info           DeepEP dispatch + combine, {R} processes x {cfg['tokens']} tokens, hidden {cfg['hidden']}, "
-          f"top-{cfg['topk']} of {cfg['experts']}: {statistics.median(proc) * 1e3:.0f} ms over gloo; "
+    print(f"  info           DeepEP dispatch + combine, {R} processes x {cfg['tokens']} tokens, "
+          f"hidden {cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}: {statistics.median(proc) * 1e3:.0f} ms over gloo; "
           f"{statistics.median(thr) * 1e3:.0f} ms as threads of one process", flush=True)
 
 
