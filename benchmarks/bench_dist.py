@@ -241,7 +241,8 @@ def bench_ep(R: int, rounds: int) -> None:
     finally:
         workers.close()
     print(f"  info           DeepEP dispatch + combine, {R} processes x {cfg['tokens']} tokens, "
-          f"hidden {cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}: {statistics.median(proc) * 1e3:.0f} ms over gloo; "
+          f"hidden {cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}: "
+          f"{statistics.median(proc) * 1e3:.0f} ms over gloo; "
           f"{statistics.median(thr) * 1e3:.0f} ms as threads of one process", flush=True)
 
 
