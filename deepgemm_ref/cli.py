@@ -209,7 +209,10 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 
     result = golden.generate(specs, args.out, force=args.force, resume=args.resume, jobs=args.jobs,
                              executor=args.executor, scheduler=args.scheduler, progress=_progress("golden"),
-                             max_memory=args.max_memory, dry_run=args.dry_run, on_plan=show, source=source)
+                             max_memory=args.max_memory, dry_run=args.dry_run, on_plan=show, source=source,
+                             ranks_per_case=args.ranks_per_case,
+                             on_note=lambda text: print(f"deepgemm-ref: golden: note: {text}", file=sys.stderr,
+                                                        flush=True))
     if not args.dry_run:
         print(f"wrote {len(result['cases'])} cases to {args.out}")
     return 0
@@ -221,9 +224,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
                         transforms=not args.no_transforms, force=args.force, cases=args.case or None,
                         accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    n_fail = len(out.errors)
+    if not out.written:  # a rank other than 0 under torchrun: rank 0 reports and writes
+        print(f"rank {out.rank} of {out.world}: replayed its rank of the EP cases; rank 0 wrote {args.out}"
+              + (f"; {n_fail} of those case(s) failed" if n_fail else ""))
+        return 1 if n_fail else 0
     for case_id, err in out.errors.items():
         print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
-    n_fail = len(out.errors)
     print(f"wrote {len(out)} outputs to {args.out}" + (f"; {n_fail} case(s) failed (errors recorded in the "
                                                       "outputs file)" if n_fail else ""))
     return 1 if n_fail else 0
@@ -441,7 +448,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--resume", action="store_true", help="keep the verified cases of an existing bundle")
     gen.add_argument("--jobs", type=_positive_int, default=1,
                      help="worker processes (each gets its share of BLAS threads and of --max-memory)")
-    gen.add_argument("--executor", choices=("local", "dask"), default="local")
+    gen.add_argument("--executor", choices=("local", "dask", "processes"), default="local",
+                     help="local: this process or --jobs workers; dask: a dask.distributed cluster (--scheduler); "
+                          "processes: every case of the EP families (ep_dispatch, ep_combine, Mega MoE) with one "
+                          "process per rank over a gloo group (needs torch; rank 0 merges the ranks' goldens, "
+                          "docs/case-specs.md), the other cases as with local")
+    gen.add_argument("--ranks-per-case", type=_positive_int, default=None, metavar="N",
+                     help="with --executor processes: N processes per EP case; every EP case must have N ranks "
+                          "(default: each case's own ranks)")
     gen.add_argument("--scheduler", help="dask.distributed scheduler address (with --executor dask)")
     gen.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                      help="refuse cases whose estimated peak memory is over SIZE (e.g. 8G; default: half of this "

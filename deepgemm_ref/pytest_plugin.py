@@ -11,6 +11,21 @@ Options (each also an environment variable):
     The real library's module (a stand-in module for testing the tests).
 ``--dg-ep-module NAME`` (``DG_EP_MODULE``; default ``deep_ep``)
     The real DeepEP / DeepEP-Ascend module the ``deep_ep`` fixture yields under ``--dg-backend real``.
+``--dg-ranks threads|processes`` (``DG_RANKS``; default ``threads``)
+    How the ``dg_ep_ranks`` and ``dg_group`` fixtures run the expert-parallel ranks of the
+    emulator: ``threads``, every rank in this process (threads for DeepEP, Mega MoE's
+    ``EmulatedGroup``); ``processes``, one process per rank, the way the real library runs them:
+    launch pytest under torchrun (``torchrun --nproc-per-node N -m pytest --dg-ranks processes
+    tests/...``) and each process plays its own rank of a ``torch.distributed`` world of N
+    processes, which the plugin initialises from torchrun's variables when the first test asks
+    for ranks (gloo; nccl / hccl for the real library on cuda / npu) and destroys at the end.  A
+    test that asks for another number of ranks than N is skipped, naming both.  Every process
+    runs every test, so each test must make the same collectives on every rank; hypothesis draws
+    the same examples on every rank (the plugin fixes hypothesis's seed unless
+    ``--hypothesis-seed`` gives one, which also leaves its example database unused), and its
+    ``deadline`` should be ``None`` for such tests (a rank waits for its peers).  Under
+    ``--dg-backend real`` the ranks are always processes; ``processes`` also makes the plugin
+    initialise the world from torchrun's variables.
 ``--dg-device DEVICE`` (``DG_DEVICE``)
     The ``dg_device`` fixture: ``cpu`` for the emulator; for the real library ``cuda`` where
     torch sees a CUDA device, else ``npu`` where torch_npu does, else ``cpu``.
@@ -27,14 +42,19 @@ Fixtures (session-scoped, so hypothesis ``@given`` tests take them): ``deep_gemm
 under test), ``dg_backend`` (``"emulator"`` or ``"real"``), ``dg_device``, ``dg_arch`` (``None``;
 parametrize it, ``@pytest.mark.parametrize("dg_arch", ["sm90", "sm100"])``, to run a test under
 each profile: the emulator switches to it around the test's call, the real library skips the
-variants its device is not), ``dg_group`` (``dg_group(num_ranks)`` -> ``rank(r)``, the process
-group of each expert-parallel rank of a Mega MoE test: the emulator's ``EmulatedGroup``; the real
-library takes one rank of an initialised one-process ``torch.distributed`` group, other tests
-skip); ``deep_ep`` (DeepEP's module: :mod:`deepgemm_ref.ep`, or the real ``deep_ep``) and
-``dg_ep_ranks`` (``dg_ep_ranks(fn, num_ranks)`` runs ``fn(group)`` for every expert-parallel rank
-and returns the results in rank order: the emulator's ranks are threads of this process
-(:func:`deepgemm_ref.ep.run_emulated`); the real library runs this process's rank of an initialised
-``torch.distributed`` world of ``num_ranks`` processes, and skips otherwise); and, per test,
+variants its device is not), ``dg_group`` (``dg_group(num_ranks)`` -> ``rank``, with ``rank(r)`` the
+process group of expert-parallel rank ``r`` of a Mega MoE test and ``rank.local_ranks`` the ranks
+this process plays: under ``--dg-ranks threads`` the emulator's ``EmulatedGroup``, every rank
+local; with one process per rank (``--dg-ranks processes``, or the real library) this process's
+rank of an initialised ``torch.distributed`` world of ``num_ranks`` processes, ``rank(r)`` its
+world group for its own ``r`` only, and the test skips otherwise; so a test written as ``for r in
+rank.local_ranks: ...`` runs in both forms); ``deep_ep`` (DeepEP's module: :mod:`deepgemm_ref.ep`,
+or the real ``deep_ep``) and ``dg_ep_ranks`` (``dg_ep_ranks(fn, num_ranks)`` runs ``fn(group)`` for
+every expert-parallel rank and returns the results in rank order: under ``--dg-ranks threads`` the
+emulator's ranks are threads of this process (:func:`deepgemm_ref.ep.run_emulated`); with one
+process per rank this process's rank of an initialised ``torch.distributed`` world of
+``num_ranks`` processes runs, the list holds its result at its index (``None`` elsewhere), and the
+test skips otherwise); and, per test,
 ``dg_npu`` (``torch.npu`` for DeepGEMM-Ascend's flows: under the emulator the CPU namespace of
 :mod:`deepgemm_ref.testing.npu_shim`, installed for the test, so ``device='npu'`` tensors land on
 the CPU, ``import deep_gemm`` is the emulator and the profile is ``ascend950``; under the real
@@ -54,10 +74,12 @@ from typing import Any
 
 import pytest
 
-__all__ = ["BundleFile", "BundleItem", "CaseMismatch", "backend_module", "ep_module", "default_device"]
+__all__ = ["BundleFile", "BundleItem", "CaseMismatch", "RankGroups", "backend_module", "ep_module", "default_device"]
 
 _BACKENDS = ("emulator", "real")
+_RANKS = ("threads", "processes")
 _BUNDLES = pytest.StashKey[dict[str, Path]]()
+_WORLD = pytest.StashKey[dict[str, Any]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,6 +91,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the real library's module name (default deep_gemm); env DG_MODULE")
     group.addoption("--dg-ep-module", default=None,
                     help="the real DeepEP module for the deep_ep fixture (default deep_ep); env DG_EP_MODULE")
+    group.addoption("--dg-ranks", choices=_RANKS, default=None,
+                    help="expert-parallel ranks of the emulator's dg_ep_ranks / dg_group: threads (in this process, "
+                         "default) or processes (one per rank: run pytest under torchrun --nproc-per-node N); "
+                         "env DG_RANKS")
     group.addoption("--dg-device", default=None,
                     help="the dg_device fixture: cpu, cuda, npu (default: cpu for the emulator, the available device "
                          "for the real library); env DG_DEVICE")
@@ -93,6 +119,79 @@ def _backend(config: pytest.Config) -> str:
     if value not in _BACKENDS:
         raise pytest.UsageError(f"--dg-backend / DG_BACKEND: expected emulator or real; got {value!r}")
     return str(value)
+
+
+def _ranks_form(config: pytest.Config) -> str:
+    """``threads`` or ``processes`` (``--dg-ranks`` / ``DG_RANKS``); the real backend's ranks are
+    always processes."""
+    value = _option(config, "--dg-ranks", "DG_RANKS") or "threads"
+    if value not in _RANKS:
+        raise pytest.UsageError(f"--dg-ranks / DG_RANKS: expected threads or processes; got {value!r}")
+    return "processes" if _backend(config) == "real" else str(value)
+
+
+def _world(config: pytest.Config, num_ranks: int, what: str) -> tuple[int, Any]:
+    """(this process's rank, the world's group) of the torch.distributed world of ``num_ranks``
+    processes this test runs in, initialised from torchrun's variables under ``--dg-ranks
+    processes`` where it is not yet; ``pytest.skip`` (naming both counts) otherwise."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip(f"{what} with one process per rank needs torch.distributed")
+    if not dist.is_available():
+        pytest.skip(f"{what} with one process per rank needs torch.distributed (this torch has none)")
+    explicit = _option(config, "--dg-ranks", "DG_RANKS") == "processes"
+    if not dist.is_initialized() and explicit:
+        _init_world(config, dist)
+    how = (f"torchrun --nproc-per-node {num_ranks} -m pytest --dg-ranks processes")
+    if not dist.is_initialized():
+        pytest.skip(f"{num_ranks} expert-parallel ranks: one process per rank needs an initialised torch.distributed "
+                    f"world of {num_ranks} processes ({how})")
+    world = dist.get_world_size()
+    if world != num_ranks:
+        pytest.skip(f"{num_ranks} expert-parallel ranks: this torch.distributed world has {world} processes "
+                    f"(one per rank: {how})")
+    return dist.get_rank(), dist.group.WORLD
+
+
+def _init_world(config: pytest.Config, dist: Any) -> None:
+    """Initialise the world torchrun's variables describe (once per session; destroyed at its end)."""
+    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    if not all(os.environ.get(k) for k in keys):
+        return  # not under torchrun: the caller skips
+    backend = "gloo"
+    if _backend(config) == "real":
+        device = default_device(config)
+        backend = {"cuda": "nccl", "npu": "hccl"}.get(device.split(":")[0], "gloo")
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    dist.init_process_group(backend, init_method="env://", world_size=int(os.environ["WORLD_SIZE"]),
+                            rank=int(os.environ["RANK"]))
+    config.stash[_WORLD] = {"made": True}
+
+
+class RankGroups:
+    """What ``dg_group(num_ranks)`` gives: ``rank(r)`` is expert-parallel rank ``r``'s process group;
+    ``local_ranks`` the ranks this process plays (every rank in one process, its own with one
+    process per rank); ``num_ranks`` the group's size."""
+
+    def __init__(self, num_ranks: int, local_ranks: list[int], group_of: Callable[[int], Any]) -> None:
+        self.num_ranks = num_ranks
+        self.local_ranks = local_ranks
+        self._group_of = group_of
+
+    def __call__(self, r: int) -> Any:
+        if r not in self.local_ranks:
+            from .errors import arg_error
+
+            raise arg_error("dg_group(...)", "r", f"a rank this process plays ({self.local_ranks}; with one process "
+                            "per rank iterate over dg_group(n).local_ranks)", repr(r))
+        return self._group_of(r)
+
+    def __repr__(self) -> str:
+        return f"RankGroups(num_ranks={self.num_ranks}, local_ranks={self.local_ranks})"
 
 
 def backend_module(config: pytest.Config) -> Any:
@@ -243,20 +342,16 @@ def _default_torch_device(device: str) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def dg_group(deep_gemm: Any, dg_backend: str) -> Callable[[int], Callable[[int], Any]]:
-    """``dg_group(num_ranks)`` -> ``rank(r)``: the process group of expert-parallel rank ``r``."""
+def dg_group(request: pytest.FixtureRequest, deep_gemm: Any) -> Callable[[int], RankGroups]:
+    """``dg_group(num_ranks)`` -> ``rank`` (:class:`RankGroups`): ``rank(r)`` the process group of
+    expert-parallel rank ``r``, ``rank.local_ranks`` the ranks this process plays."""
+    config = request.config
 
-    def make(num_ranks: int) -> Callable[[int], Any]:
-        if dg_backend == "emulator":
-            return deep_gemm.mega.EmulatedGroup(num_ranks).rank
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            pytest.skip("a Mega MoE test needs torch.distributed for the real library")
-        if num_ranks == 1 and dist.is_available() and dist.is_initialized() and dist.get_world_size() == 1:
-            return lambda r: dist.group.WORLD
-        pytest.skip(f"{num_ranks} expert-parallel ranks in one process are emulated only; the real library needs one "
-                    "process per rank (torch.distributed), or one rank with an initialised one-process group")
+    def make(num_ranks: int) -> RankGroups:
+        if _ranks_form(config) == "threads":
+            return RankGroups(num_ranks, list(range(num_ranks)), deep_gemm.mega.EmulatedGroup(num_ranks).rank)
+        me, group = _world(config, num_ranks, "a Mega MoE test")
+        return RankGroups(num_ranks, [me], lambda r: group)
 
     return make
 
@@ -268,25 +363,21 @@ def deep_ep(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture(scope="session")
-def dg_ep_ranks(deep_ep: Any, dg_backend: str) -> Callable[[Callable[[Any], Any], int], list[Any]]:
+def dg_ep_ranks(request: pytest.FixtureRequest, deep_ep: Any) -> Callable[[Callable[[Any], Any], int], list[Any]]:
     """``dg_ep_ranks(fn, num_ranks)``: ``fn(group)`` for every expert-parallel rank, results in rank
-    order.  Emulator: the ranks are threads of this process (``run_emulated``: collectives
-    rendezvous, a failing rank fails the others).  Real library: this process's rank of an
-    initialised ``torch.distributed`` world of ``num_ranks`` processes (the result list holds only
-    this rank's result, at its index); skipped otherwise."""
+    order.  ``--dg-ranks threads`` (the emulator's default): the ranks are threads of this process
+    (``run_emulated``: collectives rendezvous, a failing rank fails the others).  One process per
+    rank (``--dg-ranks processes``, or the real library): this process's rank of an initialised
+    ``torch.distributed`` world of ``num_ranks`` processes (the result list holds only this rank's
+    result, at its index); skipped otherwise."""
+    config = request.config
 
     def run(fn: Callable[[Any], Any], num_ranks: int) -> list[Any]:
-        if dg_backend == "emulator":
+        if _ranks_form(config) == "threads":
             return list(deep_ep.run_emulated(fn, num_ranks))
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            pytest.skip("a DeepEP test needs torch.distributed for the real library")
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() == num_ranks):
-            pytest.skip(f"{num_ranks} expert-parallel ranks: the real library needs an initialised torch.distributed "
-                        f"world of {num_ranks} processes (one per rank)")
+        me, group = _world(config, num_ranks, "a DeepEP test")
         out: list[Any] = [None] * num_ranks
-        out[dist.get_rank()] = fn(dist.group.WORLD)
+        out[me] = fn(group)
         return out
 
     return run
@@ -319,6 +410,8 @@ def dg_npu(deep_gemm: Any, dg_backend: str) -> Iterator[Any]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dg_bundle_case: a case of a golden bundle (--dg-bundle)")
+    if _option(config, "--dg-ranks", "DG_RANKS") == "processes":
+        _same_examples_on_every_rank()
     manifests: dict[str, Path] = {}
     for given in config.getoption("--dg-bundle", default=None) or []:
         root = Path(given).expanduser().resolve()
@@ -334,6 +427,29 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.extend(str(m) for m in manifests.values())
     else:  # only the bundles' items
         config.args[:] = [str(m) for m in manifests.values()]
+
+
+def _same_examples_on_every_rank() -> None:
+    """Hypothesis's seed fixed (what ``--hypothesis-seed`` sets, unless it was given): every rank
+    process draws the same examples, so their collectives match (a fixed seed also leaves the
+    example database unused, which the processes would otherwise read and write at will)."""
+    try:
+        import hypothesis.core as core
+    except ImportError:
+        return
+    if getattr(core, "global_force_seed", None) is None:
+        setattr(core, "global_force_seed", 0)  # noqa: B010 - what --hypothesis-seed sets
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_WORLD, {}).get("made"):
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort at the end of the session
+            pass
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -418,13 +418,18 @@ def test_a_real_module_replays_one_rank_and_refuses_more(tmp_path):
     golden.generate([_spec("one", "ep_combine", ranks=1, experts=4, bias=2),
                      _spec("one-d", "ep_dispatch", ranks=1, experts=4, fp8=True, expand=True, alignment=4),
                      _spec("two", "ep_dispatch")], bundle)
+    with dg.numerics(arch="sm100"), pytest.raises(BundleError, match=r"case 'two' has 2 ranks and module "
+                                                                      r"'deep_ep_real_like' runs one rank per process: "
+                                                                      r"launch the replay under torchrun"):
+        golden.replay(bundle, tmp_path / "o.safetensors", module=mod.__name__, use_torch=True)
+    assert not (tmp_path / "o.safetensors").exists()  # refused before any case ran
     with dg.numerics(arch="sm100"):
-        res = golden.replay(bundle, tmp_path / "o.safetensors", module=mod.__name__, use_torch=True)
-    assert set(res.errors) == {"two"} and "case 'two'" in res.errors["two"] and "2 processes" in res.errors["two"]
+        res = golden.replay(bundle, tmp_path / "o.safetensors", module=mod.__name__, use_torch=True,
+                            cases=["one", "one-d"])
+    assert not res.errors
     assert not dist.is_initialized()  # the one-process group made for a case is gone
-    reports = golden.check(bundle, tmp_path / "o.safetensors")
-    assert all(r.status == "pass" for r in reports if not r.id.startswith("two"))
-    assert [r.status for r in reports if r.id.startswith("two")] == ["fail"]
+    reports = golden.check(bundle, tmp_path / "o.safetensors", cases=["one", "one-d"])
+    assert [r.status for r in reports] == ["pass"] * len(reports) and len(reports) > 4
 
 
 def _two_process_replay(rank: int, bundle: str, outdir: str, port: int) -> None:
@@ -435,6 +440,7 @@ def _two_process_replay(rank: int, bundle: str, outdir: str, port: int) -> None:
     with dg.numerics(arch="sm100"):
         res = golden.replay(bundle, f"{outdir}/o{rank}.safetensors", module=mod.__name__, use_torch=True)
     assert not res.errors, res.errors
+    assert res.written == (rank == 0) and res.world == 2  # rank 0 merges every rank's rows and writes the file
     dist.destroy_process_group()
 
 
@@ -452,8 +458,10 @@ def test_a_real_module_replays_every_rank_under_two_processes(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_two_process_replay, args=(str(bundle), str(tmp_path), port), nprocs=2)
-    a, b = (golden.load_outputs(tmp_path / f"o{r}.safetensors") for r in range(2))
-    assert set(a) == set(b) and all(_bytes_equal(a[k], b[k]) for k in a)  # every process holds every rank
+    assert not (tmp_path / "o1.safetensors").exists()
+    golden.replay(bundle, tmp_path / "one.safetensors")  # deepgemm_ref in one process: the same bytes
+    a, b = (golden.load_outputs(tmp_path / name) for name in ("o0.safetensors", "one.safetensors"))
+    assert set(a) == set(b) and all(_bytes_equal(a[k], b[k]) for k in a)
     assert all(r.status == "pass" for r in golden.check(bundle, tmp_path / "o0.safetensors"))
 
 

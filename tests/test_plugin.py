@@ -53,7 +53,8 @@ def bundle(tmp_path_factory):
 
 def test_options_are_registered(pytester):
     result = pytester.runpytest("--help")
-    for opt in ("--dg-backend={emulator,real}", "--dg-module", "--dg-device", "--dg-arch", "--dg-bundle=PATH",
+    for opt in ("--dg-backend={emulator,real}", "--dg-module", "--dg-ranks={threads,processes}", "--dg-device",
+                "--dg-arch", "--dg-bundle=PATH",
                 "--dg-lambda", "--dg-u-acc", "--dg-strict"):
         result.stdout.fnmatch_lines([f"*{opt}*"])
 
@@ -141,13 +142,25 @@ def test_dg_group_under_each_backend(pytester):
     result.assert_outcomes(skipped=1)
     try:
         import torch.distributed  # noqa: F401
-        reason = "*2 expert-parallel ranks in one process are emulated only*"
+        reason = "*2 expert-parallel ranks: one process per rank needs an initialised torch.distributed world of 2*"
     except ImportError:  # without torch the real library's process groups cannot exist at all
-        reason = "*a Mega MoE test needs torch.distributed for the real library*"
+        reason = "*a Mega MoE test with one process per rank needs torch.distributed*"
+    result.stdout.fnmatch_lines([reason])
+    # the emulator with one process per rank, outside torchrun: skipped the same way
+    result = pytester.runpytest("--dg-ranks", "processes", "-rs")
+    result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([reason])
 
 
-def test_deep_ep_and_dg_ep_ranks_under_each_backend(pytester):
+def _has_torch() -> bool:
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_deep_ep_and_dg_ep_ranks_under_each_backend(pytester, monkeypatch):
     """The emulator's deep_ep is deepgemm_ref.ep and its ranks are threads; the real backend imports
     --dg-ep-module (skipping with the reason where it cannot) and skips multi-rank bodies outside an
     initialised torch.distributed world."""
@@ -172,6 +185,11 @@ def test_deep_ep_and_dg_ep_ranks_under_each_backend(pytester):
                                 "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*cannot import 'no_such_deep_ep'*"])
+    monkeypatch.setenv("DG_RANKS", "processes")  # the emulator, one process per rank, not under torchrun: skipped
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*3 expert-parallel ranks*torchrun --nproc-per-node 3 -m pytest --dg-ranks processes*"
+                                 if _has_torch() else "*a DeepEP test with one process per rank needs torch*"])
 
 
 @pytest.mark.torch

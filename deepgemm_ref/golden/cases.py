@@ -29,7 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..errors import DGArgumentError
+from ..errors import DGArgumentError, arg_error
 from ..profiles import PROFILES
 from .emulator import emulator
 from .resources import Estimate, ResourceError, default_memory_limit, format_size
@@ -163,6 +163,15 @@ Compute = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Mapping[s
 #: sees a family's outputs (a device's own row order put into the canonical one, per-output
 #: defined masks, bitwise or bounded comparison).
 View = Callable[[Mapping[str, Any], Mapping[str, np.ndarray], Mapping[str, Any] | None], Any]
+#: compute_rank(manifest entry, inputs, outputs, rank) -> (rank ``rank``'s golden rows by name, JSON info):
+#: one rank's part of a :data:`Compute` family's goldens (every golden tensor of such a family is
+#: stacked over the ranks, leading axis R), for generation with one process per rank.
+ComputeRank = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Mapping[str, Any]], int],
+                       tuple[dict[str, np.ndarray], dict[str, Any]]]
+#: merge_ranks(manifest entry, every rank's rows (rank order), their infos, inputs, outputs) ->
+#: (golden tensors, stats): what :data:`Compute` returns, from the ranks' :data:`ComputeRank` parts.
+MergeRanks = Callable[[Mapping[str, Any], list[dict[str, np.ndarray]], list[dict[str, Any]], Mapping[str, Any],
+                       Mapping[str, Mapping[str, Any]]], tuple[dict[str, np.ndarray], dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,11 @@ class Family:
     None).  explicit: chosen only by a specification's ``family`` key.  compute: the goldens
     from a pure model (no trace capture; :data:`Compute`).  view: how the checker compares the
     family's outputs (:data:`View`; default: each output against its golden, element by element).
+    ranked: the family's cases hold ``ranks`` expert-parallel ranks (the resolved key ``ranks``,
+    the driver record's ``ranks``): they can run with one process per rank (generation's
+    ``processes`` executor, replay under ``torchrun``).  A ranked family with ``compute`` gives
+    ``compute_rank`` and ``merge_ranks`` (:data:`ComputeRank`, :data:`MergeRanks`); one with a
+    driver and ``finish`` runs its driver for one rank (:mod:`.ranks`).
     """
 
     name: str
@@ -190,6 +204,9 @@ class Family:
     explicit: bool = False
     compute: Compute | None = None
     view: View | None = None
+    ranked: bool = False
+    compute_rank: ComputeRank | None = None
+    merge_ranks: MergeRanks | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -207,10 +224,18 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
                     estimate: Callable[[Params], Estimate] | None = None, functions: tuple[str, ...] = (),
                     driver: Driver | None = None, finish: Finish | None = None,
                     check_entry: Callable[[Mapping[str, Any]], str | None] | None = None,
-                    explicit: bool = False, compute: Compute | None = None, view: View | None = None) -> Family:
+                    explicit: bool = False, compute: Compute | None = None, view: View | None = None,
+                    ranked: bool = False, compute_rank: ComputeRank | None = None,
+                    merge_ranks: MergeRanks | None = None) -> Family:
     """Make a kernel family available to specifications (see :class:`Family`)."""
+    if ranked and compute is not None and (compute_rank is None or merge_ranks is None):
+        raise arg_error("register_family", "ranked", "compute_rank and merge_ranks with compute (a ranked family)",
+                        f"family {name!r} without them")
+    if ranked and compute is None and (driver is None or finish is None):
+        raise arg_error("register_family", "ranked", "a driver and finish without compute (a ranked family)",
+                        f"family {name!r} without them")
     fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit,
-                 compute, view)
+                 compute, view, ranked, compute_rank, merge_ranks)
     FAMILIES[name] = fam
     return fam
 

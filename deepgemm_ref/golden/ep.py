@@ -82,6 +82,7 @@ from .bundle import BundleError
 from .call import DTYPES
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .check import CheckView
+from .ranks import current_scope
 from .resources import Estimate, tensor_bytes
 from .schema import Key, Only, Params, Rule, Schema
 
@@ -270,7 +271,8 @@ def _hidden(p: Params) -> str | None:
 def _keys(kernel: str) -> tuple[Key, ...]:
     dispatch = kernel == DISPATCH
     keys = [
-        Key("ranks", "int", "expert-parallel ranks R (one process: threads)", 2, lo=1, hi=64, shape=True),
+        Key("ranks", "int", "expert-parallel ranks R (threads of one process; one process each with "
+            "--executor processes, see 'Ranks in processes')", 2, lo=1, hi=64, shape=True),
         Key("tokens", "int", "tokens per rank T (num_max_tokens_per_rank); with uneven, rank r has max(1, T - r)",
             8, lo=1, hi=1 << 14, shape=True),
         Key("uneven", "bool", "rank r holds max(1, T - r) tokens, as DeepEP's test", True),
@@ -469,33 +471,39 @@ def remap_experts(idx: np.ndarray, owner_map: str, ranks: int, experts: int) -> 
     return np.where(e >= 0, owner * e_l + local, -1).astype(I64)
 
 
-def ep_goldens(cfg: EPConfig, inputs: Mapping[str, Any], variant: Mapping[str, Any] | None = None
-               ) -> dict[str, np.ndarray]:
+def ep_goldens(cfg: EPConfig, inputs: Mapping[str, Any], variant: Mapping[str, Any] | None = None,
+               only: int | None = None) -> dict[str, np.ndarray]:
     """The golden tensors of a case, or of a port with a known bug (``variant``: see
     :mod:`.diagnose.ep_mutations`): every output stacked over the ranks, and for combine ``acc``,
-    ``S``, ``S_hard``, ``defined`` and ``extra.exact``."""
+    ``S``, ``S_hard``, ``defined`` and ``extra.exact``.  ``only``: compute rank ``only``'s rows
+    alone (the other ranks' rows keep the fill: zero bytes, -1 for indices and metadata, False
+    for ``defined``); each rank's rows depend on no other rank's computation, so the rows are
+    those of the whole computation (generation with one process per rank, :mod:`.ranks`)."""
     v = dict(variant or {})
     routing = _per_rank(inputs, "topk_idx", cfg.ranks)
     idx = routing
     if v.get("owner"):
         idx = [remap_experts(i, v["owner"], cfg.ranks, cfg.experts) for i in idx]
     if cfg.combine:
-        return _combine_goldens(cfg, inputs, idx, v)
+        return _combine_goldens(cfg, inputs, idx, v, only)
     # the case's output shapes (a port's other layout is cut or filled to them, as the driver does)
     descs = output_descs(cfg, _layouts(cfg, routing) if idx is not routing else None)
-    return _dispatch_goldens(cfg, inputs, idx, v, descs)
+    return _dispatch_goldens(cfg, inputs, idx, v, descs, only)
 
 
-def _stack(name: str, per_rank: Sequence[np.ndarray], shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+def _stack(name: str, per_rank: Sequence[np.ndarray | None], shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     out = np.full(tuple(shape), _fill(name), dtype)
     for r, a in enumerate(per_rank):
+        if a is None:  # a rank not computed here (``only``)
+            continue
         n = min(a.shape[0], out.shape[1])
         out[r, :n] = a[:n]
     return out
 
 
 def _dispatch_goldens(cfg: EPConfig, inputs: Mapping[str, Any], idx: list[np.ndarray],
-                      v: Mapping[str, Any], descs: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+                      v: Mapping[str, Any], descs: Mapping[str, Mapping[str, Any]],
+                      only: int | None = None) -> dict[str, np.ndarray]:
     R, k = cfg.ranks, cfg.topk
     routing = ep_pkg.routing
     lays = _layouts(cfg, idx)
@@ -503,8 +511,12 @@ def _dispatch_goldens(cfg: EPConfig, inputs: Mapping[str, Any], idx: list[np.nda
     xs = _per_rank(inputs, "x", R)
     sfs = _per_rank(inputs, "x_sf", R) if cfg.fp8 else None
     ws = _per_rank(inputs, "topk_weights", R) if cfg.weights else None
-    per: dict[str, list[np.ndarray]] = {name: [] for name in descs}
-    for lay in lays:
+    per: dict[str, list[np.ndarray | None]] = {name: [] for name in descs}
+    for r_lay, lay in enumerate(lays):
+        if only is not None and r_lay != only:
+            for name in per:
+                per[name].append(None)
+            continue
         rows = rank_rows(cfg, lay.counts, lay.num_recv_tokens)
         n = lay.num_recv_tokens
 
@@ -545,7 +557,7 @@ def _dispatch_goldens(cfg: EPConfig, inputs: Mapping[str, Any], idx: list[np.nda
     for name, d in descs.items():
         golden[name] = _stack(name, per[name], d["shape"], np.dtype(DTYPES[d["dtype"]]))
     if v.get("padding") and cfg.expand:
-        _padding_variant(cfg, golden, lays, v["padding"])
+        _padding_variant(cfg, golden, lays, v["padding"], only)
     return golden
 
 
@@ -584,11 +596,14 @@ def _int16_variant(sf: np.ndarray, form: str | None) -> np.ndarray:
     raise DGArgumentError(f"int16 variant {form!r}")
 
 
-def _padding_variant(cfg: EPConfig, golden: dict[str, np.ndarray], lays: Sequence[Any], form: str) -> None:
+def _padding_variant(cfg: EPConfig, golden: dict[str, np.ndarray], lays: Sequence[Any], form: str,
+                     only: int | None = None) -> None:
     """Expanded padding rows left holding stale rows: the row above (each padding row a copy of
     its expert's last slot row), or the next expert's first row."""
     names = [n for n in ("recv_x", "recv_sf", "recv_topk_weights") if n in golden]
     for r, lay in enumerate(lays):
+        if only is not None and r != only:
+            continue
         starts, counts, aligned = lay.starts, lay.counts, lay.aligned_counts
         m = int(aligned.sum())
         for e in range(cfg.e_l):
@@ -614,7 +629,7 @@ def _y_eff(y: np.ndarray, w: np.ndarray | None, idx: np.ndarray, form: str | Non
 
 
 def _combine_goldens(cfg: EPConfig, inputs: Mapping[str, Any], idx: list[np.ndarray],
-                     v: Mapping[str, Any]) -> dict[str, np.ndarray]:
+                     v: Mapping[str, Any], only: int | None = None) -> dict[str, np.ndarray]:
     R, T, H, K = cfg.ranks, cfg.t_max, cfg.hidden, cfg.topk
     red = ep_pkg.reduction
     plain = not any(v.get(key) for key in ("order", "rounding", "bias", "weights"))
@@ -631,6 +646,8 @@ def _combine_goldens(cfg: EPConfig, inputs: Mapping[str, Any], idx: list[np.ndar
     have_exact = v.get("order") is None and v.get("bias") != "bf16" and not (twice and not cfg.expand)
     g_n = gamma(cfg.n_terms, U32)
     for s, t in enumerate(cfg.tokens):
+        if only is not None and s != only:
+            continue
         w = np.asarray(inputs[f"topk_weights.{s}"]) if cfg.weights else None
         y = _y_eff(np.asarray(inputs[f"y.{s}"]), w, idx[s], v.get("weights"))
         biases = [np.asarray(inputs[f"bias{b}.{s}"]) for b in range(cfg.bias)]
@@ -788,7 +805,35 @@ def compute_ep(entry: Mapping[str, Any], inputs: Mapping[str, Any],
                outputs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The family's golden hook: :func:`ep_goldens` of the case, and a few statistics."""
     cfg = EPConfig.of_entry(entry)
-    golden = ep_goldens(cfg, inputs)
+    return _with_stats(cfg, ep_goldens(cfg, inputs), outputs)
+
+
+def compute_ep_rank(entry: Mapping[str, Any], inputs: Mapping[str, Any], outputs: Mapping[str, Mapping[str, Any]],
+                    rank: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Rank ``rank``'s part of the goldens (one process per rank, :mod:`.ranks`): row ``rank`` of
+    every golden tensor (all of them are stacked over the ranks)."""
+    cfg = EPConfig.of_entry(entry)
+    if not 0 <= rank < cfg.ranks:
+        raise DGArgumentError(f"EP golden: rank {rank} of a case of {cfg.ranks} ranks")
+    golden = ep_goldens(cfg, inputs, only=rank)
+    return {name: np.ascontiguousarray(a[rank]) for name, a in golden.items()}, {}
+
+
+def merge_ep(entry: Mapping[str, Any], parts: list[dict[str, np.ndarray]], infos: list[dict[str, Any]],
+             inputs: Mapping[str, Any], outputs: Mapping[str, Mapping[str, Any]]
+             ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every rank's :func:`compute_ep_rank` rows (rank order) stacked into the case's goldens, and
+    the statistics of the stacked tensors: what :func:`compute_ep` returns."""
+    cfg = EPConfig.of_entry(entry)
+    if len(parts) != cfg.ranks or any(set(p) != set(parts[0]) for p in parts):
+        raise DGArgumentError(f"EP golden: {len(parts)} rank parts (of names {sorted(parts[0]) if parts else []}) "
+                              f"for a case of {cfg.ranks} ranks")
+    golden = {name: np.ascontiguousarray(np.stack([p[name] for p in parts])) for name in parts[0]}
+    return _with_stats(cfg, golden, outputs)
+
+
+def _with_stats(cfg: EPConfig, golden: dict[str, np.ndarray], outputs: Mapping[str, Mapping[str, Any]]
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     stats: dict[str, Any] = {"ranks": cfg.ranks, "tokens": list(cfg.tokens)}
     if cfg.combine:
         stats["recipe"] = cfg.recipe
@@ -873,7 +918,9 @@ def _handle_psum_rank(handle: Any) -> Any:
 
 def run_ep(module: Any, entry: dict[str, Any], tensors: dict[str, Any], outputs: dict[str, Any]) -> None:
     """Every rank's buffer, dispatch (and combine) with ``module``'s DeepEP classes; the results
-    stacked into ``outputs``.  Under deepgemm_ref (a module with ``run_emulated``) the R ranks are
+    stacked into ``outputs``.  Within :func:`.ranks.rank_scope` (one process per rank: replay under
+    torchrun) this process's rank alone runs, on the scope's group, and writes its row of every
+    output.  Otherwise, under deepgemm_ref (a module with ``run_emulated``) the R ranks are
     threads of this process; a real ``deep_ep`` runs this process's rank under torch.distributed,
     initialised with R processes (every process replays the bundle; the outputs are all-gathered,
     so each holds every rank's), or with none for a one-rank case (a one-process group is then made
@@ -888,6 +935,13 @@ def run_ep(module: Any, entry: dict[str, Any], tensors: dict[str, Any], outputs:
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
             return _run_rank(cfg, cls, group, r, tensors, y_np)
 
+    scope = current_scope()
+    if scope is not None:  # one process per rank: this process's rank alone, on its group
+        if scope.size != cfg.ranks:
+            raise BundleError(f"case {entry.get('id')!r}: {cfg.ranks} ranks; this process is rank {scope.rank} of "
+                              f"{scope.size}")
+        _write(outputs, scope.rank, rank_fn(scope.group, scope.rank))
+        return
     run = getattr(ep, "run_emulated", None)
     if run is not None:
         results = run(lambda g: rank_fn(g, g.rank()), cfg.ranks)
@@ -1275,9 +1329,11 @@ def check_ep_entry(entry: Any) -> str | None:
 
 
 register_family(DISPATCH, build_ep, schema=EP_DISPATCH_SCHEMA, estimate=estimate_ep, driver=run_ep,
-                check_entry=check_ep_entry, compute=compute_ep, view=ep_view)
+                check_entry=check_ep_entry, compute=compute_ep, view=ep_view, ranked=True,
+                compute_rank=compute_ep_rank, merge_ranks=merge_ep)
 register_family(COMBINE, build_ep, schema=EP_COMBINE_SCHEMA, estimate=estimate_ep, driver=run_ep,
-                check_entry=check_ep_entry, compute=compute_ep, view=ep_view)
+                check_entry=check_ep_entry, compute=compute_ep, view=ep_view, ranked=True,
+                compute_rank=compute_ep_rank, merge_ranks=merge_ep)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:

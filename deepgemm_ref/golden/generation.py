@@ -23,13 +23,16 @@ failed ``force`` run leaves it as it was and removes the temporary directory).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -54,11 +57,18 @@ from .bundle import (
     write_manifest,
 )
 from .call import compute_golden
-from .cases import CaseSpec, SpecError, build_case, estimate_case, validate_spec
+from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, validate_spec
 from .progress import as_progress
+from .ranks import spec_ranks
 from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size
 
-__all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify"]
+__all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
+           "EXECUTORS", "write_case"]
+
+#: The executors: this process or a pool of ``jobs`` worker processes; a Dask cluster; or, for the
+#: ranked families (DeepEP's dispatch and combine, Mega MoE), one process per rank over a gloo
+#: group (the other cases run as with "local").
+EXECUTORS = ("local", "dask", "processes")
 
 _BLAS_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
 _CHECKPOINT_SECONDS = 2.0
@@ -92,6 +102,7 @@ class PlannedCase:
     file: str
     estimate: Estimate | None
     kept: bool = False  # already in the bundle, verified (resume)
+    ranks: int = 0  # a ranked family's ranks R (one process each under the processes executor), else 0
 
 
 @dataclass
@@ -107,27 +118,37 @@ class Plan:
     case_limit: int
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # files of the old bundle no case will have
+    ranks_per_case: int | None = None  # the processes executor's --ranks-per-case (None: each case's own)
 
     @property
     def todo(self) -> list[PlannedCase]:
         return [c for c in self.cases if not c.kept]
+
+    def in_rank_processes(self, c: PlannedCase) -> bool:
+        """Whether case ``c`` runs with one process per rank (the processes executor, a ranked family)."""
+        return self.executor == "processes" and c.ranks > 0
 
     def totals(self) -> tuple[int, int, float]:
         """(file bytes of the bundle, largest case peak memory, estimated seconds of the todo cases)."""
         files = sum(c.estimate.file_bytes for c in self.cases if c.estimate)
         peak = max((c.estimate.peak_bytes for c in self.todo if c.estimate), default=0)
         secs = sum(c.estimate.seconds for c in self.todo if c.estimate)
-        return files, peak, secs / max(1, min(self.jobs, len(self.todo)) if self.executor == "local" else 1)
+        local = self.executor in ("local", "processes")
+        return files, peak, secs / max(1, min(self.jobs, len(self.todo)) if local else 1)
 
     def summary(self) -> str:
         files, peak, secs = self.totals()
         kept = len(self.cases) - len(self.todo)
         what = {"new": "", "resume": f" ({kept} finished cases kept)",
                 "replace": " (built aside, then swapped in)"}[self.mode]
-        jobs = f" with {self.jobs} jobs" if self.jobs > 1 and self.executor == "local" else ""
+        jobs = f" with {self.jobs} jobs" if self.jobs > 1 and self.executor in ("local", "processes") else ""
+        ranked = [c for c in self.todo if self.in_rank_processes(c)]
+        counts = ", ".join(str(n) for n in sorted({c.ranks for c in ranked}))
+        procs = (f"; {len(ranked)} case(s) with one process per rank ({counts} processes over a gloo group)"
+                 if ranked else "")
         return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
                 f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
-                f"{format_size(peak)} per case (limit {format_size(self.case_limit)})")
+                f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}")
 
     def table(self) -> str:
         lines = [f"{'case':<48} {'shape':<40} {'file':>10} {'memory':>10} {'time':>8}"]
@@ -203,31 +224,67 @@ def _free_bytes(root: Path) -> int | None:
 def plan_generation(
     specs: Iterable[CaseSpec | Mapping[str, Any]], out_dir: str | os.PathLike[str], *, force: bool = False,
     resume: bool = False, jobs: int = 1, executor: str = "local", max_memory: int | None = None, source: str = "",
+    ranks_per_case: int | None = None,
 ) -> Plan:
     """Check everything :func:`generate` needs and return its plan (nothing is written).
 
     Raises :class:`.cases.SpecError` (a specification), :class:`BundleError` (file names, the
-    target directory, an unreadable bundle to resume) or :class:`.resources.ResourceError` (a
+    target directory, an unreadable bundle to resume, the processes executor without torch or
+    with a case whose ranks are not ``ranks_per_case``) or :class:`.resources.ResourceError` (a
     case over the memory limit, not enough disk).
     """
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise BundleError(f"golden: jobs: expected a positive number of workers; got {jobs!r}")
-    if executor not in ("local", "dask"):
-        raise BundleError(f"golden: executor: expected 'local' or 'dask'; got {executor!r}")
+    if executor not in EXECUTORS:
+        raise BundleError(f"golden: executor: expected one of {', '.join(map(repr, EXECUTORS))}; got {executor!r}")
+    if ranks_per_case is not None:
+        if executor != "processes":
+            raise BundleError(f"golden: --ranks-per-case {ranks_per_case!r}: only with --executor processes (one "
+                              "process per rank)")
+        if not isinstance(ranks_per_case, int) or isinstance(ranks_per_case, bool) or ranks_per_case < 1:
+            raise BundleError(f"golden: --ranks-per-case: expected a positive number of processes; got "
+                              f"{ranks_per_case!r}")
+    if executor == "processes" and importlib.util.find_spec("torch") is None:
+        raise BundleError("golden: --executor processes needs torch (one process per rank over a torch.distributed "
+                          "gloo group): pip install torch, or use --executor local")
     if force and resume:
         raise BundleError("golden: give at most one of force (--force) and resume (--resume)")
     cases = validate_specs(specs, source)
     files = check_file_names([c.id for c in cases])
     limit = default_memory_limit() if max_memory is None else int(max_memory)
-    case_limit = limit // jobs if executor == "local" else limit
-    planned = [PlannedCase(c, files[c.id], estimate_case(c)) for c in cases]
-    over = [p for p in planned if p.estimate is not None and p.estimate.peak_bytes > case_limit]
+    case_limit = limit // jobs if executor in ("local", "processes") else limit
+    planned = [PlannedCase(c, files[c.id], estimate_case(c), ranks=spec_ranks(c)) for c in cases]
+    prefix = f"{source}: " if source else ""
+    if executor == "processes" and ranks_per_case is not None:
+        wrong = [p for p in planned if p.ranks and p.ranks != ranks_per_case]
+        if wrong:
+            p = wrong[0]
+            more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+            raise BundleError(f"{prefix}case {p.spec.id!r} has ranks = {p.ranks}{more}; --ranks-per-case "
+                              f"{ranks_per_case} starts {ranks_per_case} processes per case: give --ranks-per-case "
+                              f"{p.ranks}, leave it out (each case's own ranks), or select cases with --case")
+
+    def need(p: PlannedCase) -> int:
+        """A case's memory: its estimate, once per rank process under the processes executor (every
+        process builds the whole case)."""
+        assert p.estimate is not None
+        return p.estimate.peak_bytes * (p.ranks if executor == "processes" and p.ranks else 1)
+
+    def allowed(p: PlannedCase) -> int:
+        """Cases in rank processes run one at a time, alone: their processes share the whole limit."""
+        return limit if executor == "processes" and p.ranks else case_limit
+
+    over = [p for p in planned if p.estimate is not None and need(p) > allowed(p)]
     if over:
-        prefix = f"{source}: " if source else ""
         lines = [f"{prefix}case {p.spec.id!r} ({' '.join(f'{k}={v}' for k, v in p.spec.shape().items())}): needs about "
-                 f"{format_size(p.estimate.peak_bytes)} of memory" for p in over[:10] if p.estimate]
-        share = f" ({format_size(limit)} / {jobs} jobs)" if executor == "local" and jobs > 1 else ""
-        raise ResourceError("\n".join(lines) + f"\nthe limit per case is {format_size(case_limit)}{share}; raise it "
+                 f"{format_size(need(p))} of memory"
+                 + (f" ({p.ranks} rank processes, each building the whole case)"
+                    if executor == "processes" and p.ranks else "")
+                 for p in over[:10] if p.estimate]
+        first = allowed(over[0])
+        share = (f" ({format_size(limit)} / {jobs} jobs)" if executor in ("local", "processes") and jobs > 1
+                 and first == case_limit else "")
+        raise ResourceError("\n".join(lines) + f"\nthe limit per case is {format_size(first)}{share}; raise it "
                             "with --max-memory, or make the cases smaller")
     root = Path(out_dir)
     has_manifest, has_files = _state(root)
@@ -266,11 +323,11 @@ def plan_generation(
                           "finish it or --force to start over")
     for p in planned:
         p.kept = p.spec.id in kept
-    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale)
-    need = sum(p.estimate.file_bytes for p in plan.todo if p.estimate)
+    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale, ranks_per_case)
+    disk = sum(p.estimate.file_bytes for p in plan.todo if p.estimate)
     free = _free_bytes(root)
-    if free is not None and need > free:
-        raise ResourceError(f"{root}: the bundle needs about {format_size(need)} of disk; {format_size(free)} free")
+    if free is not None and disk > free:
+        raise ResourceError(f"{root}: the bundle needs about {format_size(disk)} of disk; {format_size(free)} free")
     return plan
 
 
@@ -292,13 +349,21 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
     # The kernels' own allocation guard follows the run's limit (--max-memory), not its default.
     with limit_allocations(max_memory) if max_memory is not None else contextlib.nullcontext():
         golden, stats = compute_golden(built)
+    if token is not None and not (workdir / CASES_DIR / token).exists():
+        raise _Stopped(spec.id)
+    return write_case(built, golden, stats, workdir, overwrite, guard)
+
+
+def write_case(built: BuiltCase, golden: Mapping[str, Any], stats: Mapping[str, Any], workdir: Path,
+               overwrite: bool, guard: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Write a built case's file (its inputs and goldens, atomically) and return its manifest entry
+    (``guard``: see :func:`generate_case`)."""
+    spec = built.spec
     tensors: dict[str, Any] = {f"input.{k}": v for k, v in built.inputs.items()}
     tensors.update({f"golden.{k}": v for k, v in golden.items()})
     from .bundle import case_relpath
 
     path = workdir / case_relpath(spec.id)
-    if token is not None and not (workdir / CASES_DIR / token).exists():
-        raise _Stopped(spec.id)
     with (guard or contextlib.nullcontext)():
         try:
             st.save_file(tensors, path, metadata={"case": spec.id, "format": FORMAT_NAME}, overwrite=overwrite)
@@ -574,6 +639,143 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
                     os.environ[k] = v
 
 
+#: How long a rank process waits in one of its group's collectives (a peer that died is noticed
+#: at once; a peer that hangs, after this).
+_RANK_TIMEOUT_S = 1800.0
+#: Where the package lives (the rank processes import it from there, whatever this process's path).
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+def _stop_procs(procs: list[subprocess.Popen[bytes]], sig: _Signals | None) -> None:
+    """Terminate the rank processes; kill those alive after the grace period (at once on a second signal)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.terminate()
+            except OSError:
+                pass
+    deadline = time.monotonic() + _STOP_GRACE
+    for p in procs:
+        left = 0.0 if (sig is not None and sig.count > 1) else max(0.0, deadline - time.monotonic())
+        try:
+            p.wait(left)
+        except subprocess.TimeoutExpired:
+            try:
+                p.kill()
+            except OSError:
+                pass
+            p.wait()
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _log_tail(path: Path, limit: int = 1500) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return text.splitlines()[-1] if text else ""
+
+
+def _run_ranked(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, sig: _Signals,
+                note: Callable[[str], None]) -> Generator[Result, None, None]:
+    """Each case with one process per rank (``python -m deepgemm_ref.golden._rank_worker``): a gloo
+    group over a file store in a temporary directory; every process builds the case and computes
+    its rank's goldens, rank 0 merges them, writes the case file and reports its manifest entry
+    (a JSON file).  A case whose kernels refuse the process group (the argument error on
+    ``group``, on every rank: Mega MoE until its kernels take a multi-process group) is computed
+    in this process instead, with a note.  Cases run one after the other.  ``limit``: the run's
+    whole memory limit (each of a case's R processes gets ``limit / R``)."""
+    for spec in todo:
+        if sig.signum is not None:
+            return
+        ranks = spec_ranks(spec)
+        tmp = Path(tempfile.mkdtemp(prefix="deepgemm-ref-ranks-"))
+        procs: list[subprocess.Popen[bytes]] = []
+        result = tmp / "result.json"
+        try:
+            threads = max(1, (os.cpu_count() or 1) // ranks)
+            job = {"spec": spec.to_dict(), "root": str(workdir.resolve()), "overwrite": overwrite,
+                   "limit": limit // ranks,
+                   "store": str(tmp / "store"), "result": str(result), "threads": threads,
+                   "timeout_s": _RANK_TIMEOUT_S, "parent": os.getpid()}
+            (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            env = dict(os.environ)
+            env.update({k: str(threads) for k in _BLAS_KEYS})
+            env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_PARENT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                                      else []))
+            with _Critical(sig):
+                for r in range(ranks):
+                    with open(tmp / f"rank{r}.log", "wb") as log:
+                        procs.append(subprocess.Popen(
+                            [sys.executable, "-m", "deepgemm_ref.golden._rank_worker", "--job", str(tmp / "job.json"),
+                             "--rank", str(r), "--world", str(ranks)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True))  # signals are this process's business: it stops them
+            # A signal meanwhile is only recorded: the processes are stopped below, and a case rank 0
+            # finished (its file written, its entry reported) is still recorded before the run stops.
+            with _Critical(sig):
+                died: list[tuple[int, int]] = []  # (rank, exit code) of the ranks that ended badly on their own
+                while True:
+                    codes = [p.poll() for p in procs]  # every one polled (a dead rank is noticed at once)
+                    died = [(r, c) for r, c in enumerate(codes) if c is not None and c != 0]
+                    if died or all(c is not None for c in codes) or sig.signum is not None:
+                        break  # a rank that died leaves the others waiting in a collective: stop them
+                    time.sleep(0.05)
+                _stop_procs(procs, sig)
+                outcome = _read_result(result)
+            if outcome is not None and isinstance(outcome.get("entry"), dict):
+                yield spec.id, outcome["entry"], None
+            elif sig.signum is not None:
+                return
+            elif outcome is not None and isinstance(outcome.get("fallback"), str):
+                why = outcome["fallback"].split("; got ")[0]
+                note(f"case {spec.id!r}: computed in this process, not with {ranks} rank processes: its kernels do "
+                     f"not take a multi-process group yet ({why})")
+                yield from _run_inline([spec], workdir, overwrite, limit, sig)
+            elif outcome is not None and isinstance(outcome.get("error"), dict):
+                yield spec.id, None, {"kind": str(outcome["error"].get("kind", "internal")),
+                                      "message": str(outcome["error"].get("message", ""))}
+            else:
+                r, code = (died or [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+                           or [(0, 0)])[0]
+                how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+                hint = " (perhaps by the out-of-memory killer)" if code == -signal.SIGKILL else ""
+                tail = _log_tail(tmp / f"rank{r}.log")
+                yield spec.id, None, {"kind": "resource" if code < 0 else "internal",
+                                      "message": f"rank process {r} of {ranks}: {how}{hint}"
+                                                 + (f": {tail}" if tail else "")}
+        finally:
+            with _Critical(sig):
+                _stop_procs(procs, sig)
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_processes(plain: list[CaseSpec], ranked: list[CaseSpec], workdir: Path, overwrite: bool, limit: int,
+                   whole: int, jobs: int, costs: Mapping[str, float], sig: _Signals,
+                   note: Callable[[str], None]) -> Generator[Result, None, None]:
+    """The processes executor: the cases of no ranked family as the local executor runs them
+    (here, or in a pool of ``jobs`` workers), then the ranked ones with one process per rank."""
+    if plain:
+        if jobs == 1 or len(plain) <= 1:
+            yield from _run_inline(plain, workdir, overwrite, limit, sig)
+        else:
+            by_work = sorted(plain, key=lambda spec: -costs.get(spec.id, 0.0))
+            yield from _run_pool(by_work, workdir, overwrite, limit, jobs, sig)
+    if sig.signum is None:
+        yield from _run_ranked(ranked, workdir, overwrite, whole, sig, note)
+
+
 def _run_dask(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, scheduler: str | None,
               sig: _Signals) -> Generator[Result, None, None]:
     try:
@@ -698,12 +900,20 @@ def generate(
     dry_run: bool = False,
     on_plan: Callable[[Plan], None] | None = None,
     source: str = "",
+    ranks_per_case: int | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate a bundle: plan, build every case, compute its golden, write files atomically.
 
     jobs: worker processes (``executor="local"``), each given ``cpu_count // jobs`` BLAS threads.
-    executor: ``"local"`` or ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
-    ``scheduler``, which must see ``out_dir``).
+    executor: ``"local"``, ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
+    ``scheduler``, which must see ``out_dir``) or ``"processes"``: each case of a ranked family
+    (``ep_dispatch``, ``ep_combine``, ``mega_moe``) with one process per rank over a gloo group
+    (needs torch; :mod:`.ranks` says how the ranks' goldens merge; cases one at a time), the other
+    cases as ``"local"`` runs them.  ranks_per_case: with ``"processes"``, the processes a case
+    takes; every ranked case must have that many ranks (default: each case's own).  on_note:
+    called with a line for what the user should know (a Mega MoE case computed in this process
+    because its kernels do not take a multi-process group).
     resume: keep the verified cases of an existing (possibly incomplete) bundle, generate the rest.
     force: replace an existing bundle (built aside and swapped in when complete).
     max_memory: the memory limit in bytes (default: :func:`.resources.default_memory_limit`);
@@ -718,18 +928,19 @@ def generate(
     Returns the manifest.
     """
     plan = plan_generation(specs, out_dir, force=force, resume=resume, jobs=jobs, executor=executor,
-                           max_memory=max_memory, source=source)
+                           max_memory=max_memory, source=source, ranks_per_case=ranks_per_case)
     if on_plan is not None:
         on_plan(plan)
     if dry_run:
         return plan.to_json()
-    return _execute(plan, scheduler, as_progress(progress))
+    return _execute(plan, scheduler, as_progress(progress), on_note or (lambda text: None))
 
 
-def _execute(plan: Plan, scheduler: str | None, progress: Any) -> dict[str, Any]:
+def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[str], None]) -> dict[str, Any]:
     ids = [c.spec.id for c in plan.cases]
     todo = plan.todo
-    inline = plan.executor == "local" and (plan.jobs == 1 or len(todo) <= 1)
+    plain_todo = [c for c in todo if not plan.in_rank_processes(c)]
+    inline = plan.executor in ("local", "processes") and (plan.jobs == 1 or len(plain_todo) <= 1)
     finished: dict[str, dict[str, Any]] = dict(plan.kept)
     failures: dict[str, dict[str, str]] = {}
     in_place = plan.mode != "replace"
@@ -758,6 +969,10 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any) -> dict[str, Any]
             specs = [c.spec for c in todo]
             if plan.executor == "dask":
                 results = _run_dask(specs, work, overwrite, plan.case_limit, scheduler, sig)
+            elif plan.executor == "processes":
+                results = _run_processes([c.spec for c in plain_todo],
+                                         [c.spec for c in todo if plan.in_rank_processes(c)], work, overwrite,
+                                         plan.case_limit, plan.memory_limit, plan.jobs, costs, sig, note)
             elif inline:
                 results = _run_inline(specs, work, overwrite, plan.case_limit, sig)
             else:  # the largest cases first, so that no worker is left with one at the end

@@ -57,6 +57,7 @@ from .. import formats as fm
 from .. import quant
 from ..errors import DGArgumentError
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
+from .ranks import current_scope
 from .resources import Estimate, tensor_bytes
 from .schema import Key, Params, Rule, Schema
 
@@ -133,7 +134,8 @@ MEGA_MOE_SCHEMA = Schema(
     "way DeepGEMM's test builds them (top-k of random scores, some slots -1, weights scaled by 0.05).",
     {"fp8_fp4_mega_moe": ("sm100", "ascend950"), "bf16_mega_moe": ("sm100",)},
     (
-        Key("ranks", "int", "expert-parallel ranks R (emulated in one process)", 2, lo=1, hi=255, shape=True),
+        Key("ranks", "int", "expert-parallel ranks R (emulated in one process; see 'Ranks in processes' for "
+            "--executor processes)", 2, lo=1, hi=255, shape=True),
         Key("experts", "int", "experts E over all ranks (a multiple of R)", 4, lo=1, hi=4096, shape=True),
         Key("topk", "int", "experts per token K", 2, lo=1, hi=32, shape=True),
         Key("hidden", "int", "the hidden size H", 512, lo=128, hi=1 << 16, shape=True),
@@ -245,18 +247,40 @@ def _group_of(module: Any, ranks: int) -> Callable[[int], Any]:
     raise BundleError(why)
 
 
+def _one_group(group: Any) -> Callable[[int], Any]:
+    return lambda r: group
+
+
 def run_mega_moe(module: Any, entry: dict[str, Any], tensors: dict[str, Any], outputs: dict[str, Any]) -> None:
-    """Build every rank's symmetric buffer and weights with ``module``'s functions and run the kernel."""
+    """Build every rank's symmetric buffer and weights with ``module``'s functions and run the kernel.
+
+    Within :func:`.ranks.rank_scope` (one process per rank: generation's ``processes`` executor,
+    replay under torchrun) only this process's rank runs: its buffer is made with
+    ``get_symm_buffer_for_mega_moe(scope.group, ...)`` (``SymmBuffer`` under ascend950), its kernel
+    call writes its rows of ``y`` and ``stats``, and the kernel's collectives are the group's.  A
+    module whose kernels do not take that group raises its argument error on ``group``."""
     d = entry["driver"]
     R, E, K, H, I, N = (int(d[k]) for k in ("ranks", "experts", "topk", "hidden", "intermediate", "tokens"))
     shared = int(d.get("shared", 0))
     ascend = entry["profile"] == "ascend950"
     bf16 = entry["function"] == "bf16_mega_moe"
     e_l = E // R
-    rank = _group_of(module, R)
+    scope = current_scope()
+    here: list[int] = list(range(R))
+    if scope is not None:  # one process per rank: this process's rank alone, on its group
+        if scope.size != R:
+            from .bundle import BundleError
+
+            raise BundleError(f"case {entry.get('id')!r}: {R} ranks; this process is rank {scope.rank} of "
+                              f"{scope.size}")
+        here = [scope.rank]
+        rank: Callable[[int], Any] = _one_group(scope.group)
+    else:
+        rank = _group_of(module, R)
     fn = getattr(module, entry["function"])
-    bufs, weights = [], []
-    for r in range(R):
+    bufs: dict[int, Any] = {}
+    weights: dict[int, Any] = {}
+    for r in here:
         if ascend:
             buf = module.SymmBuffer(rank(r), E, N, K, H, I, num_shared_experts=shared)
         else:
@@ -267,22 +291,22 @@ def run_mega_moe(module: Any, entry: dict[str, Any], tensors: dict[str, Any], ou
             _assign(buf.x_sf[:N], tensors[f"x_sf.{r}"])
         _assign(buf.topk_idx[:N], tensors[f"topk_idx.{r}"])
         _assign(buf.topk_weights[:N], tensors[f"topk_weights.{r}"])
-        bufs.append(buf)
+        bufs[r] = buf
         if bf16:
-            weights.append(module.transform_weights_for_mega_moe(tensors[f"l1.{r}"], tensors[f"l2.{r}"]))
+            weights[r] = module.transform_weights_for_mega_moe(tensors[f"l1.{r}"], tensors[f"l2.{r}"])
         elif ascend:
-            weights.append(module.transform_weights_for_mega_moe((tensors[f"l1.{r}"], tensors[f"l1_sf.{r}"]),
-                                                                 (tensors[f"l2.{r}"], tensors[f"l2_sf.{r}"])))
+            weights[r] = module.transform_weights_for_mega_moe((tensors[f"l1.{r}"], tensors[f"l1_sf.{r}"]),
+                                                               (tensors[f"l2.{r}"], tensors[f"l2_sf.{r}"]))
         else:
             s1 = module.transform_sf_into_required_layout(tensors[f"l1_sf.{r}"], 2 * I, H, (1, 32), e_l)
             s2 = module.transform_sf_into_required_layout(tensors[f"l2_sf.{r}"], H, I, (1, 32), e_l)
-            weights.append(module.transform_weights_for_mega_moe((tensors[f"l1.{r}"], s1), (tensors[f"l2.{r}"], s2)))
+            weights[r] = module.transform_weights_for_mega_moe((tensors[f"l1.{r}"], s1), (tensors[f"l2.{r}"], s2))
     shared_w: tuple[Any, Any] = (None, None)
     if shared:
         shared_w = module.transform_weights_for_mega_moe((tensors["shared_l1"], tensors["shared_l1_sf"]),
                                                          (tensors["shared_l2"], tensors["shared_l2_sf"]))
     y, stats = outputs["y"], outputs["stats"]
-    for r in range(R):
+    for r in here:
         if ascend:
             fn(y[r], weights[r][0], weights[r][1], bufs[r], shared_w[0], shared_w[1], stats[r],
                activation_clamp=d.get("activation_clamp"))
@@ -353,7 +377,7 @@ def check_mega_moe_entry(entry: Any) -> str | None:
 
 
 register_family("mega_moe", build_mega_moe, schema=MEGA_MOE_SCHEMA, estimate=estimate_mega_moe,
-                driver=run_mega_moe, finish=finish_mega_moe, check_entry=check_mega_moe_entry)
+                driver=run_mega_moe, finish=finish_mega_moe, check_entry=check_mega_moe_entry, ranked=True)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:

@@ -19,6 +19,28 @@ cases that succeeded, and its metadata ``deepgemm_ref.errors`` (JSON: case id ->
 before the first case: an unknown or unavailable device is refused).  The deepgemm_ref module
 computes on the host, so there only ``None`` or ``"cpu"`` is accepted (another device is
 refused, never ignored).
+
+One process per rank.  Launched under torchrun (``torchrun --nproc-per-node N -m
+deepgemm_ref.cli replay BUNDLE --module M --out OUT``: every process gets the same arguments),
+each process joins the world (``init_process_group`` from torchrun's variables: gloo, or nccl /
+hccl with ``--device cuda`` / ``npu``), and the cases split three ways:
+
+* a case of an EP family (``ep_dispatch``, ``ep_combine``, Mega MoE) with N ranks: every process
+  replays its own rank through M (DeepEP's buffers on the world's group, Mega MoE's
+  ``get_symm_buffer_for_mega_moe(group, ...)`` and kernels), which writes that rank's row of
+  every output (the outputs are stacked over the ranks).  The ranks then tell each other how it
+  went; a case that failed on any rank is recorded as failed (with each rank's message);
+  otherwise every rank sends its rows to rank 0 (as bytes, over gloo) and rank 0 stacks them:
+  ``output[r]`` is rank r's row, so the merged outputs are those of a replay in one process;
+* a case with one rank: rank 0, on a one-process group of its own;
+* every other case: rank 0 alone, after the EP cases (the other processes are done by then).
+
+Rank 0 then writes the one outputs file (atomically), which ``check`` reads as any other.  A
+case of an EP family whose ranks are not N is refused before any case runs, on every rank (so
+no rank waits for another); so is any problem one rank finds with the arguments.  A case that
+fails on one rank before a collective the others wait in is noticed by this package's
+transports (the collectives' labels differ) and recorded; a real library's own collectives wait
+for the group's timeout instead.
 """
 
 from __future__ import annotations
@@ -26,6 +48,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,10 +59,11 @@ from ..errors import DGArgumentError
 from ..interop import from_numpy, to_numpy
 from ..settings import numerics
 from . import safetensors as st
-from .bundle import BundleError, CaseData, load_bundle
+from .bundle import Bundle, BundleError, CaseData, load_bundle
 from .call import entry_family, fresh_outputs, quiet_float_errors, run_case_call
 from .cases import validate_spec
 from .progress import as_progress
+from .ranks import agree, entry_ranks, gather_to_root, pack, rank_scope, runs_ranks_in_process, torchrun_env, unpack
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record", "call_case"]
@@ -49,9 +75,16 @@ CASES_KEY = "deepgemm_ref.cases"
 
 
 class ReplayOutputs(dict[str, np.ndarray]):
-    """The outputs of a replay (``<case id>/<output>`` -> array), with ``errors`` (case id -> error)."""
+    """The outputs of a replay (``<case id>/<output>`` -> array), with ``errors`` (case id -> error).
+
+    Under torchrun (a world of more than one process): ``rank`` and ``world`` say which process
+    this is; rank 0 holds every output and ``written`` is True there only (the other ranks hold
+    none; their ``errors`` are those of the cases every rank replayed)."""
 
     errors: dict[str, str]
+    written: bool = True
+    rank: int = 0
+    world: int = 1
 
 
 def _to_device(x: Any, use_torch: bool, device: str | None) -> Any:
@@ -152,10 +185,41 @@ def replay(
     accumulation: with ``module="deepgemm_ref"``, the accumulation model to emulate the device
     with (e.g. ``"limited(13, 128)"``; default: the active numerics option).
     progress: a :class:`.progress.Progress`-like object or a callable ``f(done, total, case_id)``.
+
+    Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, WORLD_SIZE > 1), or with
+    torch.distributed already initialised with more than one process, every process calls this
+    with the same arguments (see the module docstring, "One process per rank"); rank 0 returns
+    every output, the other ranks none (``written`` False).  Outside such a world, a case of
+    more than one rank through a module that runs one rank per process (a real ``deep_ep`` /
+    ``deep_gemm``) is refused before any case runs (:class:`.bundle.BundleError`).
     """
     limit = default_memory_limit() if max_memory is None else max_memory
+    world = _join_world(device)
+    if world is None:
+        return _replay_here(bundle_dir, out_path, module, use_torch, device, transforms, force, cases, accumulation,
+                            progress, limit)
+    try:
+        return _replay_in_world(world, bundle_dir, out_path, module, use_torch, device, transforms, force, cases,
+                                accumulation, progress, limit)
+    finally:
+        world.close()
+
+
+@dataclass
+class _Prepared:
+    bundle: Bundle
+    ids: list[str]
+    module: Any
+    ours: bool
+    use_torch: bool
+
+
+def _prepare(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], module: str,
+             use_torch: bool | None, device: str | None, force: bool, cases: list[str] | None,
+             accumulation: str | None, limit: int, writes: bool = True) -> _Prepared:
+    """Every check before the first case (``writes``: this process writes ``out_path``)."""
     b = load_bundle(bundle_dir, max_memory=limit)
-    if os.path.lexists(out_path) and not force:
+    if writes and os.path.lexists(out_path) and not force:
         raise BundleError(f"{os.fspath(out_path)}: file exists; pass force=True (--force) to replace it")
     ids = list(b.cases) if not cases else list(dict.fromkeys(cases))
     for case_id in ids:
@@ -184,26 +248,233 @@ def replay(
             raise BundleError("replay: --accumulation emulates a device accumulator with --module deepgemm_ref only")
         with numerics(accumulation=accumulation):  # validated once, before any case
             pass
-    results = ReplayOutputs()
-    errors: dict[str, str] = {}
-    prog = as_progress(progress)
-    costs = {i: float(sum(np.prod(t["shape"]) for t in b.cases[i]["tensors"].values())) + 1.0 for i in ids}
-    prog.start(len(ids), sum(costs.values()))
-    done_work = 0.0
-    for n, case_id in enumerate(ids, start=1):
-        try:
-            results.update(_replay_case(b, case_id, mod, ours, use_torch, device, transforms, accumulation, limit))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # one failing case must not stop the others
-            errors[case_id] = f"{type(e).__name__}: {e}" if not isinstance(e, DGArgumentError) else str(e)
-        done_work += costs[case_id]
-        prog.update(n, done_work, case_id)
-    prog.finish()
+    return _Prepared(b, ids, mod, ours, bool(use_torch))
+
+
+def _error_text(e: BaseException) -> str:
+    return str(e) if isinstance(e, DGArgumentError) else f"{type(e).__name__}: {e}"
+
+
+def _costs(b: Bundle, ids: list[str]) -> dict[str, float]:
+    return {i: float(sum(np.prod(t["shape"]) for t in b.cases[i]["tensors"].values())) + 1.0 for i in ids}
+
+
+def _save(results: ReplayOutputs, errors: dict[str, str], ids: list[str], bundle_dir: str | os.PathLike[str],
+          module: str, out_path: str | os.PathLike[str], force: bool) -> None:
     results.errors = errors
     meta = {"bundle": str(bundle_dir), "module": module, ERRORS_KEY: json.dumps(errors, sort_keys=True),
             CASES_KEY: json.dumps(ids)}
     st.save_file(dict(results), out_path, metadata=meta, overwrite=force)
+
+
+def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], module: str,
+                 use_torch: bool | None, device: str | None, transforms: bool, force: bool, cases: list[str] | None,
+                 accumulation: str | None, progress: Any, limit: int) -> ReplayOutputs:
+    """Every case in this process."""
+    p = _prepare(bundle_dir, out_path, module, use_torch, device, force, cases, accumulation, limit)
+    b, ids = p.bundle, p.ids
+    for case_id in ids:  # a case whose ranks are processes needs torchrun: refused before any case runs
+        r = entry_ranks(b.cases[case_id])
+        if r > 1 and not runs_ranks_in_process(p.module, b.cases[case_id]):
+            raise BundleError(f"replay: case {case_id!r} has {r} ranks and module {module!r} runs one rank per "
+                              f"process: launch the replay under torchrun (torchrun --nproc-per-node {r} "
+                              "-m deepgemm_ref.cli replay ...), replay it with --module deepgemm_ref (its ranks run "
+                              "in this process), or select other cases with --case")
+    results = ReplayOutputs()
+    errors: dict[str, str] = {}
+    prog = as_progress(progress)
+    costs = _costs(b, ids)
+    prog.start(len(ids), sum(costs.values()))
+    done_work = 0.0
+    for n, case_id in enumerate(ids, start=1):
+        try:
+            results.update(_replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation,
+                                        limit))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # one failing case must not stop the others
+            errors[case_id] = _error_text(e)
+        done_work += costs[case_id]
+        prog.update(n, done_work, case_id)
+    prog.finish()
+    _save(results, errors, ids, bundle_dir, module, out_path, force)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# one process per rank: replay under torchrun
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _World:
+    """This process's place in a torch.distributed world of more than one process."""
+
+    rank: int
+    size: int
+    group: Any  # the world's group: the ranks' buffers and kernels take it
+    tr: Any  # a TorchTransport over a gloo group of the world: the replay's own exchanges
+    made: bool  # initialised here (destroyed by close)
+    make_one_rank: Callable[[], Any] | None = None  # a group of rank 0 alone (default: torch.distributed's)
+
+    def close(self) -> None:
+        if self.made:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _backend(device: str | None) -> str:
+    kind = (device or "cpu").split(":")[0]
+    return {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
+
+
+def _join_world(device: str | None) -> _World | None:
+    """The torch.distributed world of more than one process this replay runs in: an initialised
+    one, or the one torchrun's variables describe (initialised here: gloo, or nccl / hccl for a
+    cuda / npu ``device``); None for a replay in one process."""
+    import sys
+
+    env = torchrun_env()
+    launched = env is not None and env["world_size"] > 1
+    dist: Any = sys.modules.get("torch.distributed")
+    if launched and dist is None:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise BundleError(f"replay under torchrun (WORLD_SIZE={env['world_size'] if env else '?'}): needs torch "
+                              "(torch.distributed): pip install torch") from None
+    if dist is None or not dist.is_available():
+        if launched:
+            raise BundleError("replay under torchrun: this torch has no torch.distributed")
+        return None
+    made = False
+    if not dist.is_initialized():
+        if not launched:
+            return None
+        assert env is not None
+        backend = _backend(device)
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(env["local_rank"])
+        dist.init_process_group(backend, init_method="env://", world_size=env["world_size"], rank=env["rank"])
+        made = True
+    elif dist.get_world_size() == 1:
+        return None
+    from ..comm import TorchTransport
+
+    group = dist.group.WORLD
+    gloo = group if dist.get_backend(group) == "gloo" else dist.new_group(backend="gloo")
+    return _World(dist.get_rank(), dist.get_world_size(), group, TorchTransport(gloo), made)
+
+
+def _one_rank_group(w: _World) -> Any:
+    """A group of rank 0 alone (every rank of the world makes it), for the one-rank cases."""
+    if w.make_one_rank is not None:
+        return w.make_one_rank()
+    import torch.distributed as dist
+
+    return dist.new_group([0])
+
+
+def _rank_errors(failed: list[tuple[int, str]], size: int) -> str:
+    """One error for a case that failed on some ranks: the message, once when every rank that
+    failed says the same, with the ranks that said it."""
+    failed = [(r, re.sub(r" at 0x[0-9a-fA-F]+", "", t)) for r, t in failed]  # object addresses differ by process
+    texts = dict.fromkeys(t for _, t in failed)
+    if len(texts) == 1:
+        ranks = [r for r, _ in failed]
+        who = "every rank" if len(ranks) == size else f"rank{'s' if len(ranks) > 1 else ''} " + ", ".join(
+            map(str, ranks))
+        return f"{next(iter(texts))} ({who} of {size})"
+    return "; ".join(f"rank {r} of {size}: {t}" for r, t in failed)
+
+
+def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], module: str,
+                     use_torch: bool | None, device: str | None, transforms: bool, force: bool,
+                     cases: list[str] | None, accumulation: str | None, progress: Any, limit: int) -> ReplayOutputs:
+    """One process per rank (see :func:`replay`): the checks on every rank (the first rank's
+    problem raised on all of them), the cases of ``w.size`` ranks on every rank with rank 0
+    merging their rows, then the other cases on rank 0 alone, which writes the outputs file."""
+    import contextlib
+
+    problem: str | None = None
+    own: BaseException | None = None
+    p: _Prepared | None = None
+    try:
+        p = _prepare(bundle_dir, out_path, module, use_torch, device, force, cases, accumulation, limit,
+                     writes=w.rank == 0)
+        for case_id in p.ids:
+            r = entry_ranks(p.bundle.cases[case_id])
+            if r > 1 and r != w.size:
+                raise BundleError(f"replay: case {case_id!r} has {r} ranks; this torchrun world has {w.size} "
+                                  f"processes: launch it with --nproc-per-node {r}, or select cases with --case")
+    except Exception as e:
+        problem, own = _error_text(e), e
+    statuses = agree(w.tr, {"error": problem})
+    failed = [(r, s["error"]) for r, s in enumerate(statuses) if s.get("error")]
+    if failed:
+        if own is not None and failed[0][0] == w.rank:
+            raise own
+        raise BundleError(failed[0][1] if own is not None else f"rank {failed[0][0]} of {w.size}: {failed[0][1]}")
+    assert p is not None
+    b, ids = p.bundle, p.ids
+    ranked = {i: entry_ranks(b.cases[i]) for i in ids}
+    together = [i for i in ids if ranked[i] > 1]
+    alone = [i for i in ids if ranked[i] <= 1]
+    one_rank = _one_rank_group(w) if any(ranked[i] == 1 for i in alone) else None  # made by every rank
+    per_case: dict[str, dict[str, np.ndarray]] = {}
+    errors: dict[str, str] = {}
+    prog = as_progress(progress if w.rank == 0 else None)
+    costs = _costs(b, ids)
+    prog.start(len(ids), sum(costs.values()))
+    done, done_work = 0, 0.0
+    for case_id in together:
+        got: dict[str, np.ndarray] = {}
+        err: str | None = None
+        try:
+            with rank_scope(w.group, w.rank, w.size):
+                got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation, limit)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # one failing case must not stop the others
+            err = _error_text(e)
+        statuses = agree(w.tr, {"error": err})
+        failed = [(r, s["error"]) for r, s in enumerate(statuses) if s.get("error")]
+        if failed:
+            errors[case_id] = _rank_errors(failed, w.size)
+        else:
+            rows = {name: np.ascontiguousarray(v[w.rank]) for name, v in got.items()}
+            parts = gather_to_root(w.tr, pack(rows))
+            if parts is not None:
+                per = [unpack(part)[0] for part in parts]
+                per_case[case_id] = {name: np.ascontiguousarray(np.stack([q[name] for q in per])) for name in rows}
+        done, done_work = done + 1, done_work + costs[case_id]
+        prog.update(done, done_work, case_id)
+    if w.rank != 0:
+        prog.finish()
+        out = ReplayOutputs()
+        out.errors, out.written, out.rank, out.world = errors, False, w.rank, w.size
+        return out
+    for case_id in alone:
+        try:
+            scope = rank_scope(one_rank, 0, 1) if ranked[case_id] == 1 else contextlib.nullcontext()
+            with scope:
+                per_case[case_id] = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
+                                                 accumulation, limit)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            errors[case_id] = _error_text(e)
+        done, done_work = done + 1, done_work + costs[case_id]
+        prog.update(done, done_work, case_id)
+    prog.finish()
+    results = ReplayOutputs()
+    for case_id in ids:
+        results.update(per_case.get(case_id, {}))
+    results.rank, results.world = w.rank, w.size
+    _save(results, errors, ids, bundle_dir, module, out_path, force)
     return results
 
 
