@@ -340,10 +340,11 @@ def _join_world(device: str | None) -> _World | None:
     dist: Any = sys.modules.get("torch.distributed")
     if launched and dist is None:
         try:
-            import torch.distributed as dist
+            import torch.distributed as torch_dist
         except ImportError:
             raise BundleError(f"replay under torchrun (WORLD_SIZE={env['world_size'] if env else '?'}): needs torch "
                               "(torch.distributed): pip install torch") from None
+        dist = torch_dist
     if dist is None or not dist.is_available():
         if launched:
             raise BundleError("replay under torchrun: this torch has no torch.distributed")
