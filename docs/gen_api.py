@@ -36,7 +36,8 @@ EXTRA_MODULES = ("deepgemm_ref.core", "deepgemm_ref.executor", "deepgemm_ref.too
                  "deepgemm_ref.golden.moe",
                  "deepgemm_ref.golden.values", "deepgemm_ref.golden.case", "deepgemm_ref.strategies",
                  "deepgemm_ref.pytest_plugin", "deepgemm_ref.testing.assertions",
-                 "deepgemm_ref.dryrun", "deepgemm_ref.namespace", "deepgemm_ref.testing.npu_shim")
+                 "deepgemm_ref.dryrun", "deepgemm_ref.namespace", "deepgemm_ref.testing.npu_shim",
+                 "deepgemm_ref.testing.dg_tests")
 
 
 def _sig(obj: object) -> str:

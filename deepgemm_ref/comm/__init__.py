@@ -18,6 +18,10 @@ Ranks that call different collectives at once, or disagree on an array's dtype o
 all raise the same :class:`CollectiveMismatch` in every form; waits are bounded (the group's
 ``timeout_s``, or the process group's timeout) and a failed rank fails the others' collectives.
 
+:mod:`deepgemm_ref.comm.process` initialises the default ``torch.distributed`` group of one rank
+per process from the environment (what DeepGEMM's and DeepGEMM-Ascend's ``init_dist`` share, on
+gloo) and holds ``dist_print``.
+
 This package is the base layer under every kernel family: it imports nothing of them, so the
 families that use it stay peers.
 """
