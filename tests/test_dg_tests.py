@@ -466,8 +466,8 @@ def test_deepep_test_ep_two_processes_every_mode(deepep_checkout):
 
 @pytest.mark.slow
 def test_deepep_test_ep_four_processes_variants(deepep_checkout):
-    """Four ranks, the performance part (CPU times) and the first mode; then two ranks (every mode)
-    with masked slots and deterministic dispatch, and without CPU sync and multiple reduction.
+    """Four ranks, the performance part (CPU times) and the first mode; then two ranks (the first
+    mode) with masked slots and deterministic dispatch, and without CPU sync and multiple reduction.
 
     (DeepEP's own test fails ``--deterministic`` with ``--do-cpu-sync 0`` on any device: it compares
     the received rows cut to the received count with a second dispatch's uncut worst-case rows.)"""
@@ -477,9 +477,11 @@ def test_deepep_test_ep_four_processes_variants(deepep_checkout):
     assert " > Ranks: 1 x 4" in out and _ep_modes(out) == 1
     assert len(re.findall(r"^ +\* EP: +\d/4 \| dispatch:", out, re.M)) == 4, out[-3000:]
     for variant in (("--masked-ratio", "0.3", "--deterministic"), ("--do-cpu-sync", "0", "--allow-multiple-reduction", "0")):
-        rc, out, _ = run_runner(path, "--num-processes", "2", *_EP_SHAPE, "--skip-perf-test", *variant)
+        # the first mode only (every mode runs without variants above; CI time)
+        rc, out, _ = run_runner(path, "--num-processes", "2", *_EP_SHAPE, "--skip-perf-test", "--test-first-only",
+                                *variant)
         assert rc == 0, out[-6000:]
-        assert _ep_modes(out) == 144, out[-3000:]
+        assert _ep_modes(out) == 1, out[-3000:]
 
 
 @pytest.mark.slow

@@ -178,7 +178,7 @@ def test_two_processes_give_the_single_process_bytes(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("R", "kind"), [(4, "fp8xfp4"), (4, "bf16xbf16"), (4, "ascend950"), (8, "fp8xfp4")])
+@pytest.mark.parametrize(("R", "kind"), [(4, "fp8xfp4"), (4, "ascend950"), (8, "fp8xfp4")])
 def test_four_and_eight_processes_give_the_single_process_bytes(tmp_path, R, kind):
     spec = _spec(E=2 * R, bf16=kind == "bf16xbf16", arch="ascend950" if kind == "ascend950" else "sm100",
                  shared=1 if kind == "ascend950" else 0, num_tokens=[(3 * r + 2) % 7 for r in range(R)], K=4)
