@@ -403,9 +403,6 @@ def _mega_args(mma: str, procs: int) -> list[str]:
 
 def run_mega_moe(test_file: Path, mma: str, procs: int) -> str:
     rc, out, wall = run_runner(str(test_file), *_mega_args(mma, procs))
-    refused = re.search(r"DGArgumentError: get_symm_buffer_for_mega_moe: group: expected[^\n]*", out)
-    if procs > 1 and rc != 0 and refused:
-        pytest.skip(f"the Mega MoE kernels refuse a {procs}-rank torch.distributed group: {refused.group(0)}")
     assert rc == 0, out[-6000:]
     assert "Failed to load legacy code" not in out, out[-3000:]  # the baseline (and its check) was skipped
     lines = out.splitlines()
