@@ -98,6 +98,7 @@ def _interrupt(spec_file: Path, out: Path, sig: int, *extra: str, second: bool =
     return proc.returncode, err, time.monotonic() - t0, workers
 
 
+@pytest.mark.slow  # a subprocess interrupted by a signal (default-run time)
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_every_worker_and_resume_gives_the_same_bytes(spec_file, reference, tmp_path, sig, code):
     out = tmp_path / "b"
@@ -126,6 +127,7 @@ def test_signal_stops_every_worker_and_resume_gives_the_same_bytes(spec_file, re
     assert _bundle_bytes(out) == reference
 
 
+@pytest.mark.slow  # a subprocess interrupted by a signal (default-run time)
 def test_second_ctrl_c_does_not_deadlock(spec_file, tmp_path):
     rc, err, took, workers = _interrupt(spec_file, tmp_path / "b", signal.SIGINT, second=True)
     assert rc == 130 and took < 2.0, (rc, took, err)
@@ -133,6 +135,7 @@ def test_second_ctrl_c_does_not_deadlock(spec_file, tmp_path):
     assert "incomplete" in json.loads((tmp_path / "b" / "manifest.json").read_text())
 
 
+@pytest.mark.slow  # a subprocess interrupted by a signal (default-run time)
 def test_interrupted_force_keeps_the_old_bundle(spec_file, reference, tmp_path):
     out = tmp_path / "b"
     old_specs = [dict(s, k=256) for s in SPECS]  # a different old bundle, fast to make
@@ -160,6 +163,7 @@ def test_interrupted_force_keeps_the_old_bundle(spec_file, reference, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
 
+@pytest.mark.slow  # a subprocess interrupted by a signal (default-run time)
 def test_jobs_1_interrupt_keeps_the_finished_cases(spec_file, tmp_path):
     out = tmp_path / "b"
     proc = _start(spec_file, out)
@@ -186,6 +190,7 @@ def test_resume_removes_stray_temporaries_and_keeps_verified_cases(tmp_path):
     assert not list(out.glob(".*.tmp")) and golden.verify(out)["ok"]
 
 
+@pytest.mark.slow  # a CLI subprocess (default-run time)
 def test_progress_lines_when_not_a_terminal(spec_file, tmp_path):
     """Not a terminal: a line every few seconds (here 0.5 s) with done/total, elapsed and ETA."""
     small = tmp_path / "s.json"
