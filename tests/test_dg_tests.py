@@ -408,9 +408,10 @@ def run_mega_moe(test_file: Path, mma: str, procs: int) -> str:
     lines = out.splitlines()
     assert f" > MMA: {mma}" in lines and f" > Experts: 2/{4 * procs}" in lines
     assert lines.count(" > Correctness test #1/1 passed") == 1, out[-3000:]  # printed once per node
-    perf = [ln for ln in lines if re.match(r" > EP: +\d+/\d+ \|", ln)]
-    assert sorted(int(ln.split()[2].split("/")[0]) for ln in perf) == list(range(procs)), perf
-    assert all(f"/{procs} |" in ln for ln in perf)
+    # one performance line per rank (searched in the whole output: ranks' lines may interleave)
+    perf = re.findall(r"> EP: +(\d+)/(\d+) \|", out)
+    assert sorted(int(r) for r, _ in perf) == list(range(procs)), perf
+    assert all(int(n) == procs for _, n in perf)
     return out
 
 
@@ -472,7 +473,7 @@ def test_deepep_test_ep_four_processes_variants(deepep_checkout):
     rc, out, _ = run_runner(path, "--num-processes", "4", *_EP_SHAPE, "--test-first-only")
     assert rc == 0, out[-6000:]
     assert " > Ranks: 1 x 4" in out and _ep_modes(out) == 1
-    assert len(re.findall(r"^ +\* EP: +\d/4 \| dispatch:", out, re.M)) == 4, out[-3000:]
+    assert len(re.findall(r"\* EP: +\d/4 \| dispatch:", out)) == 4, out[-3000:]  # ranks' lines may interleave
     for variant in (("--masked-ratio", "0.3", "--deterministic"), ("--do-cpu-sync", "0", "--allow-multiple-reduction", "0")):
         # the first mode only (every mode runs without variants above; CI time)
         rc, out, _ = run_runner(path, "--num-processes", "2", *_EP_SHAPE, "--skip-perf-test", "--test-first-only",

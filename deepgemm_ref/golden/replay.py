@@ -321,6 +321,10 @@ class _World:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                try:  # every rank leaves together: gloo can abort a process whose group is torn down mid-talk
+                    dist.barrier()
+                except Exception:  # noqa: BLE001 - a peer already gone; destroy anyway
+                    pass
                 dist.destroy_process_group()
 
 
