@@ -161,13 +161,14 @@ class TorchTransport:
         except Exception:  # noqa: BLE001 - naming failed peers is best effort
             pass
 
-    def _failed_peers(self, tries: int = 10) -> str:
-        """The ranks whose process on this host has exited and those that never made a transport
-        ("" if none is found or the store cannot tell)."""
+    def _failed_peers(self, wait_s: float = 5.0) -> str:
+        """The ranks whose process on this host has exited and those that have not made a
+        transport within ``wait_s`` seconds ("" if none is found or the store cannot tell)."""
         try:
             store = _default_store()
             host = socket.gethostname()
-            for attempt in range(tries):
+            deadline = time.monotonic() + wait_s
+            while True:
                 exited, absent = [], []
                 for r in range(self.size):
                     if r == self.rank:
@@ -179,9 +180,11 @@ class TorchTransport:
                     where, pid = store.get(key).decode().split()
                     if where == host and not _alive(int(pid)):
                         exited.append(f"rank {r} (process {pid}) has exited")
-                if exited or absent or attempt == tries - 1:
+                # a live peer may still be on its way to its first transport, and a peer's sockets
+                # close before its process is gone: look again for a while
+                if (exited and not absent) or time.monotonic() >= deadline:
                     break
-                time.sleep(0.1)  # a peer's sockets close before its process is gone
+                time.sleep(0.1)
             if absent:
                 exited.append(f"rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} never joined "
                               "(no deepgemm_ref transport was made there)")
