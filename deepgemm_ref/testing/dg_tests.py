@@ -86,6 +86,7 @@ import numpy as np
 from ..errors import arg_error
 from ..profiles import get_arch, get_profile, set_arch
 from .bench import bench_kineto as _dg_bench_kineto
+from .npu_shim import NpuEvent, NpuStream
 
 __all__ = ["install", "uninstall", "installed", "cuda_on_cpu", "do_bench", "ep_bench_kineto", "CudaEvent",
            "CudaStream", "main", "ENV"]
@@ -265,51 +266,19 @@ def _is_tilelang_ops(location: Any) -> bool:
 # torch.cuda stand-ins
 # ----------------------------------------------------------------------------------------------
 
-class CudaEvent:
-    """A ``torch.cuda.Event`` on the CPU: ``elapsed_time`` is wall-clock ms between two records."""
+class CudaEvent(NpuEvent):
+    """A ``torch.cuda.Event`` on the CPU (:class:`~deepgemm_ref.testing.npu_shim.NpuEvent`):
+    ``elapsed_time`` is wall-clock ms between two records."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self._t: float | None = None
-
-    def record(self, stream: Any = None) -> None:
-        self._t = time.perf_counter()
-
-    def synchronize(self) -> None:
-        return None
-
-    def wait(self, stream: Any = None) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: CudaEvent) -> float:
-        if self._t is None or end._t is None:
-            raise RuntimeError("elapsed_time: both events must be recorded first")
-        return (end._t - self._t) * 1000.0
+        super().__init__(enable_timing, blocking)
 
 
-class CudaStream:
-    """A ``torch.cuda.Stream`` on the CPU: work is synchronous, so every wait returns at once."""
+class CudaStream(NpuStream):
+    """A ``torch.cuda.Stream`` on the CPU (:class:`~deepgemm_ref.testing.npu_shim.NpuStream`): work is
+    synchronous, so every wait returns at once."""
 
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = device
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        return None
-
-    def wait_stream(self, stream: Any) -> None:
-        return None
-
-    def wait_event(self, event: Any) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def record_event(self, event: CudaEvent | None = None) -> CudaEvent:
+    def record_event(self, event: NpuEvent | None = None) -> NpuEvent:
         event = event or CudaEvent()
         event.record(self)
         return event
