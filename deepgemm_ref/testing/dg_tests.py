@@ -86,7 +86,7 @@ import numpy as np
 from ..errors import arg_error
 from ..profiles import get_arch, get_profile, set_arch
 from .bench import bench_kineto as _dg_bench_kineto
-from .npu_shim import NpuEvent, NpuStream
+from .npu_shim import NpuEvent, NpuStream, _AliasLoader  # the same package's loader of module aliases
 
 __all__ = ["install", "uninstall", "installed", "cuda_on_cpu", "do_bench", "ep_bench_kineto", "CudaEvent",
            "CudaStream", "main", "ENV"]
@@ -446,17 +446,6 @@ def _dist_patches(dist: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # module aliases
 # ----------------------------------------------------------------------------------------------
-
-class _AliasLoader(importlib.abc.Loader):
-    def __init__(self, module: types.ModuleType) -> None:
-        self.module = module
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return self.module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     """``deep_gemm.X`` is ``deepgemm_ref.X`` and ``deep_ep.X`` is ``deepgemm_ref.ep.X`` (the same
