@@ -90,6 +90,9 @@ _CHILD = textwrap.dedent("""
         result = {"error": type(e).__name__, "message": str(e)}
     with open(out + ".json", "w") as f:
         json.dump(result, f)
+    if "error" not in result or result["error"] == "DGArgumentError":
+        dist.barrier()  # leave together: gloo can abort a process whose peer tears the group down mid-talk
+        dist.destroy_process_group()
 """)
 
 

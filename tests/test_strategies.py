@@ -97,7 +97,8 @@ def test_the_emulator_matches_its_goldens_on_normal_cases(kernel):
     check()
 
 
-@pytest.mark.parametrize("values", ["adversarial", "special"])
+# "special" in the slow run only (default-run time); its "many" variant there draws more examples
+@pytest.mark.parametrize("values", ["adversarial", pytest.param("special", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_the_emulator_matches_its_goldens_on_adversarial_and_special_cases(kernel, values):
     @settings(max_examples=2, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
