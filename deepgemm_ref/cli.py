@@ -228,12 +228,25 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if not out.written:  # a rank other than 0 under torchrun: rank 0 reports and writes
         print(f"rank {out.rank} of {out.world}: replayed its rank of the EP cases; rank 0 wrote {args.out}"
               + (f"; {n_fail} of those case(s) failed" if n_fail else ""))
-        return 1 if n_fail else 0
+        return _leave_world(1 if n_fail else 0)
     for case_id, err in out.errors.items():
         print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
     print(f"wrote {len(out)} outputs to {args.out}" + (f"; {n_fail} case(s) failed (errors recorded in the "
                                                       "outputs file)" if n_fail else ""))
-    return 1 if n_fail else 0
+    code = 1 if n_fail else 0
+    return _leave_world(code) if out.world > 1 else code
+
+
+def _leave_world(code: int) -> int:
+    """A replay process of a torchrun world ends at once, its outputs written and its group
+    destroyed: gloo can abort a process ("terminate called without an active exception") when
+    the interpreter's teardown frees objects that still hold the process group."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _check_options(args: argparse.Namespace) -> Any:

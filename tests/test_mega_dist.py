@@ -93,6 +93,8 @@ _CHILD = textwrap.dedent("""
     if "error" not in result or result["error"] == "DGArgumentError":
         dist.barrier()  # leave together: gloo can abort a process whose peer tears the group down mid-talk
         dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown with gloo's threads around (the result files are written)
 """)
 
 
