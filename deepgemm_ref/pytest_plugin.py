@@ -201,14 +201,7 @@ def backend_module(config: pytest.Config) -> Any:
         import deepgemm_ref
 
         return deepgemm_ref
-    name = _option(config, "--dg-module", "DG_MODULE") or "deep_gemm"
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install the library on its device host, or "
-                    "run with --dg-backend emulator")
-    except Exception as e:  # a library that fails while importing (no device, a driver error)
-        pytest.skip(f"--dg-backend real: importing {name!r} failed ({type(e).__name__}: {e})")
+    return _import_real(_option(config, "--dg-module", "DG_MODULE") or "deep_gemm", "the library")
 
 
 def ep_module(config: pytest.Config) -> Any:
@@ -216,13 +209,17 @@ def ep_module(config: pytest.Config) -> Any:
     ``pytest.skip`` where it cannot be imported)."""
     if _backend(config) == "emulator":
         return importlib.import_module("deepgemm_ref.ep")
-    name = _option(config, "--dg-ep-module", "DG_EP_MODULE") or "deep_ep"
+    return _import_real(_option(config, "--dg-ep-module", "DG_EP_MODULE") or "deep_ep", "DeepEP")
+
+
+def _import_real(name: str, what: str) -> Any:
+    """``import name`` for ``--dg-backend real``; ``pytest.skip`` naming why where it cannot be imported."""
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install DeepEP on its device host, or run "
-                    "with --dg-backend emulator")
-    except Exception as e:  # a library that fails while importing
+        pytest.skip(f"--dg-backend real: cannot import {name!r} ({e}); install {what} on its device host, or "
+                    "run with --dg-backend emulator")
+    except Exception as e:  # a library that fails while importing (no device, a driver error)
         pytest.skip(f"--dg-backend real: importing {name!r} failed ({type(e).__name__}: {e})")
 
 

@@ -68,12 +68,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import ep as ep_pkg
 from .. import formats as fm
 from .. import quant
+from ..dtypes import BF16, E4M3, F32, I16, I32
 from ..ep.reduction import Recipe
 from ..errors import DGArgumentError
 from ..exact import align, ceil_div, gamma
@@ -89,11 +89,6 @@ from .schema import Key, Only, Params, Rule, Schema
 __all__ = ["EPConfig", "EP_DISPATCH_SCHEMA", "EP_COMBINE_SCHEMA", "build_ep", "compute_ep", "ep_goldens", "run_ep",
            "ep_view", "canonical_device", "combine_variant", "flip_allowance", "remap_experts", "OWNER_MAPS"]
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-F32 = np.dtype(np.float32)
-I16 = np.dtype(np.int16)
-I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)
 U32 = 2.0**-24
 #: Unsigned views the dispatch payloads are compared as (a copy is bitwise: -0 and NaN payloads count).
