@@ -243,12 +243,17 @@ class OutputStage:
             ``f32(c + z)``), ``"fused"`` (one rounding of ``c + z``, cuBLASLt's FP32 epilogue and
             ACLNN's addmm) or ``"rounded"`` (``out(c + out(z))``: the product is stored in the
             output dtype first, then added, as DeepGEMM-Ascend's ACLNN FP8 wrapper does).
+    via:    optional format the accumulator is stored in before the rest of the epilogue reads it
+            (``z = via(z)`` after alpha): DeepGEMM's ``einsum('bmk,bnk->mn')`` with a bf16 ``d``
+            sums into a zeroed float32 workspace and copies it into ``d``
+            (``d = bf16(f32(+0 + acc))``, csrc/apis/einsum.hpp).
     """
 
     out: fm.Format
     alpha: float | None = None
     c: np.ndarray | None = None
     c_mode: str = "kernel"
+    via: fm.Format | None = None
 
     @property
     def _round_first(self) -> bool:
@@ -275,7 +280,7 @@ class OutputStage:
         double-double; otherwise the value is first rounded outward (``up``) to float64, which
         keeps the interval valid.
         """
-        if self.alpha is None and (self.c is None or self._round_first):
+        if self.alpha is None and self.via is None and (self.c is None or self._round_first):
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
@@ -285,7 +290,7 @@ class OutputStage:
 
     def transposed(self) -> OutputStage:
         """The same stage for the transposed product (``c`` transposed)."""
-        return OutputStage(self.out, self.alpha, None if self.c is None else self.c.T, self.c_mode)
+        return OutputStage(self.out, self.alpha, None if self.c is None else self.c.T, self.c_mode, self.via)
 
     def margin(self, x: np.ndarray, r0: int, r1: int, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """(codes of ``x`` as :meth:`apply` gives them, bool: every real within ``err`` of ``x``
@@ -309,6 +314,11 @@ class OutputStage:
             p, e = two_prod(np.float64(self.alpha), z)
             z = fm.round_dd(p, e, fm.F32).astype(np.float64)
             ok = within_half_gap(p, e, z, np.multiply(err, abs(self.alpha)), fm.F32)
+        if self.via is not None:
+            zv = fm.round_f64(z, self.via).astype(np.float64)
+            if ok is None:
+                ok = within_half_gap(z, None, zv, err, self.via)
+            z = zv
         if c is None:
             codes = fm.round_f64(z, self.out).view(code_dtype)
             if ok is None:
@@ -331,6 +341,8 @@ class OutputStage:
         if self.alpha is not None:
             p, e = two_prod(np.float64(self.alpha), z)
             z = fm.round_dd(p, e, fm.F32).astype(np.float64)
+        if self.via is not None:
+            z = fm.round_f64(z, self.via).astype(np.float64)
         if c is None:
             return fm.round_f64(z, self.out).view(self.out.code_dtype)
         if self._round_first:
@@ -349,6 +361,8 @@ class OutputStage:
             v = _rn(Fraction(self.alpha) * x, fm.F32)
             if v == 0:
                 v = math.copysign(0.0, self.alpha)  # f32(alpha * +0) carries alpha's sign
+        if self.via is not None and not _nonfinite(v):
+            v = _rn_signed(v, self.via)  # the workspace: f32(+0 + v), so an exact zero stays +0
         if self.c is not None:
             if self._round_first and not _nonfinite(v):
                 v = _rn_signed(v, self.out)

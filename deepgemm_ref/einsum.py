@@ -240,7 +240,10 @@ def _contraction_tasks(req: BatchedRequest) -> list[Task | Fill]:
         return []  # an empty contraction: the request's zero rows (bf16 d) or d = c itself (float32)
     a2 = np.ascontiguousarray(req.a.transpose(1, 0, 2)).reshape(m, s * k)
     b2 = np.ascontiguousarray(req.b.transpose(1, 0, 2)).reshape(n, s * k)
-    return [Task(core.Operand(a2), core.Operand(b2), core.OutputStage(req.out, None, req.c), (slice(None),))]
+    # A bf16 d is written through DeepGEMM's zeroed float32 workspace (csrc/apis/einsum.hpp:
+    # ``bmk_bnk_mn(a, b, workspace, workspace); d.copy_(workspace)``): d = bf16(f32(+0 + acc)).
+    via = fm.F32 if req.out is fm.BF16 else None
+    return [Task(core.Operand(a2), core.Operand(b2), core.OutputStage(req.out, None, req.c, via=via), (slice(None),))]
 
 
 def _launch(req: BatchedRequest) -> None:
@@ -289,8 +292,8 @@ def _einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any 
     """DeepGEMM's bf16 einsum (spec 8.1).
 
     'bmk,bnk->mn': a (S, M, K), b (S, N, K) bfloat16 contiguous; d (M, N): float32 with c = d
-    (d += sum_s a[s] @ b[s]^T, one float32 rounding) or bfloat16 with c None (one rounding of the
-    sum); use_cublaslt must be False.
+    (d += sum_s a[s] @ b[s]^T, one float32 rounding) or bfloat16 with c None (the sum rounded to
+    float32 in DeepGEMM's workspace, then to bf16: d = bf16(f32(sum))); use_cublaslt must be False.
     'bhr,hdr->bhd': a (B, H, R), b (H, D, R), d (B, H, D) bfloat16, stride(-1) == 1 for all;
     d[b, h] = bf16(a[b, h] @ b[h]^T).  'bhd,hdr->bhr': a (B, H, D), b (H, D, R), d (B, H, R);
     d[b, h] = bf16(a[b, h] @ b[h]).  c must be None for these two; use_cublaslt selects

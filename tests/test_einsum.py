@@ -85,7 +85,42 @@ def test_einsum_bmk_bnk_mn_exact(out_dtype):
     else:
         d = np.full((m, n), 3.0, BF16)
         E.einsum("bmk,bnk->mn", a, b, d)
-        assert np.array_equal(_codes(d), ref.ref_gemm(a2, b2, fm.BF16))
+        assert np.array_equal(_codes(d), _ref_via_f32_workspace(a2, b2))
+
+
+def _ref_via_f32_workspace(a2, b2):
+    """bf16 codes of bf16(f32(+0 + exact sum)): DeepGEMM's bf16 'bmk,bnk->mn' sums into a zeroed
+    float32 workspace and copies it into d (csrc/apis/einsum.hpp), from exact rationals."""
+    m, n = a2.shape[0], b2.shape[0]
+    out = np.zeros((m, n), np.uint16)
+    for i in range(m):
+        for j in range(n):
+            out[i, j] = fm.encode_scalar(F(ref.rn(ref.exact_dot(a2[i], b2[j]), fm.F32)), fm.BF16, fm.IEEE_RNE)
+    return out
+
+
+def test_einsum_bmk_bnk_mn_bf16_rounds_through_the_float32_workspace():
+    # sums just past a bf16 midpoint by less than half a float32 ulp: one rounding to bf16 goes
+    # up (away from the midpoint), the float32 workspace lands on the midpoint and ties to even
+    mids = [(1.0, 2.0**-8, 2.0**-30), (-1.0, -(2.0**-8), -(2.0**-30)), (3.0, 2.0**-7, 2.0**-29),
+            (1.0, 2.0**-8, -(2.0**-30)), (-0.0, -0.0, -0.0), (0.5, -0.5, 0.0)]
+    s, k = 2, 2  # the three terms over the (s, k) contraction, one zero pad
+    a = np.zeros((s, len(mids), k), np.float32)
+    for i, t in enumerate(mids):
+        flat = list(t) + [0.0]
+        for q, v in enumerate(flat):
+            a[q // k, i, q % k] = v
+    b = np.ones((s, 1, k), np.float32)
+    a, b = a.astype(BF16), b.astype(BF16)
+    a2 = _f64(a).transpose(1, 0, 2).reshape(len(mids), s * k)
+    b2 = _f64(b).transpose(1, 0, 2).reshape(1, s * k)
+    d = np.full((len(mids), 1), 7.0, BF16)
+    E.einsum("bmk,bnk->mn", a, b, d)
+    want = _ref_via_f32_workspace(a2, b2)
+    assert np.array_equal(_codes(d), want)
+    once = ref.ref_gemm(a2, b2, fm.BF16)  # one rounding of the exact sum
+    assert int(np.count_nonzero(want != once)) >= 3  # the test can tell the two data flows apart
+    assert _codes(d)[4, 0] == 0  # (-0) terms: the +0 workspace gives +0
 
 
 @pytest.mark.parametrize("expr", ["bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"])
@@ -491,3 +526,19 @@ def test_hc_prenorm_bad_input():
             E.tf32_hc_prenorm_gemm(a, b, np.zeros((2, 4, 8), np.float32), np.zeros((2, 4), np.float32), num_splits=2)
         with pytest.raises(DGArgumentError, match="K % 256"):
             E.tf32_hc_prenorm_gemm(a, b, d1, s1, num_splits=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_einsum_bmk_bnk_mn_bf16_adversarial_values_exact(seed):
+    from deepgemm_ref.golden.values import AdversarialGenerator
+
+    rng = AdversarialGenerator(np.random.PCG64(seed))
+    s, m, n, k = 2, 6, 5, 40
+    a = rng.standard_normal((s, m, k), dtype=np.float32).astype(BF16)
+    b = rng.standard_normal((s, n, k), dtype=np.float32).astype(BF16)
+    d = np.zeros((m, n), BF16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        E.einsum("bmk,bnk->mn", a, b, d)
+    a2 = _f64(a).transpose(1, 0, 2).reshape(m, s * k)
+    b2 = _f64(b).transpose(1, 0, 2).reshape(n, s * k)
+    assert np.array_equal(_codes(d), _ref_via_f32_workspace(a2, b2))
