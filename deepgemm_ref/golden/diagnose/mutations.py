@@ -40,6 +40,7 @@ from .engine import (
     finite_or_golden,
     round_nearest,
     round_toward_zero,
+    sign_bias,
     unchanged,
 )
 
@@ -810,10 +811,23 @@ def output_truncated(ctx: CaseContext) -> Iterator[Variant]:
     if not ctx.interval:
         return
     c = _c_input(ctx)
-    yield _with_epilogue(ctx, {"roundings": "all"}, ctx.epilogue, c, rounding=round_toward_zero)
+    bias = _bias_params(ctx)
+    v = _with_epilogue(ctx, {"roundings": "all", **bias}, ctx.epilogue, c, rounding=round_toward_zero)
+    v.evidence = "differing"
+    yield v
     mode = ctx.epilogue.get("c_mode", "kernel")
     if c is not None and (mode == "rounded" or (mode == "kernel" and ctx.epilogue.get("out") == "bf16")):
-        yield _truncated_last(ctx, c)
+        v = _truncated_last(ctx, c)
+        v.params.update(bias)
+        v.evidence = "differing"
+        yield v
+
+
+def _bias_params(ctx: CaseContext) -> dict[str, Any]:
+    """The sign bias of the main output's differing elements, as variant parameters."""
+    b = sign_bias(ctx.device[ctx.main], ctx.output_goldens[ctx.main]["main"], ctx.classes[ctx.main].defined)
+    return {"toward_zero": f"{b.toward_zero} of {b.differing} differing elements",
+            "log10_p": round(b.log10_p, 1)}
 
 
 def _truncated_last(ctx: CaseContext, c: np.ndarray) -> Variant:
@@ -1062,3 +1076,173 @@ def paged_block_table_misread(ctx: CaseContext) -> Iterator[Variant]:
         if v is not None:
             yield v
 
+
+
+# ----------------------------------------------------------------------------------------------
+# K blocks (issue 27): a block of the K loop dropped or summed twice
+# ----------------------------------------------------------------------------------------------
+
+#: A case with more K blocks than this tries the first, middle and last blocks only (each
+#: candidate is one regeneration).
+MAX_K_BLOCKS = 64
+
+
+@dataclass
+class KOperand:
+    """The operand a K-block mutation edits: its name, the K axis of the stored array, how many
+    K elements a stored element holds along that axis (2 for packed FP4 stored K-major), and its
+    scale tensor (None: no scales)."""
+
+    name: str
+    k_axis: int
+    pack: int
+    sf: SF | None
+    gran_k: int | None
+
+
+def _k_operand(ctx: CaseContext) -> KOperand | None:
+    """Operand A of a dense or m-grouped GEMM along K (None for other kernels)."""
+    fam, kern = ctx.family.name, ctx.kernel
+    sfs = {sf.operand: sf for sf in scale_tensors(ctx)}
+    if fam == "gemm" and "skip_head_mid" not in kern:
+        k_major = kern[-2] == "n"  # A stored (M, K) when the layout's first letter is n
+        fp4 = ctx.params.get("a") == "fp4"
+        return KOperand("a", 1 if k_major else 0, 2 if fp4 and k_major else 1, sfs.get("a"), _gran(ctx, "a"))
+    if fam == "grouped" and "m_grouped" in kern:
+        return KOperand("a", -1, 1, sfs.get("a"), _gran(ctx, "a"))
+    return None
+
+
+def _k_blocks(ctx: CaseContext) -> list[int]:
+    """The K-loop block sizes tried: the scale block of a quantised GEMM (128; DeepGEMM-Ascend
+    also 256), 64 and 128 for BF16."""
+    if "a_sf" in ctx.inputs:
+        return [128, 256] if ctx.ascend else [128]
+    return [64, 128]
+
+
+def _k_block_ranges(k: int, blk: int) -> list[tuple[int, int]]:
+    return [(s, min(s + blk, k)) for s in range(0, k, blk)]
+
+
+def _k_slice(op: KOperand, x: np.ndarray, lo: int, hi: int) -> tuple[slice | int, ...]:
+    axis = op.k_axis % x.ndim
+    idx: list[slice | int] = [slice(None)] * x.ndim
+    idx[axis] = slice(lo // op.pack, -(-hi // op.pack))
+    return tuple(idx)
+
+
+def _k_block_changed(ctx: CaseContext, op: KOperand, lo: int, hi: int, how: str) -> dict[str, np.ndarray] | None:
+    """Operand A with K range [lo, hi) zeroed (``drop``) or its contribution doubled (``double``:
+    the block's scales times two, exact; without scales the BF16 elements times two, exact)."""
+    x = np.asarray(ctx.inputs[op.name])
+    if how == "drop":
+        new = np.array(x, copy=True)
+        new[_k_slice(op, x, lo, hi)] = 0
+        return {op.name: new}
+    if op.sf is not None and op.gran_k:
+        if lo % op.gran_k or (hi % op.gran_k and hi != _k_of(ctx)):
+            return None  # the block does not cover whole scale blocks
+        canon = np.array(op.sf.canonical(ctx.inputs[op.sf.name]), copy=True)
+        canon[..., lo // op.gran_k: -(-hi // op.gran_k)] *= np.float32(2)
+        return {op.sf.name: op.sf.stored(canon)}
+    if x.dtype.itemsize != 2:
+        return None
+    new = np.array(x, copy=True)
+    sl = _k_slice(op, x, lo, hi)
+    new[sl] = (new[sl].astype(np.float32) * 2).astype(x.dtype)
+    return {op.name: new}
+
+
+def _k_block_variants(ctx: CaseContext, how: str, which: str) -> Iterator[Variant]:
+    op = _k_operand(ctx)
+    k = _k_of(ctx)
+    if op is None or not k:
+        return
+    for blk in _k_blocks(ctx):
+        ranges = _k_block_ranges(k, blk)
+        if len(ranges) < 2 and how == "drop":
+            continue  # dropping the only block is a zero output, not a K-loop bug
+        picked = list(enumerate(ranges))
+        if which == "last":
+            picked = picked[-1:]
+        elif how == "drop":
+            picked = picked[:-1]  # the last block is its own entry
+        if len(picked) > MAX_K_BLOCKS:
+            picked = [picked[0], picked[len(picked) // 2], picked[-1]]
+        for j, (lo, hi) in picked:
+            changes = _k_block_changed(ctx, op, lo, hi, how)
+            if changes is None:
+                continue
+            v = regen(ctx, {"block": blk, "index": j, "k_range": [lo, hi], "of": len(ranges)}, changes)
+            if v is not None:
+                yield v
+
+
+def k_last_block_dropped(ctx: CaseContext) -> Iterator[Variant]:
+    """The last K block of the K loop not accumulated (a loop bound one block short, or a
+    partial last block skipped)."""
+    yield from _k_block_variants(ctx, "drop", "last")
+
+
+def k_block_dropped(ctx: CaseContext) -> Iterator[Variant]:
+    """One K block other than the last not accumulated (a pipeline stage skipped)."""
+    yield from _k_block_variants(ctx, "drop", "any")
+
+
+def k_block_doubled(ctx: CaseContext) -> Iterator[Variant]:
+    """One K block accumulated twice (a pipeline stage consumed twice)."""
+    yield from _k_block_variants(ctx, "double", "any")
+
+
+# ----------------------------------------------------------------------------------------------
+# a truncating float32 accumulator (issue 27)
+# ----------------------------------------------------------------------------------------------
+
+#: K blocks of the truncating accumulator: the profile model's MMA block and the scale block.
+TRUNC_BLOCKS = (32, 128)
+#: At most this many K blocks (one regeneration each) per block size.
+MAX_TRUNC_BLOCKS = 256
+
+
+def _keep_k_range(ctx: CaseContext, op: KOperand, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Operand A with every K element outside [lo, hi) zeroed."""
+    x = np.asarray(ctx.inputs[op.name])
+    new = np.zeros_like(x)
+    sl = _k_slice(op, x, lo, hi)
+    new[sl] = x[sl]
+    return {op.name: new}
+
+
+def accumulator_truncated(ctx: CaseContext) -> Iterator[Variant]:
+    """A float32 accumulator that rounds toward zero where the profile's model rounds to nearest:
+    per K block, the exact scaled block sum truncated to float32 and added to the float32
+    accumulator with a truncating addition, in K order; then the kernel's epilogue.  Unlike
+    ``narrow_accumulator`` (a fixed-point sum of fewer bits, promoted with a rounding addition), it
+    keeps float32's 24 bits and its error grows with the number of K blocks, always toward zero:
+    scored on every differing element (the bound of a float32 sum allows each error)."""
+    op = _k_operand(ctx)
+    k = _k_of(ctx)
+    if op is None or not k or not ctx.interval:
+        return
+    for blk in TRUNC_BLOCKS:
+        ranges = _k_block_ranges(k, blk)
+        if len(ranges) > MAX_TRUNC_BLOCKS or (blk != TRUNC_BLOCKS[0] and len(ranges) < 2):
+            continue
+
+        def compute(sample: Sample | None, ranges: list[tuple[int, int]] = ranges) -> dict[str, Candidate]:
+            base = ctx.golden_candidates(sample)[ctx.main]
+            g = base.golden
+            acc = np.zeros(g["main"].shape, np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for lo, hi in ranges:
+                    part = ctx.regenerate(sample, _keep_k_range(ctx, op, lo, hi))[ctx.main].golden["acc"]
+                    acc = round_toward_zero(acc + round_toward_zero(part, fm.F32), fm.F32)
+            c = _c_input(ctx)
+            if c is not None and sample is not None:
+                c = sample.take(c)
+            values = finite_or_golden(epilogue_values(ctx.epilogue, acc, c), g["main"])
+            return {ctx.main: Candidate({**g, "main": values, "acc": acc}, base.check, base.inputs)}
+
+        yield Variant({"block": blk, "additions": "float32, toward zero", "blocks": len(ranges)}, compute, "slow",
+                      evidence="differing")
