@@ -168,6 +168,26 @@ CATALOGUE: tuple[Entry, ...] = (
           "(2^-127, 2^-127, then the float's high bytes)", mu.sf_float32_read_as_ue8m0,
           sources=("https://github.com/deepseek-ai/DeepGEMM/issues/417",
                    "https://github.com/vllm-project/vllm/pull/53680")),
+    Entry("sf_rounded_up_to_pow2", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
+          "FP32 scales rounded up to powers of two (a UE8M0 cast, 2^ceil(log2 s)) on a kernel that expects FP32 "
+          "scales", mu.sf_rounded_up_to_pow2,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/pull/112",
+                   "https://github.com/vllm-project/vllm/issues/38083")),
+    Entry("sf_pow2_kept_float32", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
+          "a kernel that expects power-of-two (UE8M0) scales given the quantiser's un-rounded float32 scales "
+          "(amax / 448 instead of 2^ceil(log2(amax / 448)))", mu.sf_pow2_kept_float32,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/pull/112",
+                   "https://github.com/vllm-project/vllm/issues/38083")),
+    Entry("mqa_head_dim_misread", MQA, "layout",
+          "FP8 MQA at head_dim 32 / 64 read as if rows were 128 bytes: shared memory swizzled in head_dim-byte "
+          "atoms un-swizzled with the 128-byte pattern, or a 128-byte head stride (DeepGEMM #433: wrong, in the "
+          "paged kernel deterministically, so self-consistency passes)", mu.mqa_head_dim_misread,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/issues/433",
+                   "https://github.com/deepseek-ai/DeepGEMM/pull/434")),
+    Entry("paged_page_size_mismatch", ("fp8_fp4_paged_mqa_logits",), "inputs",
+          "paged MQA run with a page size other than the block table's: per-token paging (the table indexed by "
+          "token position, token 0 of each block read) or another block_kv", mu.paged_page_size_mismatch,
+          sources=("https://github.com/ROCm/aiter/pull/5591", "https://github.com/ROCm/aiter/pull/5614")),
     Entry("sf_mantissa_dropped", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
           "non-power-of-two float32 scales cut to their exponent (a UE8M0 cast that keeps the exponent byte "
           "and silently drops the mantissa)", mu.sf_mantissa_dropped,
