@@ -417,6 +417,29 @@ def paged_per_token_pages(q, kv_cache, w, lens, table, *args, **kw):
                                        new_table, *args, **kw)
 
 
+
+def grouped_k_block_skipped(a, b, d, *args, **kw):
+    a2 = np.array(a)
+    a2[:, 64:128] = 0
+    return dg.m_grouped_bf16_gemm_nt_contiguous(a2, b, d, *args, **kw)
+
+
+def paged_kv_head_stride_128(q, kv_cache, w, *args, **kw):
+    """Each cache block's key rows read 128 bytes apart (a head_dim-128 stride) in the block's memory."""
+    cache = np.array(kv_cache)
+    blocks, bk, _, row = cache.shape
+    vb = row - 4
+    raw = cache.reshape(blocks, bk * row).view(np.uint8)
+    for i in range(blocks):
+        region = raw[i, : bk * vb].copy()
+        rows = np.zeros((bk, vb), np.uint8)
+        for t in range(bk):
+            got = region[t * 128: t * 128 + vb]
+            rows[t, : got.size] = got
+        raw[i, : bk * vb] = rows.reshape(-1)
+    return dg.fp8_fp4_paged_mqa_logits(q, cache, w, *args, **kw)
+
+
 # DeepEP ports (deepgemm_ref.ep's buffers with a bug; each uses the emulator's own dispatch and
 # combine as its transport and computes its bug itself)
 
@@ -653,12 +676,18 @@ BUGS = [
         forced=True),
     Bug("sf_rounded_up_to_pow2", _spec("sfup", "fp8_gemm_nt", "sm90", m=48, n=64, k=384, out="f32", c="is_d"),
         "fp8_gemm_nt", sfa_rounded_up, {"operand": "a"}),
-    Bug("sf_pow2_kept_float32", _spec("sfkeep", "fp8_gemm_nt", m=64, n=96, k=384), "fp8_gemm_nt", sfb_unrounded,
+    Bug("sf_pow2_kept_float32", _spec("sfkeep", "fp8_gemm_nt", "sm90", m=64, n=96, k=384, ue8m0=True, out="f32",
+                                      c="is_d"), "fp8_gemm_nt", sfb_unrounded,
         {"operand": "b"}),
     Bug("mqa_head_dim_misread", _spec("mqa32", "fp8_fp4_mqa_logits", head_dim=32), "fp8_fp4_mqa_logits",
         mqa_kv_swizzle_128, {"read": "swizzle for 128-byte rows", "operand": "kv"}),
     Bug("paged_page_size_mismatch", _spec("page1", "fp8_fp4_paged_mqa_logits"), "fp8_fp4_paged_mqa_logits",
         paged_per_token_pages, {"page_size": "1 (per-token paging)"}),
+    Bug("k_block_dropped", _spec("kdropg", "m_grouped_bf16_gemm_nt_contiguous", groups=3, m=100, n=64, k=256),
+        "m_grouped_bf16_gemm_nt_contiguous", grouped_k_block_skipped, {"block": 64, "index": 1}),
+    Bug("mqa_head_dim_misread", _spec("paged64", "fp8_fp4_paged_mqa_logits", head_dim=64), "fp8_fp4_paged_mqa_logits",
+        paged_kv_head_stride_128, {"read": "stride for 128-byte rows", "operand": "kv"}),
+    Bug("output_truncated", _spec("truncfew", "fp8_gemm_nt", m=512, n=512, k=4096), "fp8_gemm_nt", truncating_store),
     # DeepEP (the port module replaces deepgemm_ref's ep: kernel "ep").  Another summation order
     # passes the default check (within the bound); it fails a bitwise one, on values where the
     # float32 order matters.
