@@ -33,7 +33,10 @@ EP = EP_DISPATCH + EP_COMBINE
 #: Where the entries without public sources come from.
 ISSUE_18 = "issue 18"
 EP_ISSUE = "the DeepEP issue, item 4"
+ISSUE_27 = "issue 27"
 GEMM_LIKE = ("*gemm*", "einsum", "fp8_einsum")
+#: Dense and m-grouped GEMMs: a K loop over operand A's K blocks.
+K_LOOP = ("*gemm_nn", "*gemm_nt", "*gemm_tn", "*gemm_tt", "m_grouped_*", "*_m_grouped_gemm_nt_masked")
 EVERY = ("*",)
 
 
@@ -80,6 +83,14 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("k_tail_not_zeroed", ("*gemm_nt", "m_grouped_*"), "call",
           "K not a multiple of the block and the tail of the last block not zeroed: it holds the next row's "
           "elements (flat overrun) or the previous block's (stale buffer)", mu.k_tail_not_zeroed),
+    Entry("k_last_block_dropped", K_LOOP, "call",
+          "the last block of the K loop not accumulated (the loop bound one block short, or a partial last "
+          "block skipped)", mu.k_last_block_dropped, origin=ISSUE_27),
+    Entry("k_block_dropped", K_LOOP, "call",
+          "one K block other than the last not accumulated (a pipeline stage skipped)", mu.k_block_dropped,
+          origin=ISSUE_27),
+    Entry("k_block_doubled", K_LOOP, "call",
+          "one K block accumulated twice (a pipeline stage consumed twice)", mu.k_block_doubled, origin=ISSUE_27),
     Entry("neg1_rows_as_group0", ("m_grouped_*_contiguous",) + MEGA, "call",
           "a -1 (padding) in m_indices read as group 0, so a tile whose last row is padding is computed with "
           "group 0's B; Mega MoE: a -1 top-k slot routed to expert 0 (DeepGEMM #34: a -1 is not skipped but "
@@ -111,6 +122,10 @@ CATALOGUE: tuple[Entry, ...] = (
           sources=("https://github.com/deepseek-ai/DeepGEMM/issues/37",
                    "https://github.com/deepseek-ai/DeepGEMM/issues/50",
                    "https://github.com/deepseek-ai/DeepGEMM/issues/176")),
+    Entry("accumulator_truncated", K_LOOP, "call",
+          "a float32 accumulator whose additions round toward zero where the profile's model rounds to nearest "
+          "(24 bits kept, every error toward zero; scored on all differing elements)", mu.accumulator_truncated,
+          origin=ISSUE_27),
     Entry("mqa_weights_missing", MQA, "call", "the per-head weights not applied to the MQA scores",
           mu.mqa_weights_missing),
     Entry("mqa_relu_missing", MQA, "call", "no ReLU on the per-head MQA scores before the weighted sum",
@@ -153,6 +168,26 @@ CATALOGUE: tuple[Entry, ...] = (
           "(2^-127, 2^-127, then the float's high bytes)", mu.sf_float32_read_as_ue8m0,
           sources=("https://github.com/deepseek-ai/DeepGEMM/issues/417",
                    "https://github.com/vllm-project/vllm/pull/53680")),
+    Entry("sf_rounded_up_to_pow2", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
+          "FP32 scales rounded up to powers of two (a UE8M0 cast, 2^ceil(log2 s)) on a kernel that expects FP32 "
+          "scales", mu.sf_rounded_up_to_pow2,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/pull/112",
+                   "https://github.com/vllm-project/vllm/issues/38083")),
+    Entry("sf_pow2_kept_float32", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
+          "a kernel that expects power-of-two (UE8M0) scales given the quantiser's un-rounded float32 scales "
+          "(amax / 448 instead of 2^ceil(log2(amax / 448)))", mu.sf_pow2_kept_float32,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/pull/112",
+                   "https://github.com/vllm-project/vllm/issues/38083")),
+    Entry("mqa_head_dim_misread", MQA, "layout",
+          "FP8 MQA at head_dim 32 / 64 read as if rows were 128 bytes: shared memory swizzled in head_dim-byte "
+          "atoms un-swizzled with the 128-byte pattern, or a 128-byte head stride (DeepGEMM #433: wrong, in the "
+          "paged kernel deterministically, so self-consistency passes)", mu.mqa_head_dim_misread,
+          sources=("https://github.com/deepseek-ai/DeepGEMM/issues/433",
+                   "https://github.com/deepseek-ai/DeepGEMM/pull/434")),
+    Entry("paged_page_size_mismatch", ("fp8_fp4_paged_mqa_logits",), "inputs",
+          "paged MQA run with a page size other than the block table's: per-token paging (the table indexed by "
+          "token position, token 0 of each block read) or another block_kv", mu.paged_page_size_mismatch,
+          sources=("https://github.com/ROCm/aiter/pull/5591", "https://github.com/ROCm/aiter/pull/5614")),
     Entry("sf_mantissa_dropped", DENSE_QUANT + GROUPED_QUANT + ("fp8_einsum",), "inputs",
           "non-power-of-two float32 scales cut to their exponent (a UE8M0 cast that keeps the exponent byte "
           "and silently drops the mantissa)", mu.sf_mantissa_dropped,

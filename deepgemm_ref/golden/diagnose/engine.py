@@ -15,8 +15,12 @@ is a candidate golden; it is compared with the device output element by element:
 Scores (:class:`Score`): ``share`` = failing elements reproduced within the bound / failing
 elements; ``exact_share`` the same for exact reproduction; ``kept`` = elements that pass the
 check and stay within the candidate's bound / elements that pass (a candidate that explains
-the failures by breaking what was right is not an explanation).  A candidate *explains* the
-case when ``share * kept >= THRESHOLD`` (0.9).  Candidates are ranked by (explains,
+the failures by breaking what was right is not an explanation).  A variant whose ``evidence`` is
+"differing" (the truncated output) takes its shares over every element where the device differs
+from the golden, failing or not: at large K a truncated output fails only a handful of elements
+(the bound allows one ulp) while every differing element is one ulp toward zero, so the evidence
+is all of them, and a case failed by a bias test alone (no failing element) can be explained.
+A candidate *explains* the case when ``share * kept >= THRESHOLD`` (0.9).  Candidates are ranked by (explains,
 ``kept * (share + exact_share) / 2``, the entry's specificity, catalogue order): exact
 reproduction outranks reproduction within the bound, and of two candidates that reproduce the
 device equally the more specific one (a fixed mutation before one fitted to the device data)
@@ -49,7 +53,8 @@ from ..call import entry_family, golden_of_call
 from ..cases import ArgRef, Family
 from ..check import CaseReport, CheckOptions, Classification, classify_output, family_view, output_golden
 
-__all__ = ["THRESHOLD", "Candidate", "Variant", "Score", "Sample", "CaseContext", "Evaluated", "rank_key"]
+__all__ = ["THRESHOLD", "Candidate", "Variant", "Score", "Sample", "CaseContext", "Evaluated", "rank_key",
+           "SignBias", "sign_bias"]
 
 #: A candidate explains a case when it reproduces this share of the failing elements within the
 #: checker's bound (times the share of passing elements it keeps within its own bound).
@@ -106,6 +111,10 @@ class Variant:
     params: dict[str, Any]
     compute: Callable[[Sample | None], dict[str, Candidate]]
     cost: str = "regen"
+    #: "failing": scored on the failing elements; "differing": on every element where the device
+    #: differs from the golden (failing or not): a bug whose errors stay inside the bound one by
+    #: one (a truncated output at large K) is seen in all the elements it changes.
+    evidence: str = "failing"
 
     @property
     def key(self) -> str:
@@ -121,13 +130,23 @@ class Score:
     kept: int = 0
     sampled: bool = False
     error: str | None = None
+    #: elements where the device differs from the golden (defined, failing or not), and those of
+    #: them the candidate reproduces exactly / within its bound
+    differing: int = 0
+    diff_exact: int = 0
+    diff_bound: int = 0
+    evidence: str = "failing"
 
     @property
     def share(self) -> float:
+        if self.evidence == "differing":
+            return self.diff_bound / self.differing if self.differing else 0.0
         return self.bound / self.failing if self.failing else 0.0
 
     @property
     def exact_share(self) -> float:
+        if self.evidence == "differing":
+            return self.diff_exact / self.differing if self.differing else 0.0
         return self.exact / self.failing if self.failing else 0.0
 
     @property
@@ -378,6 +397,7 @@ class CaseContext:
         t0 = time.perf_counter()
         try:
             sc = self._agreement(variant.compute(sample), sample)
+            sc.evidence = variant.evidence
         except Exception as e:  # a mutation the kernel refuses (or cannot express) is no candidate
             sc = Score(error=describe_error(e))
         sc.sampled = sample is not None
@@ -394,11 +414,17 @@ class CaseContext:
             if sample is not None:
                 dev, defined, bad = sample.take(dev), sample.take(defined), sample.take(bad)
             good = defined & ~bad
+            gold = self.output_goldens[name]["main"]
+            if sample is not None:
+                gold = sample.take(gold)
+            differs = (defined & ~same_values(dev.astype(np.float64), gold.astype(np.float64))) | bad
+            sc.differing += int(np.count_nonzero(differs))
             cand = cands.get(name)
             if cand is None:  # unchanged output: the golden classification
                 sc.failing += int(np.count_nonzero(bad))
                 sc.passing += int(np.count_nonzero(good))
                 sc.kept += int(np.count_nonzero(good))
+                sc.diff_bound += int(np.count_nonzero(differs & good))
                 continue
             values = np.asarray(cand.values)
             if values.shape != dev.shape:
@@ -413,6 +439,8 @@ class CaseContext:
             sc.exact += int(np.count_nonzero(bad & exact))
             sc.bound += int(np.count_nonzero(bad & within))
             sc.kept += int(np.count_nonzero(good & within))
+            sc.diff_exact += int(np.count_nonzero(differs & exact))
+            sc.diff_bound += int(np.count_nonzero(differs & within))
         return sc
 
 
@@ -448,6 +476,58 @@ def epilogue_values(ep_desc: Mapping[str, Any], acc: np.ndarray, c: np.ndarray |
             z = z + cc.astype(np.float64)
         v = rounding(z, fmt)
     return v.astype(_OUT_DTYPE[ep_desc["out"]]).reshape(shape)
+
+
+@dataclass(frozen=True)
+class SignBias:
+    """How the device's differing elements lean: ``differing`` finite elements that differ from
+    the golden, ``toward_zero`` of them smaller in magnitude (same sign), ``log10_p`` the one-sided
+    binomial tail log10 P(X >= toward_zero) for X ~ Binomial(differing, 1/2) (0 when none differ)."""
+
+    differing: int
+    toward_zero: int
+    log10_p: float
+
+
+def binomial_tail_log10(n: int, t: int) -> float:
+    """log10 P(X >= t) for X ~ Binomial(n, 1/2), as a logarithm (it cannot underflow)."""
+    if t <= 0 or n <= 0:
+        return 0.0
+    if t > n:
+        return -np.inf
+    i = np.arange(t, n + 1, dtype=np.float64)
+    from math import lgamma, log
+
+    lc = np.array([lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1) for k in i]) if n < 2048 else (
+        lgamma(n + 1) - _lgamma_vec(i + 1) - _lgamma_vec(n - i + 1))
+    terms = lc - n * log(2.0)
+    top = float(terms.max())
+    return float((top + np.log(np.exp(terms - top).sum())) / log(10.0))
+
+
+def _lgamma_vec(x: np.ndarray) -> np.ndarray:
+    """lgamma of positive float64 values (Stirling's series past 8, exact recurrence below)."""
+    from math import lgamma
+
+    small = x < 8
+    out = np.empty_like(x)
+    out[small] = [lgamma(v) for v in x[small]]
+    y = x[~small]
+    out[~small] = ((y - 0.5) * np.log(y) - y + 0.5 * np.log(2 * np.pi) + 1 / (12 * y) - 1 / (360 * y ** 3)
+                   + 1 / (1260 * y ** 5))
+    return out
+
+
+def sign_bias(device: np.ndarray, golden: np.ndarray, defined: np.ndarray) -> SignBias:
+    """The sign bias of the elements where ``device`` differs from ``golden`` (both finite,
+    ``defined``): how many are smaller in magnitude with the golden's sign (toward zero)."""
+    d = np.asarray(device).astype(np.float64)
+    g = np.asarray(golden).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        differ = np.asarray(defined, bool) & np.isfinite(d) & np.isfinite(g) & (d != g)
+        toward = differ & (np.abs(d) < np.abs(g)) & ((np.sign(d) == np.sign(g)) | (d == 0))
+    n, t = int(np.count_nonzero(differ)), int(np.count_nonzero(toward))
+    return SignBias(n, t, binomial_tail_log10(n, t))
 
 
 def round_toward_zero(x: np.ndarray, fmt: fm.Format) -> np.ndarray:

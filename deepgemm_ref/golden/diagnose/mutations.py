@@ -40,6 +40,7 @@ from .engine import (
     finite_or_golden,
     round_nearest,
     round_toward_zero,
+    sign_bias,
     unchanged,
 )
 
@@ -810,10 +811,23 @@ def output_truncated(ctx: CaseContext) -> Iterator[Variant]:
     if not ctx.interval:
         return
     c = _c_input(ctx)
-    yield _with_epilogue(ctx, {"roundings": "all"}, ctx.epilogue, c, rounding=round_toward_zero)
+    bias = _bias_params(ctx)
+    v = _with_epilogue(ctx, {"roundings": "all", **bias}, ctx.epilogue, c, rounding=round_toward_zero)
+    v.evidence = "differing"
+    yield v
     mode = ctx.epilogue.get("c_mode", "kernel")
     if c is not None and (mode == "rounded" or (mode == "kernel" and ctx.epilogue.get("out") == "bf16")):
-        yield _truncated_last(ctx, c)
+        v = _truncated_last(ctx, c)
+        v.params.update(bias)
+        v.evidence = "differing"
+        yield v
+
+
+def _bias_params(ctx: CaseContext) -> dict[str, Any]:
+    """The sign bias of the main output's differing elements, as variant parameters."""
+    b = sign_bias(ctx.device[ctx.main], ctx.output_goldens[ctx.main]["main"], ctx.classes[ctx.main].defined)
+    return {"toward_zero": f"{b.toward_zero} of {b.differing} differing elements",
+            "log10_p": round(b.log10_p, 1)}
 
 
 def _truncated_last(ctx: CaseContext, c: np.ndarray) -> Variant:
@@ -1062,3 +1076,358 @@ def paged_block_table_misread(ctx: CaseContext) -> Iterator[Variant]:
         if v is not None:
             yield v
 
+
+
+# ----------------------------------------------------------------------------------------------
+# K blocks (issue 27): a block of the K loop dropped or summed twice
+# ----------------------------------------------------------------------------------------------
+
+#: A case with more K blocks than this tries the first, middle and last blocks only (each
+#: candidate is one regeneration).
+MAX_K_BLOCKS = 64
+
+
+@dataclass
+class KOperand:
+    """The operand a K-block mutation edits: its name, the K axis of the stored array, how many
+    K elements a stored element holds along that axis (2 for packed FP4 stored K-major), and its
+    scale tensor (None: no scales)."""
+
+    name: str
+    k_axis: int
+    pack: int
+    sf: SF | None
+    gran_k: int | None
+
+
+def _k_operand(ctx: CaseContext) -> KOperand | None:
+    """Operand A of a dense or m-grouped GEMM along K (None for other kernels)."""
+    fam, kern = ctx.family.name, ctx.kernel
+    sfs = {sf.operand: sf for sf in scale_tensors(ctx)}
+    if fam == "gemm" and "skip_head_mid" not in kern:
+        k_major = kern[-2] == "n"  # A stored (M, K) when the layout's first letter is n
+        fp4 = ctx.params.get("a") == "fp4"
+        return KOperand("a", 1 if k_major else 0, 2 if fp4 and k_major else 1, sfs.get("a"), _gran(ctx, "a"))
+    if fam == "grouped" and "m_grouped" in kern:
+        return KOperand("a", -1, 1, sfs.get("a"), _gran(ctx, "a"))
+    return None
+
+
+def _k_blocks(ctx: CaseContext) -> list[int]:
+    """The K-loop block sizes tried: the scale block of a quantised GEMM (128; DeepGEMM-Ascend
+    also 256), 64 and 128 for BF16."""
+    if "a_sf" in ctx.inputs:
+        return [128, 256] if ctx.ascend else [128]
+    return [64, 128]
+
+
+def _k_block_ranges(k: int, blk: int) -> list[tuple[int, int]]:
+    return [(s, min(s + blk, k)) for s in range(0, k, blk)]
+
+
+def _k_slice(op: KOperand, x: np.ndarray, lo: int, hi: int) -> tuple[slice | int, ...]:
+    axis = op.k_axis % x.ndim
+    idx: list[slice | int] = [slice(None)] * x.ndim
+    idx[axis] = slice(lo // op.pack, -(-hi // op.pack))
+    return tuple(idx)
+
+
+def _k_block_changed(ctx: CaseContext, op: KOperand, lo: int, hi: int, how: str) -> dict[str, np.ndarray] | None:
+    """Operand A with K range [lo, hi) zeroed (``drop``) or its contribution doubled (``double``:
+    the block's scales times two, exact; without scales the BF16 elements times two, exact)."""
+    x = np.asarray(ctx.inputs[op.name])
+    if how == "drop":
+        new = np.array(x, copy=True)
+        new[_k_slice(op, x, lo, hi)] = 0
+        return {op.name: new}
+    if op.sf is not None and op.gran_k:
+        if lo % op.gran_k or (hi % op.gran_k and hi != _k_of(ctx)):
+            return None  # the block does not cover whole scale blocks
+        canon = np.array(op.sf.canonical(ctx.inputs[op.sf.name]), copy=True)
+        canon[..., lo // op.gran_k: -(-hi // op.gran_k)] *= np.float32(2)
+        return {op.sf.name: op.sf.stored(canon)}
+    if x.dtype.itemsize != 2:
+        return None
+    new = np.array(x, copy=True)
+    sl = _k_slice(op, x, lo, hi)
+    new[sl] = (new[sl].astype(np.float32) * 2).astype(x.dtype)
+    return {op.name: new}
+
+
+def _k_block_variants(ctx: CaseContext, how: str, which: str) -> Iterator[Variant]:
+    op = _k_operand(ctx)
+    k = _k_of(ctx)
+    if op is None or not k:
+        return
+    for blk in _k_blocks(ctx):
+        ranges = _k_block_ranges(k, blk)
+        if len(ranges) < 2 and how == "drop":
+            continue  # dropping the only block is a zero output, not a K-loop bug
+        picked = list(enumerate(ranges))
+        if which == "last":
+            picked = picked[-1:]
+        elif how == "drop":
+            picked = picked[:-1]  # the last block is its own entry
+        if len(picked) > MAX_K_BLOCKS:
+            picked = [picked[0], picked[len(picked) // 2], picked[-1]]
+        for j, (lo, hi) in picked:
+            changes = _k_block_changed(ctx, op, lo, hi, how)
+            if changes is None:
+                continue
+            v = regen(ctx, {"block": blk, "index": j, "k_range": [lo, hi], "of": len(ranges)}, changes)
+            if v is not None:
+                yield v
+
+
+def k_last_block_dropped(ctx: CaseContext) -> Iterator[Variant]:
+    """The last K block of the K loop not accumulated (a loop bound one block short, or a
+    partial last block skipped)."""
+    yield from _k_block_variants(ctx, "drop", "last")
+
+
+def k_block_dropped(ctx: CaseContext) -> Iterator[Variant]:
+    """One K block other than the last not accumulated (a pipeline stage skipped)."""
+    yield from _k_block_variants(ctx, "drop", "any")
+
+
+def k_block_doubled(ctx: CaseContext) -> Iterator[Variant]:
+    """One K block accumulated twice (a pipeline stage consumed twice)."""
+    yield from _k_block_variants(ctx, "double", "any")
+
+
+# ----------------------------------------------------------------------------------------------
+# a truncating float32 accumulator (issue 27)
+# ----------------------------------------------------------------------------------------------
+
+#: K blocks of the truncating accumulator: the profile model's MMA block and the scale block.
+TRUNC_BLOCKS = (32, 128)
+#: At most this many K blocks (one regeneration each) per block size.
+MAX_TRUNC_BLOCKS = 256
+
+
+def _keep_k_range(ctx: CaseContext, op: KOperand, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Operand A with every K element outside [lo, hi) zeroed."""
+    x = np.asarray(ctx.inputs[op.name])
+    new = np.zeros_like(x)
+    sl = _k_slice(op, x, lo, hi)
+    new[sl] = x[sl]
+    return {op.name: new}
+
+
+def accumulator_truncated(ctx: CaseContext) -> Iterator[Variant]:
+    """A float32 accumulator that rounds toward zero where the profile's model rounds to nearest:
+    per K block, the exact scaled block sum truncated to float32 and added to the float32
+    accumulator with a truncating addition, in K order; then the kernel's epilogue.  Unlike
+    ``narrow_accumulator`` (a fixed-point sum of fewer bits, promoted with a rounding addition), it
+    keeps float32's 24 bits and its error grows with the number of K blocks, always toward zero:
+    scored on every differing element (the bound of a float32 sum allows each error)."""
+    op = _k_operand(ctx)
+    k = _k_of(ctx)
+    if op is None or not k or not ctx.interval:
+        return
+    for blk in TRUNC_BLOCKS:
+        ranges = _k_block_ranges(k, blk)
+        if len(ranges) > MAX_TRUNC_BLOCKS or (blk != TRUNC_BLOCKS[0] and len(ranges) < 2):
+            continue
+
+        def compute(sample: Sample | None, ranges: list[tuple[int, int]] = ranges) -> dict[str, Candidate]:
+            base = ctx.golden_candidates(sample)[ctx.main]
+            g = base.golden
+            acc = np.zeros(g["main"].shape, np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for lo, hi in ranges:
+                    part = ctx.regenerate(sample, _keep_k_range(ctx, op, lo, hi))[ctx.main].golden["acc"]
+                    acc = round_toward_zero(acc + round_toward_zero(part, fm.F32), fm.F32)
+            c = _c_input(ctx)
+            if c is not None and sample is not None:
+                c = sample.take(c)
+            values = finite_or_golden(epilogue_values(ctx.epilogue, acc, c), g["main"])
+            return {ctx.main: Candidate({**g, "main": values, "acc": acc}, base.check, base.inputs)}
+
+        yield Variant({"block": blk, "additions": "float32, toward zero", "blocks": len(ranges)}, compute, "slow",
+                      evidence="differing")
+
+
+# ----------------------------------------------------------------------------------------------
+# UE8M0 and FP32 scales confused (issue 27; DeepGEMM #112, vLLM #38083)
+# ----------------------------------------------------------------------------------------------
+
+def sf_rounded_up_to_pow2(ctx: CaseContext) -> Iterator[Variant]:
+    """FP32 scales rounded up to powers of two (what a UE8M0 cast does: 2^ceil(log2 s)) on a
+    kernel that expects FP32 scales, on one operand or both.  ``sf_mantissa_dropped`` rounds
+    them down instead (the exponent byte kept, the mantissa cut)."""
+    if ue8m0_scales(ctx):
+        return
+    sfs = scale_tensors(ctx)
+    changes = {}
+    for sf in sfs:
+        x = np.asarray(ctx.inputs[sf.name], np.float32)
+        m, e = np.frexp(x.astype(np.float64))
+        up = np.where(m == 0.5, x, np.ldexp(1.0, e)).astype(np.float32)  # exact powers stay
+        changes[sf.name] = np.where(np.isfinite(x) & (x > 0), up, x).astype(np.float32)
+    yield from _each_operand_and_both(ctx, sfs, changes)
+
+
+#: Largest finite magnitude of an operand's element format (the quantiser's amax target).
+_FMT_MAX = {"fp8": 448.0, "fp4": 6.0}
+
+
+def _data_canonical(ctx: CaseContext, side: str) -> np.ndarray | None:
+    """Operand ``side``'s FP8 elements as float64 values in canonical (..., MN, K) form (None for
+    packed FP4 or a layout this does not model)."""
+    fam, kern = ctx.family.name, ctx.kernel
+    x = ctx.inputs.get(side)
+    if not isinstance(x, np.ndarray) or x.dtype.itemsize != 1 or x.dtype == np.uint8 or x.dtype == np.int8:
+        return None
+    v = x.astype(np.float32).astype(np.float64)
+    if fam == "gemm":
+        k_major = (kern[-2] == "n") if side == "a" else (kern[-1] == "t")
+        return v if k_major else v.T
+    if fam == "grouped" and "m_grouped" in kern:
+        return v
+    return None
+
+
+def sf_pow2_kept_float32(ctx: CaseContext) -> Iterator[Variant]:
+    """The reverse: a kernel that expects power-of-two (UE8M0) scales given the quantiser's
+    un-rounded float32 ones.  The data were quantised with s = 2^ceil(log2(amax / max_fmt)); the
+    un-rounded scale is amax / max_fmt, recovered from the data as s * max|q| / max_fmt per
+    scale block (a factor in (1/2, 1]), on one operand or both."""
+    if not ue8m0_scales(ctx):
+        return
+    sfs = scale_tensors(ctx)
+    changes = {}
+    for sf in sfs:
+        data = _data_canonical(ctx, sf.operand)
+        gran = _gran(ctx, sf.operand)
+        canon = sf.canonical(ctx.inputs[sf.name]).astype(np.float64)
+        if data is None or not gran:
+            continue
+        k = data.shape[-1]
+        kb = canon.shape[-1]
+        pad = kb * gran - k
+        if pad < 0 or data.shape[:-1] != canon.shape[:-1]:
+            continue
+        d = np.concatenate([np.abs(data), np.zeros(data.shape[:-1] + (pad,))], axis=-1)
+        amax = d.reshape(data.shape[:-1] + (kb, gran)).max(axis=-1)
+        new = np.where(amax > 0, canon * amax / _FMT_MAX["fp8"], canon).astype(np.float32)
+        changes[sf.name] = sf.stored(new)
+    yield from _each_operand_and_both(ctx, [sf for sf in sfs if sf.name in changes], changes)
+
+
+# ----------------------------------------------------------------------------------------------
+# MQA: the head dimension's stride or swizzle (issue 27; DeepGEMM #433) and the page size
+# (ROCm/aiter #5591)
+# ----------------------------------------------------------------------------------------------
+
+def _swizzle(o: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The TMA swizzle of ``row_bytes``-byte atoms (32, 64 or 128): bits 7.. of a byte offset
+    XORed into its 16-byte chunk index (1, 2 or 3 bits)."""
+    bits = {32: 1, 64: 2, 128: 3}[row_bytes]
+    mask = (1 << bits) - 1
+    return o ^ (((o >> 7) & mask) << 4)
+
+
+def _misread_rows(flat: np.ndarray, row: int, form: str) -> np.ndarray:
+    """Bytes of ``row``-byte rows (a flat uint8 region) as a kernel built for 128-byte rows
+    reads them: ``swizzle`` un-swizzles the head_dim-byte swizzle with the 128-byte pattern;
+    ``stride`` steps 128 bytes per row (bytes past the region read as 0)."""
+    n = flat.size
+    o = np.arange(n, dtype=np.int64)
+    if form == "swizzle":
+        src = _swizzle(_swizzle(o, 128), row)
+    else:
+        src = (o // row) * 128 + o % row
+    out = np.zeros_like(flat)
+    ok = src < n
+    out[ok] = flat[src[ok]]
+    return out
+
+
+def _kv_value_regions(ctx: CaseContext, x: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The MQA key values passed through ``fn`` (flat bytes): the dense kv whole, the paged cache
+    block by block (each block's values come first, then its scales)."""
+    u = np.ascontiguousarray(x).view(np.uint8)
+    if "paged" not in ctx.kernel:
+        return fn(u.reshape(-1)).view(x.dtype).reshape(x.shape)
+    bk = int(ctx.params["block_kv"])
+    vb = x.shape[-1] - 4
+    blocks = np.array(u.reshape(x.shape[0], -1), copy=True)
+    for i in range(blocks.shape[0]):
+        blocks[i, : bk * vb] = fn(blocks[i, : bk * vb])
+    return blocks.reshape(x.shape)
+
+
+def mqa_head_dim_misread(ctx: CaseContext) -> Iterator[Variant]:
+    """FP8 MQA at head_dim 32 / 64 read as if rows were 128 bytes (the only head_dim where the
+    kernel's hard-coded value matches): shared memory swizzled in head_dim-byte atoms and
+    un-swizzled with the 128-byte pattern, or a 128-byte row (head) stride; in the keys, the
+    queries, or both."""
+    if ctx.ascend or ctx.params.get("fp4"):
+        return
+    dim = int(ctx.params.get("head_dim") or 0)
+    if dim not in (32, 64):
+        return
+    kv_name = "kv_cache" if "kv_cache" in ctx.inputs else "kv"
+    for form in ("swizzle", "stride"):
+        def fn(flat: np.ndarray, form: str = form) -> np.ndarray:
+            return _misread_rows(flat, dim, form)
+
+        q = np.asarray(ctx.inputs["q"])
+        new_q = fn(np.ascontiguousarray(q).view(np.uint8).reshape(-1)).view(q.dtype).reshape(q.shape)
+        new_kv = _kv_value_regions(ctx, np.asarray(ctx.inputs[kv_name]), fn)
+        for which, changes in (("kv", {kv_name: new_kv}), ("q", {"q": new_q}),
+                               ("q and kv", {"q": new_q, kv_name: new_kv})):
+            v = regen(ctx, {"read": f"{form} for 128-byte rows", "head_dim": dim, "operand": which}, changes)
+            if v is not None:
+                yield v
+
+
+def _paged_gather(ctx: CaseContext, page: int) -> dict[str, np.ndarray]:
+    """A KV cache and block table equal, for the exact kernel, to a kernel that assumes pages of
+    ``page`` tokens (0: per-token paging, the table indexed by token position and each page's
+    token 0 read) on the real cache of block_kv-token blocks: token t of request b read at the
+    flat memory address that assumption gives (past the cache or the table: zeros)."""
+    cache = np.asarray(ctx.inputs["kv_cache"])
+    table = np.asarray(ctx.inputs["block_table"]).astype(np.int64)
+    lens = np.asarray(ctx.inputs["context_lens"]).reshape(table.shape[0], -1).max(axis=1)
+    bk = int(ctx.params["block_kv"])
+    row = cache.shape[-1]
+    vb = row - 4
+    mem = np.ascontiguousarray(cache).view(np.uint8).reshape(-1)
+    flat_table = table.reshape(-1)
+    b, w = table.shape
+    out = np.zeros((b * w, bk, 1, row), np.uint8)
+    flat_out = out.reshape(b * w, -1)
+    for r in range(b):
+        for t in range(int(min(lens[r], w * bk))):
+            if page == 0:
+                col, off, p = r * w + t, 0, bk
+            else:
+                col, off, p = r * w + t // page, t % page, page
+            phys = int(flat_table[col]) if col < flat_table.size else 0
+            base = phys * p * row
+            va, sa = base + off * vb, base + p * vb + off * 4
+            dst = r * w + t // bk, t % bk
+            if va + vb <= mem.size:
+                flat_out[dst[0], dst[1] * vb: dst[1] * vb + vb] = mem[va: va + vb]
+            if sa + 4 <= mem.size:
+                flat_out[dst[0], bk * vb + dst[1] * 4: bk * vb + dst[1] * 4 + 4] = mem[sa: sa + 4]
+    new_table = np.arange(b * w, dtype=np.asarray(ctx.inputs["block_table"]).dtype).reshape(b, w)
+    return {"kv_cache": out.view(cache.dtype), "block_table": new_table}
+
+
+def paged_page_size_mismatch(ctx: CaseContext) -> Iterator[Variant]:
+    """Paged MQA run with a page size other than the one the block table and the cache were
+    built for: per-token paging (the table indexed by token position, token 0 of each block read:
+    ROCm/aiter #5591), or another block_kv (32, 64, 128)."""
+    if "paged" not in ctx.kernel:
+        return
+    bk = int(ctx.params["block_kv"])
+    for page in (0, 32, 64, 128):
+        if page == bk:
+            continue
+        v = regen(ctx, {"page_size": "1 (per-token paging)" if page == 0 else page, "block_kv": bk},
+                  _paged_gather(ctx, page))
+        if v is not None:
+            yield v

@@ -28,7 +28,9 @@ def _pct(x: float) -> str:
 def _line(i: int, e: Explanation) -> list[str]:
     params = f"  [{format_params(e.params)}]" if e.params else ""
     est = " (estimated on the sample)" if e.sampled else ""
-    head = (f"  {i}. {e.name}: reproduces {_pct(e.share)} of the {e.failing} failing elements within the bound, "
+    what = (f"{e.differing} differing elements (failing or not)" if e.evidence == "differing"
+            else f"{e.failing} failing elements")
+    head = (f"  {i}. {e.name}: reproduces {_pct(e.share)} of the {what} within the bound, "
             f"{_pct(e.exact_share)} exactly; keeps {_pct(e.kept)} of the passing ones{est}{params}")
     out = [head, f"     {e.description}"]
     for src in e.sources:

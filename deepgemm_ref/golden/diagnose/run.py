@@ -39,6 +39,9 @@ class Explanation:
     sampled: bool
     failing: int
     sources: list[str] = field(default_factory=list)
+    #: "failing" or "differing": the elements the shares are taken over (see .engine)
+    evidence: str = "failing"
+    differing: int = 0
 
     @staticmethod
     def of(e: Evaluated) -> Explanation:
@@ -46,7 +49,7 @@ class Explanation:
         entry: Entry = e.entry
         return Explanation(entry.name, entry.description, entry.stage, dict(e.variant.params), s.share,
                            s.exact_share, s.kept_share, s.quality, s.explains, s.sampled, s.failing,
-                           list(entry.sources))
+                           list(entry.sources), s.evidence, s.differing)
 
 
 @dataclass
