@@ -197,7 +197,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
            f'{counts["fail"]} fail</p>',
            '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
            '<table id="outputs"><thead><tr><th>output</th><th>status</th><th>checked</th><th>failing</th>'
-           "<th>warn</th><th>range: accumulator overflow allowed</th><th>max normalised error</th><th>calc_diff</th><th>diagnosis</th></tr></thead><tbody>"]
+           "<th>warn</th><th>range: accumulator overflow allowed</th>"
+           "<th>max normalised error</th><th>calc_diff</th><th>diagnosis</th></tr></thead><tbody>"]
     details = []
     for r in reports:
         status = "error" if r.error is not None else r.status
