@@ -179,3 +179,21 @@ def test_range_recorded_in_bound_and_json() -> None:
                       "defined": np.ones((1, 1), bool)},
                      {"n": 4, "epilogue": {"out": "bf16"}}, {}, CheckOptions(acc_max=1e39))
     assert rep.status == "fail"  # a wider accumulator cannot overflow there
+
+
+def test_limited_13_128_passes_with_its_own_u_acc() -> None:
+    """A Hopper-like 13-bit truncating accumulator, checked with u_acc = 2^-13 (docs/numerics.md)."""
+    from deepgemm_ref.config import Limited
+
+    @settings(max_examples=4, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases("fp8_gemm_nt", profile="sm90", values="adversarial"))
+    def run(case: Case) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with numerics(accumulation=Limited(13, 128)):
+                out = case.call()
+        cmp = case.compare(out, u_acc=2.0**-13)
+        assert cmp.ok, cmp.message()
+
+    run()
