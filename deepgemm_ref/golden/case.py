@@ -32,7 +32,7 @@ from . import safetensors as st
 from .bundle import CaseData, case_entry, load_bundle
 from .call import compute_golden, quiet_float_errors
 from .cases import BuiltCase, CaseSpec, SpecError, build_case, validate_spec
-from .check import CaseReport, CheckOptions, check_case, element_bounds, family_view, output_golden
+from .check import CaseReport, CheckOptions, check_case, element_bounds, family_range, family_view, output_golden
 from .emulator import emulator, is_emulator
 from .replay import _check_device, call_case
 
@@ -254,14 +254,14 @@ class Case:
 
         outputs: a mapping output name -> array or tensor (any device), or one array for the main
         output.  checker_options: :class:`.check.CheckOptions` fields (``lam``, ``u_acc``, ``n``,
-        ``worst``) and ``strict`` (elements between the probabilistic and the deterministic bound
+        ``worst``, ``acc_max``) and ``strict`` (elements between the probabilistic and the deterministic bound
         fail instead of warning).  Shape or dtype mismatches and missing outputs are failures.
         """
         strict = bool(checker_options.pop("strict", False))
-        unknown = set(checker_options) - {"lam", "u_acc", "n", "worst"}
+        unknown = set(checker_options) - {"lam", "u_acc", "n", "worst", "acc_max"}
         if unknown:
             raise DGArgumentError(f"assert_matches_golden: unknown checker options {sorted(unknown)} (options: lam, "
-                                  "u_acc, n, worst, strict)")
+                                  "u_acc, n, worst, acc_max, strict)")
         options = CheckOptions(**checker_options)
         gold = self.golden()
         problems: list[str] = []
@@ -289,13 +289,14 @@ class Case:
         goldens: dict[str, dict[str, np.ndarray]] = {}
         for name, dev in checked:
             label = self.id if len(gold.outputs) == 1 else f"{self.id}/{name}"
+            hook = family_range(self.entry, gold, self.inputs, name)
             if view is None:
                 goldens[name] = output_golden(gold, name, gold.main)
-                reports.append(check_case(label, dev, goldens[name], gold.check, self.inputs, options))
+                reports.append(check_case(label, dev, goldens[name], gold.check, self.inputs, options, range_hook=hook))
             else:
                 goldens[name] = view.goldens[name]
                 reports.append(check_case(label, view.device[name], goldens[name], view.checks[name], self.inputs,
-                                          options))
+                                          options, range_hook=hook))
         return Comparison(self, reports, [n for n, _ in checked], problems, options, strict,
                           {n: d for n, d in checked}, goldens)
 

@@ -170,6 +170,10 @@ ComputeRank = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Mappi
                        tuple[dict[str, np.ndarray], dict[str, Any]]]
 #: merge_ranks(manifest entry, every rank's rows (rank order), their infos, inputs, outputs) ->
 #: (golden tensors, stats): what :data:`Compute` returns, from the ranks' :data:`ComputeRank` parts.
+#: The range hook of a family: (manifest entry, golden tensors, inputs, output name) -> the
+#: checker's :data:`deepgemm_ref.golden.check.RangeHook` for that output, or None (the output's
+#: own ``S`` and ``acc`` say all: single-stage sums).
+RangeFor = Callable[[Mapping[str, Any], Mapping[str, np.ndarray], Mapping[str, Any], str], Any]
 MergeRanks = Callable[[Mapping[str, Any], list[dict[str, np.ndarray]], list[dict[str, Any]], Mapping[str, Any],
                        Mapping[str, Mapping[str, Any]]], tuple[dict[str, np.ndarray], dict[str, Any]]]
 
@@ -186,6 +190,8 @@ class Family:
     None).  explicit: chosen only by a specification's ``family`` key.  compute: the goldens
     from a pure model (no trace capture; :data:`Compute`).  view: how the checker compares the
     family's outputs (:data:`View`; default: each output against its golden, element by element).
+    range: where a correct accumulator can overflow beyond what an output's ``S`` and ``acc``
+    show (multi-stage data flows, :data:`RangeFor`).
     ranked: the family's cases hold ``ranks`` expert-parallel ranks (the resolved key ``ranks``,
     the driver record's ``ranks``): they can run with one process per rank (generation's
     ``processes`` executor, replay under ``torchrun``).  A ranked family with ``compute`` gives
@@ -207,6 +213,7 @@ class Family:
     ranked: bool = False
     compute_rank: ComputeRank | None = None
     merge_ranks: MergeRanks | None = None
+    range: RangeFor | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -226,7 +233,7 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
                     check_entry: Callable[[Mapping[str, Any]], str | None] | None = None,
                     explicit: bool = False, compute: Compute | None = None, view: View | None = None,
                     ranked: bool = False, compute_rank: ComputeRank | None = None,
-                    merge_ranks: MergeRanks | None = None) -> Family:
+                    merge_ranks: MergeRanks | None = None, range: RangeFor | None = None) -> Family:
     """Make a kernel family available to specifications (see :class:`Family`)."""
     if ranked and compute is not None and (compute_rank is None or merge_ranks is None):
         raise arg_error("register_family", "ranked", "compute_rank and merge_ranks with compute (a ranked family)",
@@ -235,7 +242,7 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
         raise arg_error("register_family", "ranked", "a driver and finish without compute (a ranked family)",
                         f"family {name!r} without them")
     fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit,
-                 compute, view, ranked, compute_rank, merge_ranks)
+                 compute, view, ranked, compute_rank, merge_ranks, range)
     FAMILIES[name] = fam
     return fam
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ from .resources import default_memory_limit, format_size
 
 __all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
            "check", "strict_json_value", "reports_json", "output_golden", "element_bounds", "CheckView",
-           "family_view"]
+           "family_view", "family_range", "overflow_reach", "RangeHook", "F32_MAX"]
 
 ULP_BINS = (0, 1, 2, 4, 8, 16, 64, 256, 1024)  # histogram bin lower edges (last: >= 1024)
 
@@ -56,12 +56,14 @@ class CheckOptions:
     """lam: lambda of the probabilistic bound; u_acc: accumulator unit roundoff (None: the case's,
     default 2^-24; cases whose device accumulates in bf16, e.g. DeepGEMM-Ascend's MQA head chain,
     record 2^-8); n: rounding-path length (None: the manifest's); worst: how many worst elements
-    to report."""
+    to report; acc_max: the accumulator's largest finite value (None: the case's ``acc_max``,
+    default float32's), which decides the NaN / infinity class mismatches its range allows."""
 
     lam: float = 8.0
     u_acc: float | None = None
     n: int | None = None
     worst: int = 10
+    acc_max: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam > 0):
@@ -73,6 +75,9 @@ class CheckOptions:
             raise DGArgumentError(f"check: n: expected a rounding-path length >= 1; got {self.n!r}")
         if not (isinstance(self.worst, int) and self.worst >= 0):
             raise DGArgumentError(f"check: worst: expected a count >= 0; got {self.worst!r}")
+        if self.acc_max is not None and not (
+                isinstance(self.acc_max, (int, float)) and math.isfinite(self.acc_max) and self.acc_max > 0):
+            raise DGArgumentError(f"check: acc_max: expected a finite number > 0; got {self.acc_max!r}")
 
 
 @dataclass
@@ -84,6 +89,7 @@ class CaseReport:
     warned: int = 0
     failed: int = 0
     special_mismatches: int = 0
+    range_allowed: int = 0  # NaN / infinity class mismatches a correct accumulator's range allows (not failures)
     undefined: int = 0
     max_normalised_error: float = 0.0
     calc_diff: float | None = None
@@ -164,13 +170,26 @@ def _interval_codes(
 def error_bounds(S: np.ndarray, S_hard: np.ndarray | None, y: np.ndarray, c_abs: Any, check: Mapping[str, Any],
                  options: CheckOptions, n: int, u_acc: float) -> tuple[np.ndarray, np.ndarray]:
     """(E, E_hard) of the module docstring for error scales ``S`` (``S_hard``: the deterministic
-    bound's, default ``S``), accumulators ``y`` and ``|c|`` (0 without c)."""
+    bound's, default ``S``), accumulators ``y`` and ``|c|`` (0 without c); both plus the bottom
+    of the accumulator's range, ``n * acc_min / 2`` (:func:`underflow_slack`)."""
     with np.errstate(invalid="ignore", over="ignore"):
         epi = u_acc * (c_abs + np.abs(y)) * float(check.get("c_epi", 0))
-    epi = np.where(np.isfinite(epi), epi, 0.0)
+    epi = np.where(np.isfinite(epi), epi, 0.0) + underflow_slack(check, n)
     E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
     E_hard = gamma(max(n, 1), u_acc, unbounded=True) * (S if S_hard is None else S_hard) + epi
     return E, E_hard
+
+
+#: The accumulator's smallest positive (subnormal) value by default (float32's, 2^-149).
+F32_MIN = 2.0**-149
+
+
+def underflow_slack(check: Mapping[str, Any], n: int) -> float:
+    """``n * acc_min / 2``: what underflow can add to an accumulation of ``n`` roundings (each
+    rounding into the accumulator's subnormal range errs by at most half its smallest value
+    ``acc_min``, the case's ``acc_min``, default float32's 2^-149; Higham (2.8)), on top of the
+    relative error ``gamma_n(u_acc) S``."""
+    return max(n, 1) * float(check.get("acc_min", F32_MIN)) / 2
 
 
 def special_class(v: np.ndarray) -> np.ndarray:
@@ -178,10 +197,89 @@ def special_class(v: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(v), 1, np.where(np.isinf(v), np.sign(v) * 2, 0))
 
 
+#: The accumulator's largest finite value by default (float32's).
+F32_MAX = float(np.finfo(np.float32).max)
+
+#: A family's range hook (:attr:`.cases.Family.range`): for flat indices into one output, the
+#: accumulator classes a correct device of the checked model (``u_acc``, ``n``, ``acc_max``) can
+#: reach there beyond what the output's own ``S`` and ``acc`` show: bool arrays (``+inf``,
+#: ``-inf``, ``NaN``), or None where it adds nothing.
+RangeHook = Callable[[np.ndarray, float, int, float], "tuple[np.ndarray, np.ndarray, np.ndarray] | None"]
+
+
+def overflow_reach(y: np.ndarray, S: np.ndarray, n: int, u_acc: float,
+                   acc_max: float) -> tuple[np.ndarray, np.ndarray]:
+    """(+overflow reachable, -overflow reachable) of single-stage sums with exact value ``y`` and
+    ``S >= sum |terms|`` (float64 arrays), accumulated along a path of ``n`` roundings of unit
+    roundoff ``u_acc`` in a format whose largest finite value is ``acc_max``.
+
+    The positive terms sum to ``P = (S + y) / 2`` at most, the negative ones to ``N = (S - y) / 2``;
+    any partial sum of any grouping is a subset sum (at most ``P``, at least ``-N``) computed with
+    an error of at most ``gamma_n(u_acc) S`` (Higham 3.1), so an accumulator of that range can
+    round a partial sum to +inf only if ``P + gamma_n S >= acc_max`` (and to -inf likewise with
+    ``N``).  Comparing with ``acc_max`` rather than the rounding threshold ``acc_max + ulp / 2``
+    errs toward allowing.  Non-finite ``y`` or ``S`` reach nothing here (their classes come from
+    non-finite terms; see docs/numerics.md)."""
+    g = gamma(max(n, 1), u_acc, unbounded=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fin = np.isfinite(y) & np.isfinite(S)
+        yy, ss = np.where(fin, y, 0.0), np.where(fin, S, 0.0)
+        slack = g * ss
+        up = fin & ((ss + yy) / 2 + slack >= acc_max)
+        dn = fin & ((ss - yy) / 2 + slack >= acc_max)
+    return up, dn
+
+
+def _range_allowed(blk: Mapping[str, Any], ep: core.OutputStage, cand: np.ndarray, d_vals: np.ndarray,
+                   y: np.ndarray, y_lo: np.ndarray | None, S: np.ndarray, S_hard: np.ndarray | None,
+                   E_hard: np.ndarray, n: int, u_acc: float, acc_max: float, hook: RangeHook | None,
+                   base: int) -> np.ndarray:
+    """The NaN / infinity class mismatches (``cand``) that a correct accumulator of range
+    ``acc_max`` can produce (see :func:`overflow_reach` and docs/numerics.md, "The accumulator's
+    range"): bool mask of the block."""
+    allowed = np.zeros(cand.shape, bool)
+    idx = np.nonzero(cand)
+    if idx[0].size == 0:
+        return allowed
+    yv = y[idx]
+    Sv = S[idx] if S_hard is None else np.maximum(S[idx], S_hard[idx])
+    up, dn = overflow_reach(yv, Sv, n, u_acc, acc_max)
+    nan = np.isnan(yv)
+    up |= yv == np.inf  # an infinite term: the golden's own class
+    dn |= yv == -np.inf
+    if hook is not None:
+        last = cand.shape[-1]
+        more = hook(base + idx[0] * last + idx[1], u_acc, n, acc_max)
+        if more is not None:
+            up, dn, nan = up | more[0], dn | more[1], nan | more[2]
+    nan |= up & dn  # inf - inf
+    c = blk.get("c")
+    sub = core.OutputStage(ep.out, ep.alpha, None if c is None else np.asarray(c)[idx], ep.c_mode)
+    y_fin = np.isfinite(yv)
+    with np.errstate(invalid="ignore", over="ignore"):
+        f_p = fm.decode(sub.apply(np.full(yv.shape, np.inf), 0, yv.size), ep.out)
+        f_n = fm.decode(sub.apply(np.full(yv.shape, -np.inf), 0, yv.size), ep.out)
+        # a finite accumulator within E_hard of y whose output overflows the output format
+        hlo, hhi = _interval_codes(sub, np.where(y_fin, yv, 0.0),
+                                   None if y_lo is None else np.where(y_fin, y_lo[idx], 0.0),
+                                   np.where(y_fin, E_hard[idx], 0.0))
+    dv = d_vals[idx]
+    ok = np.isnan(dv) & (nan | (up & np.isnan(f_p)) | (dn & np.isnan(f_n)))
+    ok |= (dv == np.inf) & ((up & (f_p == np.inf)) | (dn & (f_n == np.inf)) | (y_fin & (hhi == np.inf)))
+    ok |= (dv == -np.inf) & ((up & (f_p == -np.inf)) | (dn & (f_n == -np.inf)) | (y_fin & (hlo == -np.inf)))
+    with np.errstate(invalid="ignore"):
+        ok |= np.isfinite(dv) & y_fin & (dv >= hlo) & (dv <= hhi)
+    allowed[idx] = ok
+    return allowed
+
+
 def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_desc: Mapping[str, Any],
-              check: Mapping[str, Any], options: CheckOptions, n: int,
-              u_acc: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(soft, hard, special_bad, finite, norm) for a block of rows (see :func:`check_case`)."""
+              check: Mapping[str, Any], options: CheckOptions, n: int, u_acc: float, acc_max: float = F32_MAX,
+              hook: RangeHook | None = None,
+              base: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(soft, hard, special_bad, finite, norm, range) for a block of rows (see :func:`check_case`);
+    ``special_bad`` holds the failing class mismatches, ``range`` the ones the accumulator's
+    range allows; ``base``: the block's first flat index in the output (for ``hook``)."""
     defined = blk["defined"]
     d_vals = blk["device"].astype(np.float64)
     g_vals = blk["gd"].astype(np.float64)
@@ -193,7 +291,7 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
     if not interval:
         # No accumulator to bound: bit-exact comparison of the finite defined values.
         ok = finite & (d_vals == g_vals)
-        return ok, ok, special_bad, finite, np.where(finite & ~ok, np.inf, 0.0)
+        return ok, ok, special_bad, finite, np.where(finite & ~ok, np.inf, 0.0), np.zeros(ok.shape, bool)
     assert fmt is not None
     c_arr = blk["c"]
     ep = core.OutputStage(fmt, ep_desc.get("alpha"), c_arr, ep_desc.get("c_mode", "kernel"))
@@ -220,7 +318,9 @@ def _classify(blk: dict[str, Any], fmt: fm.Format | None, interval: bool, ep_des
         norm = np.where(finite, np.abs(d_vals - g_vals) / (E * (1 if ep.alpha is None else abs(ep.alpha))
                                                              + _ulp_out(g_vals, fmt) / 2), 0.0)
         norm = np.where(finite & (d_vals == g_vals), 0.0, norm)
-    return soft, hard, special_bad, finite, norm
+    rng = _range_allowed(blk, ep, special_bad, d_vals, y, y_lo, S, S_hard, E_hard_all, n, u_acc, acc_max, hook,
+                         base)
+    return soft, hard, special_bad & ~rng, finite, norm, rng
 
 
 @dataclass
@@ -236,26 +336,29 @@ class Classification:
     finite: np.ndarray
     defined: np.ndarray
     norm: np.ndarray
+    #: class mismatches the accumulator's range allows (neither passes nor failures)
+    range_ok: np.ndarray | None = None
 
     @property
     def bad(self) -> np.ndarray:
         return self.defined & ((self.finite & ~self.hard) | self.special_bad)
 
 
-def check_case(case_id: str, device: np.ndarray, golden: dict[str, np.ndarray], check: dict[str, Any],
-               inputs: dict[str, np.ndarray], options: CheckOptions) -> CaseReport:
+def check_case(case_id: str, device: np.ndarray, golden: Mapping[str, np.ndarray], check: Mapping[str, Any],
+               inputs: Mapping[str, Any], options: CheckOptions, *, range_hook: RangeHook | None = None) -> CaseReport:
     """Check one output tensor of one case against its golden tensors.
 
     device: the device's output (same shape and dtype as ``golden['d']``-like main output).
     golden: ``d`` (or the main output), ``acc``, ``acc_lo``, ``S``, ``defined`` (float64 / bool).
-    check:  the manifest's checker parameters (``n``, ``epilogue``, ``c_epi``).
+    check:  the manifest's checker parameters (``n``, ``epilogue``, ``c_epi``, ``acc_max``).
+    range_hook: the family's :data:`RangeHook` for this output (multi-stage families).
     """
-    return classify_output(case_id, device, golden, check, inputs, options)[0]
+    return classify_output(case_id, device, golden, check, inputs, options, range_hook=range_hook)[0]
 
 
 def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.ndarray], check: Mapping[str, Any],
-                    inputs: Mapping[str, Any], options: CheckOptions, *,
-                    masks_only: bool = False) -> tuple[CaseReport, Classification]:
+                    inputs: Mapping[str, Any], options: CheckOptions, *, masks_only: bool = False,
+                    range_hook: RangeHook | None = None) -> tuple[CaseReport, Classification]:
     """:func:`check_case` and the element masks behind its counts (``masks_only``: the counts
     and masks, without the histogram, ``calc_diff``, worst elements and tiles)."""
     gd = golden["main"]
@@ -270,6 +373,7 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
     c_arr = inputs.get(c_name) if (c_name and interval) else None
     n = int(options.n if options.n is not None else check.get("n", 1))
     u_acc = float(options.u_acc if options.u_acc is not None else check.get("u_acc", 2.0**-24))
+    acc_max = float(options.acc_max if options.acc_max is not None else check.get("acc_max", F32_MAX))
     # Element-wise classification in blocks of rows (bounded temporaries on large outputs).
     last = gd.shape[-1] if gd.ndim else 1
 
@@ -286,14 +390,15 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
     special_bad = np.zeros((total_rows, last), bool)
     finite = np.zeros((total_rows, last), bool)
     norm = np.zeros((total_rows, last))
+    rng = np.zeros((total_rows, last), bool)
     step = max(1, (1 << 19) // max(last, 1))
     floating = gd.dtype.kind not in "iub" and not masks_only  # integer outputs are compared bitwise only
     hist: dict[str, int] = {}
     sxy = sxx = 0.0
     for r0 in range(0, total_rows, step):
         blk = {k: (None if v is None else v[r0:r0 + step]) for k, v in fields.items()}
-        out = _classify(blk, fmt, interval, ep_desc, check, options, n, u_acc)
-        for arr, val in zip((soft, hard, special_bad, finite, norm), out, strict=True):
+        out = _classify(blk, fmt, interval, ep_desc, check, options, n, u_acc, acc_max, range_hook, r0 * last)
+        for arr, val in zip((soft, hard, special_bad, finite, norm, rng), out, strict=True):
             arr[r0:r0 + step] = val
         both = out[3]
         if floating and np.any(both):
@@ -303,16 +408,19 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
             d64, g64 = dv.astype(np.float64), gv.astype(np.float64)
             sxy += float(np.dot(d64, g64))
             sxx += float(np.dot(d64, d64) + np.dot(g64, g64))
-    soft, hard, special_bad, finite, norm = (x.reshape(gd.shape) for x in (soft, hard, special_bad, finite, norm))
+    soft, hard, special_bad, finite, norm, rng = (x.reshape(gd.shape)
+                                                  for x in (soft, hard, special_bad, finite, norm, rng))
     rep.special_mismatches = int(np.count_nonzero(special_bad))
+    rep.range_allowed = int(np.count_nonzero(rng))
     if interval:
         rep.bound = {"mode": "interval", "lambda": options.lam, "u_acc": u_acc, "n": n,
-                     "c_epi": check.get("c_epi", 0), "S_hard": golden.get("S_hard") is not None}
+                     "c_epi": check.get("c_epi", 0), "S_hard": golden.get("S_hard") is not None,
+                     "acc_max": acc_max}
     else:
         rep.bound = {"mode": "bitwise"}
     # Non-finite values of the same class and position as the golden ones (NaN for NaN, -inf
-    # for -inf) pass; so every checked element is passed, warned or failed.
-    special_ok = defined & ~finite & ~special_bad
+    # for -inf) pass; so every checked element is passed, warned, failed or allowed by the range.
+    special_ok = defined & ~finite & ~special_bad & ~rng
     rep.passed = int(np.count_nonzero(soft)) + int(np.count_nonzero(special_ok))
     rep.warned = int(np.count_nonzero(hard & ~soft))
     rep.failed = int(np.count_nonzero(finite & ~hard)) + rep.special_mismatches
@@ -327,13 +435,14 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
         rep.calc_diff = 0.0 if sxx == 0 else float(1 - 2 * sxy / sxx)
     bad = defined & ((finite & ~hard) | special_bad)
     if masks_only:
-        return rep, Classification(soft, hard, special_bad, finite, defined, norm)
+        return rep, Classification(soft, hard, special_bad, finite, defined, norm, rng)
     rep.worst = _worst_elements(device, gd, defined, soft, bad, special_bad, norm, options.worst,
-                                _ElementBounds(fields, fmt, ep_desc, check, options, n, u_acc) if interval else None)
+                                _ElementBounds(fields, fmt, ep_desc, check, options, n, u_acc) if interval else None,
+                                rng)
     # per 128x128 tile: worst normalised error and failure counts (for reports and heatmaps)
     if gd.ndim >= 2:
         rep.tiles = _tile_summary(np.where(defined, norm, 0.0), bad, special_bad, defined)
-    return rep, Classification(soft, hard, special_bad, finite, defined, norm)
+    return rep, Classification(soft, hard, special_bad, finite, defined, norm, rng)
 
 
 class _ElementBounds:
@@ -374,14 +483,17 @@ class _ElementBounds:
 
 def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, soft: np.ndarray, bad: np.ndarray,
                     special_bad: np.ndarray, norm: np.ndarray, count: int,
-                    bounds: _ElementBounds | None) -> list[dict[str, Any]]:
+                    bounds: _ElementBounds | None, rng: np.ndarray | None = None) -> list[dict[str, Any]]:
     """The ``count`` worst elements, failures first, then warnings, then passes, each by
     normalised error; each with the normalised errors at which it would warn and fail (its own
-    thresholds: the distances to the ends of its soft and hard intervals, in the same units)."""
+    thresholds: the distances to the ends of its soft and hard intervals, in the same units).
+    Class mismatches the accumulator's range allows (``rng``) rank with the warnings, status
+    ``"range"``."""
     if count == 0 or not np.any(defined):
         return []
-    rank = np.where(bad, 2, np.where(soft | ~defined, 0, 1)).ravel()  # 2 fail, 1 warn, 0 pass
-    key = np.where(defined, np.where(special_bad, np.inf, norm), -1.0).ravel()
+    rng = np.zeros(defined.shape, bool) if rng is None else rng
+    rank = np.where(bad, 2, np.where(soft | ~defined, 0, 1)).ravel()  # 2 fail, 1 warn or range, 0 pass
+    key = np.where(defined, np.where(special_bad | rng, np.inf, norm), -1.0).ravel()
     interesting = np.flatnonzero(defined.ravel() & ((rank > 0) | (key > 0)))
     if interesting.size == 0:
         return []
@@ -403,11 +515,13 @@ def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, sof
             "device": d,
             "golden": g,
             "normalised_error": float(key[flat]),
-            "status": ("pass", "warn", "fail")[int(rank[flat])],
+            "status": "range" if rng.ravel()[flat] else ("pass", "warn", "fail")[int(rank[flat])],
         }
         if special_bad.ravel()[flat]:
             w["warn_above"] = w["fail_above"] = 0.0
             w["note"] = "NaN / infinity class mismatch"
+        elif rng.ravel()[flat]:
+            w["note"] = "range: accumulator overflow allowed"
         elif ends is None:  # bitwise: any difference fails
             w["warn_above"] = w["fail_above"] = 0.0
         else:
@@ -468,11 +582,18 @@ def describe_bound(bound: Mapping[str, Any]) -> str:
             + ("S_hard (the case's wider error scale)" if bound.get("S_hard") else "S"))
     if bound.get("c_epi"):
         text += f"; both plus u_acc*(|c| + |y|)*c_epi with c_epi {bound['c_epi']}"
+    if "acc_max" in bound:
+        text += (f"; NaN / infinity where an accumulator of largest finite value {float(bound['acc_max']):.6g} can "
+                 "overflow: range")
     return text
 
 
 def _num(x: float) -> str:
     return f"{x:.6g}" if math.isfinite(x) else str(x)
+
+
+def _above(w: Mapping[str, Any], key: str) -> str:
+    return f"{w[key]:.3g}" if key in w else "-"
 
 
 def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
@@ -485,8 +606,8 @@ def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
         rows = [("status", "index", "tile", "device", "golden", "norm. error", "warns above", "fails above")]
         for w in worst:
             rows.append((w["status"], str(tuple(w["index"])), str(tuple(w["tile_128x128"])), _num(w["device"]),
-                         _num(w["golden"]), f"{w['normalised_error']:.3g}", f"{w.get('warn_above', 0.0):.3g}",
-                         f"{w.get('fail_above', 0.0):.3g}" + (f"  {w['note']}" if w.get("note") else "")))
+                         _num(w["golden"]), f"{w['normalised_error']:.3g}", _above(w, "warn_above"),
+                         _above(w, "fail_above") + (f"  {w['note']}" if w.get("note") else "")))
         head = ("  worst elements, failures first (normalised error |d - golden| / (E + ulp/2) against the values "
                 "at which this element warns and fails):")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -515,17 +636,19 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         if r.error is not None:
             lines.append(f"{r.id}: {r.status.upper()}  {r.error}")
             continue
+        rng = _range_text(r)
         if r.status == "pass":
             if not quiet:
-                lines.append(f"{r.id}: PASS  {r.checked} checked, max normalised error {r.max_normalised_error:.3g}")
+                lines.append(f"{r.id}: PASS  {r.checked} checked{rng}, max normalised error "
+                             f"{r.max_normalised_error:.3g}")
             continue
         integer = np.dtype(r.dtype).kind in "iub" if r.dtype else False
         special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
         if r.status == "warn":  # not a failure: one line
             lines.append(f"{r.id}: WARN  {r.checked} checked, {r.warned} beyond E but within E_hard (consistent "
-                         f"with upstream rounding flips), max normalised error {r.max_normalised_error:.3g}")
+                         f"with upstream rounding flips){rng}, max normalised error {r.max_normalised_error:.3g}")
             continue
-        lines.append(f"{r.id}: FAIL  {r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn, "
+        lines.append(f"{r.id}: FAIL  {r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn{rng}, "
                      f"{r.undefined} undefined (not checked)")
         lines.append(f"  bound: {describe_bound(r.bound)}")
         stats = []
@@ -543,8 +666,18 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         if r.worst:
             lines += _worst_table(r.worst, integer)
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
-    lines.append(f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail")
+    summary = f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail"
+    ranged = sum(r.range_allowed for r in reports)
+    if ranged:
+        summary += (f"; {ranged} elements of {sum(r.range_allowed > 0 for r in reports)} outputs in the range class "
+                    "(accumulator overflow allowed)")
+    lines.append(summary)
     return "\n".join(lines)
+
+
+def _range_text(r: CaseReport) -> str:
+    """The range class of a report line: ``, 3 range: accumulator overflow allowed`` (or nothing)."""
+    return f", {r.range_allowed} range: accumulator overflow allowed" if r.range_allowed else ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -656,11 +789,13 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
             reports.append(_failed(label(name), f"output {name!r} missing from the outputs"))
             continue
         want = golden[name]
+        hook = family_range(entry, golden, inputs, name)
         if view is None:
             rep = check_case(label(name), outputs[key], output_golden(golden, name, main), entry.get("check", {}),
-                             inputs, options)
+                             inputs, options, range_hook=hook)
         else:
-            rep = check_case(label(name), view.device[name], view.goldens[name], view.checks[name], inputs, options)
+            rep = check_case(label(name), view.device[name], view.goldens[name], view.checks[name], inputs, options,
+                             range_hook=hook)
         rep.dtype = str(want.dtype)
         rep.lead = lead_label(entry) if want.ndim == 3 else None
         reports.append(rep)
@@ -703,6 +838,17 @@ def family_view(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray],
     return view
 
 
+def family_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs: Mapping[str, Any],
+                 name: str) -> RangeHook | None:
+    """The case family's range hook for output ``name`` (None: the output's own ``S`` and
+    ``acc`` decide its range class, as for single-stage sums)."""
+    fam = entry_family(entry)
+    if fam.range is None:
+        return None
+    hook = fam.range(entry, golden, inputs, name)
+    return hook if callable(hook) else None
+
+
 def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], inputs: Mapping[str, np.ndarray],
                    options: CheckOptions, index: tuple[int, ...]) -> dict[str, Any] | None:
     """The interval :func:`check_case` allows one element of an output (``golden`` as
@@ -725,7 +871,7 @@ def element_bounds(golden: Mapping[str, np.ndarray], check: Mapping[str, Any], i
     c_abs = 0.0 if c_val is None else float(np.abs(c_val.astype(np.float64))[0])
     with np.errstate(invalid="ignore", over="ignore"):
         epi = u_acc * (c_abs + abs(float(y[0]))) * float(check.get("c_epi", 0))
-        epi = epi if math.isfinite(epi) else 0.0
+        epi = (epi if math.isfinite(epi) else 0.0) + underflow_slack(check, n)
         E = options.lam * math.sqrt(max(n, 1)) * u_acc * S + epi
         E_hard = gamma(max(n, 1), u_acc, unbounded=True) * S_hard + epi
         lo, hi = _interval_codes(ep, y, y_lo, np.array([E]))

@@ -25,6 +25,7 @@ import numpy as np
 from .. import quant
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
+from .ranges import scale_product_range
 from .resources import Estimate, tensor_bytes
 from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
@@ -382,7 +383,7 @@ def estimate_gemm(p: Params) -> Estimate:
     return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes)
 
 
-register_family("gemm", build_gemm, schema=GEMM_SCHEMA, estimate=estimate_gemm,
+register_family("gemm", build_gemm, schema=GEMM_SCHEMA, estimate=estimate_gemm, range=scale_product_range,
                 functions=("transform_sf_into_required_layout",))
 
 
@@ -655,7 +656,7 @@ def estimate_grouped(p: Params) -> Estimate:
     return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
 
 
-register_family("grouped", build_grouped, schema=GROUPED_SCHEMA, estimate=estimate_grouped,
+register_family("grouped", build_grouped, schema=GROUPED_SCHEMA, estimate=estimate_grouped, range=scale_product_range,
                 functions=("set_mk_alignment_for_contiguous_layout",))
 
 
@@ -742,7 +743,8 @@ def estimate_einsum(p: Params) -> Estimate:
     return _gemm_estimate(p["b"], p["d_dim"], p["r"], 2 if p.kernel == "einsum" else 1.2, 2, batch=p["h"])
 
 
-register_family("einsum", build_einsum, schema=EINSUM_SCHEMA, estimate=estimate_einsum)
+register_family("einsum", build_einsum, schema=EINSUM_SCHEMA, estimate=estimate_einsum,
+                range=scale_product_range)
 
 
 # ----------------------------------------------------------------------------------------------

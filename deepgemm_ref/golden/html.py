@@ -197,7 +197,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
            f'{counts["fail"]} fail</p>',
            '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
            '<table id="outputs"><thead><tr><th>output</th><th>status</th><th>checked</th><th>failing</th>'
-           "<th>warn</th><th>max normalised error</th><th>calc_diff</th><th>diagnosis</th></tr></thead><tbody>"]
+           "<th>warn</th><th>range: accumulator overflow allowed</th>"
+           "<th>max normalised error</th><th>calc_diff</th><th>diagnosis</th></tr></thead><tbody>"]
     details = []
     for r in reports:
         status = "error" if r.error is not None else r.status
@@ -207,6 +208,7 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
         out.append(f'<tr class="{status}" data-status="{status}"><td>{name}</td>'
                    f"<td class=status-{status}>{status.upper()}</td><td class=num>{r.checked}</td>"
                    f"<td class=num>{r.failed}</td><td class=num>{r.warned}</td>"
+                   f"<td class=num>{r.range_allowed}</td>"
                    f"<td class=num>{'' if r.error else _num(r.max_normalised_error)}</td>"
                    f"<td class=num>{_num(r.calc_diff)}</td><td>{_e(verdict)}</td></tr>")
         if status == "pass":
