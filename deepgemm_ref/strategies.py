@@ -73,8 +73,18 @@ except ImportError as e:  # pragma: no cover - hypothesis is in the test extra
 from .errors import DGArgumentError
 from .golden.case import Case, Golden, case_id_for
 from .golden.cases import FAMILIES, Family, family_of
-from .golden.schema import MAX_SEED, Key, Params, Schema, SpecError, did_you_mean, normalise_value, validate_params
-from .golden.values import VALUE_MODES
+from .golden.schema import (
+    COMMON_KEYS,
+    MAX_SEED,
+    Key,
+    Params,
+    Schema,
+    SpecError,
+    did_you_mean,
+    normalise_value,
+    validate_params,
+)
+from .golden.values import VALUE_DRAWS, VALUE_MODES
 from .profiles import PROFILES
 
 __all__ = ["cases", "specs", "kernels", "Case", "Golden", "shapes", "scales", "m_indices", "psum_layouts",
@@ -261,6 +271,7 @@ class _Plan:
     fixed: dict[str, Any]
     common: dict[str, Any]
     profiles: list[_ProfilePlan] = field(default_factory=list)
+    value_draw: str = "position"
 
     @property
     def schema(self) -> Schema:
@@ -321,9 +332,12 @@ def _profile_plan(plan: _Plan, profile: str) -> tuple[_ProfilePlan | None, str]:
     return _ProfilePlan(profile, combos, numeric, _WORK_FACTOR * plan.work(params)), ""
 
 
-def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any]) -> _Plan:
+def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any], value_draw: Any = "position") -> _Plan:
     fam = _family(kernel)
     assert fam.schema is not None
+    if value_draw not in VALUE_DRAWS:
+        raise DGArgumentError(f"cases: value_draw: expected one of {', '.join(map(repr, VALUE_DRAWS))}; got "
+                              f"{value_draw!r}"[:300])
     if values not in VALUE_MODES:
         near = did_you_mean(values, list(VALUE_MODES)) if isinstance(values, str) else []
         raise DGArgumentError(f"cases: values: expected one of {', '.join(map(repr, VALUE_MODES))}; got {values!r}"
@@ -346,7 +360,7 @@ def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any]) -> _
     case_id = common.get("id")
     if case_id is not None and not isinstance(case_id, str):
         raise DGArgumentError(f"cases: id: expected a string; got {case_id!r}")
-    plan = _Plan(kernel, fam, values, fixed_keys, common)
+    plan = _Plan(kernel, fam, values, fixed_keys, common, value_draw=value_draw)
     problems = []
     for prof in ([profile] if profile is not None else list(allowed)):
         pp, why = _profile_plan(plan, prof)
@@ -461,30 +475,38 @@ def _spec_from_plan(draw: Callable[..., Any], plan: _Plan) -> dict[str, Any]:
     params = _validate(plan.schema, plan.kernel, pp.profile, given)
     assert params is not None
     shape = plan.schema.shape_keys(params)
-    case_id = plan.common.get("id") or case_id_for(plan.kernel, pp.profile, given, shape, int(seed), plan.values)
+    case_id = plan.common.get("id") or case_id_for(plan.kernel, pp.profile, given, shape, int(seed), plan.values,
+                                                   plan.value_draw)
     spec: dict[str, Any] = {"id": case_id, "kernel": plan.kernel, "profile": pp.profile, "seed": int(seed), **given}
     if plan.values != VALUE_MODES[0]:
         spec["values"] = plan.values
+    if plan.value_draw != VALUE_DRAWS[0]:
+        spec["value_draw"] = plan.value_draw
     return spec
 
 
-def specs(kernel: str, *, profile: str | None = None, values: str = "normal", **fixed: Any) -> SearchStrategy[dict]:
+def specs(kernel: str, *, profile: str | None = None, values: str = "normal", value_draw: str = "position",
+          **fixed: Any) -> SearchStrategy[dict]:
     """A strategy of case specifications (tables ``deepgemm-ref golden --spec`` accepts) for
     ``kernel``; the arguments are those of :func:`cases`."""
-    return _spec_from_plan(_plan(kernel, profile, values, fixed))
+    return _spec_from_plan(_plan(kernel, profile, values, fixed, value_draw))
 
 
-def cases(kernel: str, *, profile: str | None = None, values: str = "normal", **fixed: Any) -> SearchStrategy[Case]:
+def cases(kernel: str, *, profile: str | None = None, values: str = "normal", value_draw: str = "position",
+          **fixed: Any) -> SearchStrategy[Case]:
     """A strategy of valid :class:`Case` objects for ``kernel`` (any name of :func:`kernels`).
 
     profile: ``"sm90"``, ``"sm100"`` or ``"ascend950"``; ``None`` draws among the profiles that
     provide the kernel.  values: ``"normal"``, ``"adversarial"`` or ``"special"`` (see the module
-    docstring).  fixed: schema keys (or their aliases, or the names of :data:`PARAMETER_NAMES`)
-    held at a value or drawn from a given strategy; every other key of the kernel's schema is
-    drawn.  Raises :class:`deepgemm_ref.DGArgumentError` now (not in a draw) for an unknown kernel,
-    profile, key or value, and for fixed values that no valid case satisfies.
+    docstring).  value_draw: the spec key of that name, ``"position"`` (each input value keyed by
+    its position, so a failing example shrinks to the rows and K that fail; see the module
+    docstring) or ``"stream"`` (the goldens' default).  fixed: schema keys (or their aliases, or
+    the names of :data:`PARAMETER_NAMES`) held at a value or drawn from a given strategy; every
+    other key of the kernel's schema is drawn.  Raises :class:`deepgemm_ref.DGArgumentError` now
+    (not in a draw) for an unknown kernel, profile, key or value, and for fixed values that no
+    valid case satisfies.
     """
-    return specs(kernel, profile=profile, values=values, **fixed).map(Case.from_spec)
+    return specs(kernel, profile=profile, values=values, value_draw=value_draw, **fixed).map(Case.from_spec)
 
 
 def shapes(kernel: str, *, profile: str | None = None, **fixed: Any) -> SearchStrategy[dict[str, int]]:
@@ -494,7 +516,7 @@ def shapes(kernel: str, *, profile: str | None = None, **fixed: Any) -> SearchSt
     plan = _plan(kernel, profile, "normal", fixed)
 
     def shape_of(spec: dict[str, Any]) -> dict[str, int]:
-        given = {k: v for k, v in spec.items() if k not in ("id", "kernel", "profile", "seed", "values")}
+        given = {k: v for k, v in spec.items() if k not in COMMON_KEYS}
         params = _validate(plan.schema, plan.kernel, spec["profile"], given)
         assert params is not None
         return plan.schema.shape_keys(params)
