@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +58,15 @@ class Golden(dict[str, np.ndarray]):
 
 
 def case_id_for(kernel: str, profile: str, params: Mapping[str, Any], shape: Mapping[str, Any], seed: int,
-                values: str = "normal", value_draw: str = "stream") -> str:
+                values: str = "normal", value_draw: str = "stream", row_offsets: Sequence[int] = ()) -> str:
     """A readable, reproducible case id: kernel, profile, the real shape, and a checksum of every
     key (two cases that differ in any key get different ids; the id seeds the inputs under
     ``value_draw = "stream"``)."""
     key: dict[str, Any] = {"kernel": kernel, "profile": profile, "seed": seed, "params": dict(params)}
     if value_draw != "stream":
         key["value_draw"] = value_draw
+    if list(row_offsets):
+        key["row_offsets"] = list(row_offsets)
     body = json.dumps(key, sort_keys=True)
     dims = "-".join(f"{k}{v}" for k, v in shape.items() if isinstance(v, int))
     mode = "" if values == "normal" else f"-{values}"

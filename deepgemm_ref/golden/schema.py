@@ -164,7 +164,7 @@ class Params(Mapping[str, Any]):
         return f"Params({self.kernel!r}, {self.profile!r}, {self._values!r})"
 
 
-COMMON_KEYS = ("id", "kernel", "profile", "seed", "family", "values", "value_draw")
+COMMON_KEYS = ("id", "kernel", "profile", "seed", "family", "values", "value_draw", "row_offsets")
 
 
 def did_you_mean(word: str, candidates: Sequence[str], aliases: Mapping[str, str] | None = None) -> list[str]:
@@ -409,6 +409,10 @@ def common_key_docs() -> list[dict[str, str]]:
                 "builder's order; 'position' draws each value from a stream keyed by the seed, the builder's draw "
                 "and the element's position (not the id), so an element is the same whatever the shape: a property "
                 "test's failing rows survive shrinking (deepgemm_ref.strategies draws 'position')"},
+        {"name": "row_offsets", "type": "a list of at most 16 integers in [0, 2^31)", "default": "[]",
+         "doc": "value_draw 'position' only: row i of the leading axis of the builder's n-th draw (of 2 or more "
+                "axes) is row row_offsets[n] + i of its positional streams (0 past the end), so a shrinker can drop "
+                "an operand's leading rows and keep the rest (deepgemm_ref.strategies draws them)"},
     ]
 
 

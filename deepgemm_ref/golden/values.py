@@ -31,6 +31,19 @@ ranks) and change the values only, so a case stays a valid call of its kernel:
 
 Everything is drawn from the case's own generator, so a specification (id, seed, keys,
 ``values``) regenerates the same bytes: ``golden --spec`` reproduces a property-test case.
+
+What a value is keyed by (the ``value_draw`` key, :data:`VALUE_DRAWS`): ``"stream"`` (the
+default, every preset) draws all of a case's values from one generator seeded by the seed and
+the case id, in the builder's order, so a value depends on the shape (the id names it) and on
+everything drawn before it.  ``"position"`` (what :mod:`deepgemm_ref.strategies` draws) keys
+each value by the seed, the builder's n-th draw and the element's position: row ``r`` of a draw
+(every axis but the last) is the start of its own stream, so element (i, k) is the same at any
+shape that holds it (:class:`PositionalGenerator`), and ``row_offsets`` shifts a draw's rows
+(row i is row ``row_offsets[n] + i``) so a shrinker can drop an operand's leading rows.  The
+structural draws (group sizes, context lengths, block tables) come from a stream seeded by the
+seed alone; the adversarial regimes use the same shares, the scale moves and (``"special"``)
+the special values are keyed by their position in the stored tensor, each non-zero data
+element becoming special with probability :data:`SPECIAL_SHARE` (:func:`apply_value_mode_at`).
 """
 
 from __future__ import annotations
@@ -45,7 +58,8 @@ import numpy as np
 
 __all__ = ["VALUE_MODES", "ADVERSARIAL_REGIMES", "AdversarialGenerator", "generator_for", "perturb_scales",
            "inject_specials", "apply_value_mode", "is_scale_name", "VALUE_DRAWS", "SPECIAL_SHARE",
-           "PositionalGenerator", "positional_normal", "positional_words", "apply_value_mode_at"]
+           "PositionalGenerator", "positional_normal", "positional_words", "apply_value_mode_at",
+           "MAX_ROW_OFFSETS", "ROW_OFFSET_BOUND"]
 
 #: The value modes a specification's ``values`` key takes (the first is the default).
 VALUE_MODES = ("normal", "adversarial", "special")
@@ -197,6 +211,9 @@ def apply_value_mode(inputs: Mapping[str, np.ndarray], rng: np.random.Generator,
 #: by the seed, the builder's draw and the value's position, so the element at (i, k) of an
 #: operand is the same whatever the shape (property tests shrink to the rows that fail).
 VALUE_DRAWS = ("stream", "position")
+#: The most entries of a ``row_offsets`` list and the bound of each (see :class:`PositionalGenerator`).
+MAX_ROW_OFFSETS = 16
+ROW_OFFSET_BOUND = 2**31
 
 # SeedSequence spawn keys of the positional streams: (_TAG, kind, draw, ndim, *row index).
 _TAG = 0x5053_4844  # "DHSP"
@@ -215,21 +232,26 @@ def _shape(size: Any) -> tuple[int, ...]:
     return () if size is None else ((int(size),) if isinstance(size, (int, np.integer)) else tuple(map(int, size)))
 
 
-def positional_normal(seed: int, draw: int, shape: tuple[int, ...]) -> np.ndarray:
+def _shifted(index: tuple[int, ...], first: int) -> tuple[int, ...]:
+    return (index[0] + first, *index[1:]) if index else index
+
+
+def positional_normal(seed: int, draw: int, shape: tuple[int, ...], first: int = 0) -> np.ndarray:
     """float32 standard-normal values of ``shape``: row ``r`` (every axis but the last) is the
     start of its own stream ``SeedSequence(seed, spawn_key=(tag, 1, draw, ndim - 1, *r))``, so
-    element ``(*r, j)`` does not depend on the shape (only on ``r`` and ``j``)."""
+    element ``(*r, j)`` does not depend on the shape (only on ``r`` and ``j``); ``first`` is
+    added to the leading index of ``r``."""
     lead, length = (shape[:-1], shape[-1]) if shape else ((), 1)
     out = np.empty((int(np.prod(lead, dtype=np.int64)), length), np.float32)
     if length:
         for row, index in enumerate(np.ndindex(*lead)):
-            out[row] = np.random.Generator(_row_stream(seed, _NORMAL, draw, index)).standard_normal(
+            out[row] = np.random.Generator(_row_stream(seed, _NORMAL, draw, _shifted(index, first))).standard_normal(
                 length, dtype=np.float32)
     return out.reshape(shape)
 
 
 def positional_words(seed: int, kind: int, draw: int, shape: tuple[int, ...], per_row: int,
-                     per_element: int) -> tuple[np.ndarray, np.ndarray]:
+                     per_element: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Raw uint64 words of the row streams of ``shape`` (as :func:`positional_normal`, on stream
     ``kind``): (rows, per_row) words for each row, then (rows, length, per_element) words for
     its elements in order (element ``j``'s words do not depend on the row's length)."""
@@ -238,7 +260,7 @@ def positional_words(seed: int, kind: int, draw: int, shape: tuple[int, ...], pe
     row_words = np.empty((rows, per_row), np.uint64)
     elem_words = np.empty((rows, length, per_element), np.uint64)
     for row, index in enumerate(np.ndindex(*lead)):
-        raw = _row_stream(seed, kind, draw, index).random_raw(per_row + length * per_element)
+        raw = _row_stream(seed, kind, draw, _shifted(index, first)).random_raw(per_row + length * per_element)
         row_words[row] = raw[:per_row]
         elem_words[row] = raw[per_row:].reshape(length, per_element)
     return row_words, elem_words
@@ -263,13 +285,17 @@ class PositionalGenerator(np.random.Generator):
     elements' draws taken from their positional words; every other draw (group sizes, context
     lengths, block tables, routing) comes from one stream seeded by the seed alone
     (``SeedSequence(seed, spawn_key=(tag, 0))``, not the case id: the id names the shape, which
-    a property test shrinks).
+    a property test shrinks).  ``row_offsets`` (the spec key of that name): row ``i`` of the
+    leading axis of the n-th draw (of 2 or more axes) is row ``row_offsets[n] + i`` of its
+    positional streams (0 past the list's end), which lets a shrinker drop the leading rows of
+    an operand without changing the others.
     """
 
-    def __init__(self, seed: int, mode: str) -> None:
+    def __init__(self, seed: int, mode: str, row_offsets: tuple[int, ...] = ()) -> None:
         super().__init__(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(_TAG, _STRUCTURE))))
         self.seed = int(seed)
         self.mode = mode
+        self.row_offsets = tuple(int(o) for o in row_offsets)
         self.draws = 0
 
     def standard_normal(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
@@ -277,9 +303,10 @@ class PositionalGenerator(np.random.Generator):
             raise TypeError("PositionalGenerator.standard_normal: out= is not supported")
         shape = _shape(size)
         draw, self.draws = self.draws, self.draws + 1
-        x = positional_normal(self.seed, draw, shape).reshape(-1, shape[-1] if shape else 1).copy()
+        first = self.row_offsets[draw] if draw < len(self.row_offsets) and len(shape) >= 2 else 0
+        x = positional_normal(self.seed, draw, shape, first).reshape(-1, shape[-1] if shape else 1).copy()
         if self.mode == "adversarial" and x.size:
-            row_w, elem_w = positional_words(self.seed, _ADVERSARIAL, draw, shape, 2, 3)
+            row_w, elem_w = positional_words(self.seed, _ADVERSARIAL, draw, shape, 2, 3, first)
             regime = np.searchsorted(_REGIME_CUTS, _uniform(row_w[:, 0]), side="right")
             row_exp = np.select([regime == 7, regime == 8], [_below(row_w[:, 1], 60, 64),
                                                               _below(row_w[:, 1], -75, -59)],
