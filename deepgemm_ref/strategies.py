@@ -25,11 +25,29 @@ schema's defaults first, so a failing example shrinks toward the default recipe.
 integers from the key's lower bound up to twice its default (``m`` of a dense GEMM: 1 to 256,
 ``k``: 1 to 512), moved up to the next value the schema accepts (``k`` even for FP4, a multiple
 of 64 for ACLNN, ...) and kept within four times the default case's estimated work; they shrink
-toward the smallest valid size.  Floats (``alpha``, Mega MoE's ``masked`` and ``clamp``) shrink
-to their defaults; the seed shrinks toward 0.  The shapes of groups, context lengths, block
-tables and routing inside a case come from its seed and its keys (that is what lets
-:meth:`Case.to_spec` regenerate it); the piece strategies below draw such structures directly
-for tests that build their own calls.
+toward the smallest valid size; a size fixed to a strategy is moved the same way (mapped, not
+filtered, so the shrinker reaches every valid small size).  Floats (``alpha``, Mega MoE's
+``masked`` and ``clamp``) shrink to their defaults; the seed shrinks toward 0.  The shapes of
+groups, context lengths, block tables and routing inside a case come from its seed and its keys
+(that is what lets :meth:`Case.to_spec` regenerate it); the piece strategies below draw such
+structures directly for tests that build their own calls.
+
+Shrinking to the minimal case.  Drawn cases have ``value_draw = "position"`` (a spec key, see
+:mod:`deepgemm_ref.golden.values`): every input value comes from a stream keyed by the seed, the
+builder's draw (A, B, C, ...) and the element's position, not from one stream in the builder's
+order and not from the case id (which names the shape).  Element (i, k) of A is the same at
+m = 213 and at m = 7, and a whole 128-wide K block keeps its codes and scales when K shrinks, so
+when hypothesis lowers ``m`` or ``k`` the rows and K blocks that remain keep their data and a
+data-dependent failure survives.  Right after the sizes, each case draws ``row_offsets`` (up to
+4, shrinking toward 0; also a spec key): row i of the builder's n-th draw is row
+``row_offsets[n] + i`` of its streams.  Hypothesis' shrinker moves an amount from one choice to
+one of the next few, so it can lower ``n`` and raise B's offset together: the failing row of B
+becomes row 0 and the example shrinks to m = n = 1 where the bug needs no more rows, and to the
+smallest K that shows it (tests/test_shrinking.py proves it on broken stand-ins).  The reproduce
+spec holds both keys, so ``golden --spec`` regenerates the same bytes.  Limits: under
+``values="adversarial"`` the scale perturbations and under ``"special"`` the special values are
+keyed by their position in the stored tensor, not moved by the offsets; ``value_draw="stream"``
+draws as the goldens' presets do.
 
 Names of the issue and of DeepGEMM map to the schema's keys: every alias of a family's schema
 (``num_groups`` -> ``groups``, ``num_heads`` -> ``heads``, ``a_dtype`` -> ``a``, ``out_dtype`` ->
@@ -73,8 +91,18 @@ except ImportError as e:  # pragma: no cover - hypothesis is in the test extra
 from .errors import DGArgumentError
 from .golden.case import Case, Golden, case_id_for
 from .golden.cases import FAMILIES, Family, family_of
-from .golden.schema import MAX_SEED, Key, Params, Schema, SpecError, did_you_mean, normalise_value, validate_params
-from .golden.values import VALUE_MODES
+from .golden.schema import (
+    COMMON_KEYS,
+    MAX_SEED,
+    Key,
+    Params,
+    Schema,
+    SpecError,
+    did_you_mean,
+    normalise_value,
+    validate_params,
+)
+from .golden.values import VALUE_DRAWS, VALUE_MODES
 from .profiles import PROFILES
 
 __all__ = ["cases", "specs", "kernels", "Case", "Golden", "shapes", "scales", "m_indices", "psum_layouts",
@@ -261,6 +289,7 @@ class _Plan:
     fixed: dict[str, Any]
     common: dict[str, Any]
     profiles: list[_ProfilePlan] = field(default_factory=list)
+    value_draw: str = "position"
 
     @property
     def schema(self) -> Schema:
@@ -321,9 +350,12 @@ def _profile_plan(plan: _Plan, profile: str) -> tuple[_ProfilePlan | None, str]:
     return _ProfilePlan(profile, combos, numeric, _WORK_FACTOR * plan.work(params)), ""
 
 
-def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any]) -> _Plan:
+def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any], value_draw: Any = "position") -> _Plan:
     fam = _family(kernel)
     assert fam.schema is not None
+    if value_draw not in VALUE_DRAWS:
+        raise DGArgumentError(f"cases: value_draw: expected one of {', '.join(map(repr, VALUE_DRAWS))}; got "
+                              f"{value_draw!r}"[:300])
     if values not in VALUE_MODES:
         near = did_you_mean(values, list(VALUE_MODES)) if isinstance(values, str) else []
         raise DGArgumentError(f"cases: values: expected one of {', '.join(map(repr, VALUE_MODES))}; got {values!r}"
@@ -346,7 +378,7 @@ def _plan(kernel: Any, profile: Any, values: Any, fixed: Mapping[str, Any]) -> _
     case_id = common.get("id")
     if case_id is not None and not isinstance(case_id, str):
         raise DGArgumentError(f"cases: id: expected a string; got {case_id!r}")
-    plan = _Plan(kernel, fam, values, fixed_keys, common)
+    plan = _Plan(kernel, fam, values, fixed_keys, common, value_draw=value_draw)
     problems = []
     for prof in ([profile] if profile is not None else list(allowed)):
         pp, why = _profile_plan(plan, prof)
@@ -426,65 +458,99 @@ def _prune(plan: _Plan, profile: str, given: dict[str, Any], keep: set[str]) -> 
     return out
 
 
+#: How many row offsets a positional case draws (one per builder draw; later draws get 0).
+_ROW_OFFSETS = 4
+#: Row offsets are drawn in [0, _MAX_OFFSET].
+_MAX_OFFSET = 1023
+
+
 @st.composite
 def _spec_from_plan(draw: Callable[..., Any], plan: _Plan) -> dict[str, Any]:
     pp = draw(st.sampled_from(plan.profiles), label="profile") if len(plan.profiles) > 1 else plan.profiles[0]
     combo = draw(st.sampled_from(pp.combos), label="combination") if len(pp.combos) > 1 else pp.combos[0]
     fixed = _plain_fixed(plan.fixed)
     given: dict[str, Any] = {**fixed, **combo}
+    sizes_of = {k.name for k in pp.numeric if k.kind == "int"}
     for name, strategy in plan.fixed.items():
         if isinstance(strategy, SearchStrategy):
-            given[name] = draw(strategy, label=name)
+            v = draw(strategy, label=name)
+            if name in sizes_of and isinstance(v, int) and not isinstance(v, bool):
+                # mapped, not filtered: a size the schema refuses moves up to the next it accepts
+                v = next((u for u in range(v, v + _MAX_SCAN + 1)
+                          if _validate(plan.schema, plan.kernel, pp.profile, {**given, name: u}) is not None), v)
+            given[name] = v
     if _validate(plan.schema, plan.kernel, pp.profile, given) is None:
-        assume(False)  # only where a fixed strategy drew an invalid value
-    for key in pp.numeric:
-        if isinstance(plan.fixed.get(key.name), SearchStrategy):
+        assume(False)  # only where a fixed strategy drew a value no size near it makes valid
+    drawn = [k for k in pp.numeric if not isinstance(plan.fixed.get(k.name), SearchStrategy)]
+    sizes = [k for k in drawn if k.kind == "int"]
+    for key in sizes:
+        params = _validate(plan.schema, plan.kernel, pp.profile, given)
+        assert params is not None
+        v = _draw_int(draw, plan, pp, key, given, params)
+        if v is None:
+            assume(False)
+        given[key.name] = v
+    # The row offsets right after the sizes: hypothesis' shrinker moves an amount from one choice
+    # to one of the next few (redistribute_numeric_pairs), so it can trade a size for an offset,
+    # dropping an operand's leading rows while the failing row stays.
+    offsets: list[int] = []
+    if plan.value_draw == "position":
+        offsets = [draw(st.integers(0, _MAX_OFFSET), label=f"row_offsets[{i}]") for i in range(_ROW_OFFSETS)]
+        while offsets and offsets[-1] == 0:
+            offsets.pop()
+    for key in drawn:
+        if key.kind == "int":
             continue
         params = _validate(plan.schema, plan.kernel, pp.profile, given)
         assert params is not None
-        if key.kind == "int":
-            v = _draw_int(draw, plan, pp, key, given, params)
-            if v is None:
-                assume(False)
-        else:
-            v = _draw_other(draw, plan, pp, key, given, params)
-            if v is None:
-                continue
-        given[key.name] = v
+        v = _draw_other(draw, plan, pp, key, given, params)
+        if v is not None:
+            given[key.name] = v
     seed = plan.common.get("seed")
     if isinstance(seed, SearchStrategy):
         seed = draw(seed, label="seed")
     elif seed is None:
         seed = draw(st.integers(0, 2**32 - 1), label="seed")
     keep = set(plan.fixed)
-    given = _prune(plan, pp.profile, given, keep)
+    order = [k.name for k in plan.schema.keys]
+    given = _prune(plan, pp.profile, dict(sorted(given.items(), key=lambda kv: order.index(kv[0]))), keep)
     params = _validate(plan.schema, plan.kernel, pp.profile, given)
     assert params is not None
     shape = plan.schema.shape_keys(params)
-    case_id = plan.common.get("id") or case_id_for(plan.kernel, pp.profile, given, shape, int(seed), plan.values)
+    case_id = plan.common.get("id") or case_id_for(plan.kernel, pp.profile, given, shape, int(seed), plan.values,
+                                                   plan.value_draw, offsets)
     spec: dict[str, Any] = {"id": case_id, "kernel": plan.kernel, "profile": pp.profile, "seed": int(seed), **given}
     if plan.values != VALUE_MODES[0]:
         spec["values"] = plan.values
+    if plan.value_draw != VALUE_DRAWS[0]:
+        spec["value_draw"] = plan.value_draw
+    if offsets:
+        spec["row_offsets"] = offsets
     return spec
 
 
-def specs(kernel: str, *, profile: str | None = None, values: str = "normal", **fixed: Any) -> SearchStrategy[dict]:
+def specs(kernel: str, *, profile: str | None = None, values: str = "normal", value_draw: str = "position",
+          **fixed: Any) -> SearchStrategy[dict]:
     """A strategy of case specifications (tables ``deepgemm-ref golden --spec`` accepts) for
     ``kernel``; the arguments are those of :func:`cases`."""
-    return _spec_from_plan(_plan(kernel, profile, values, fixed))
+    return _spec_from_plan(_plan(kernel, profile, values, fixed, value_draw))
 
 
-def cases(kernel: str, *, profile: str | None = None, values: str = "normal", **fixed: Any) -> SearchStrategy[Case]:
+def cases(kernel: str, *, profile: str | None = None, values: str = "normal", value_draw: str = "position",
+          **fixed: Any) -> SearchStrategy[Case]:
     """A strategy of valid :class:`Case` objects for ``kernel`` (any name of :func:`kernels`).
 
     profile: ``"sm90"``, ``"sm100"`` or ``"ascend950"``; ``None`` draws among the profiles that
     provide the kernel.  values: ``"normal"``, ``"adversarial"`` or ``"special"`` (see the module
-    docstring).  fixed: schema keys (or their aliases, or the names of :data:`PARAMETER_NAMES`)
-    held at a value or drawn from a given strategy; every other key of the kernel's schema is
-    drawn.  Raises :class:`deepgemm_ref.DGArgumentError` now (not in a draw) for an unknown kernel,
-    profile, key or value, and for fixed values that no valid case satisfies.
+    docstring).  value_draw: the spec key of that name, ``"position"`` (each input value keyed by
+    its position, so a failing example shrinks to the rows and K that fail; see the module
+    docstring) or ``"stream"`` (the goldens' default).  fixed: schema keys (or their aliases, or
+    the names of :data:`PARAMETER_NAMES`) held at a value or drawn from a given strategy; every
+    other key of the kernel's schema is drawn.  Raises :class:`deepgemm_ref.DGArgumentError` now
+    (not in a draw) for an unknown kernel, profile, key or value, and for fixed values that no
+    valid case satisfies.
     """
-    return specs(kernel, profile=profile, values=values, **fixed).map(Case.from_spec)
+    return specs(kernel, profile=profile, values=values, value_draw=value_draw, **fixed).map(Case.from_spec)
 
 
 def shapes(kernel: str, *, profile: str | None = None, **fixed: Any) -> SearchStrategy[dict[str, int]]:
@@ -494,7 +560,7 @@ def shapes(kernel: str, *, profile: str | None = None, **fixed: Any) -> SearchSt
     plan = _plan(kernel, profile, "normal", fixed)
 
     def shape_of(spec: dict[str, Any]) -> dict[str, int]:
-        given = {k: v for k, v in spec.items() if k not in ("id", "kernel", "profile", "seed", "values")}
+        given = {k: v for k, v in spec.items() if k not in COMMON_KEYS}
         params = _validate(plan.schema, plan.kernel, spec["profile"], given)
         assert params is not None
         return plan.schema.shape_keys(params)

@@ -51,7 +51,7 @@ def _quick_cases(kernel: str, values: str = "normal") -> st.SearchStrategy[strat
 
 
 def _small(**caps: int) -> dict[str, st.SearchStrategy[int]]:
-    """Size keys drawn from 1 up to a cap (values the schema refuses are rejected, not moved)."""
+    """Size keys drawn from 1 up to a cap (values the schema refuses are moved up to the next it accepts)."""
     return {k: st.integers(1, v) for k, v in caps.items()}
 
 

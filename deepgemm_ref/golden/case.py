@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +58,16 @@ class Golden(dict[str, np.ndarray]):
 
 
 def case_id_for(kernel: str, profile: str, params: Mapping[str, Any], shape: Mapping[str, Any], seed: int,
-                values: str = "normal") -> str:
+                values: str = "normal", value_draw: str = "stream", row_offsets: Sequence[int] = ()) -> str:
     """A readable, reproducible case id: kernel, profile, the real shape, and a checksum of every
-    key (two cases that differ in any key get different ids; the id seeds the inputs)."""
-    body = json.dumps({"kernel": kernel, "profile": profile, "seed": seed, "params": dict(params)}, sort_keys=True)
+    key (two cases that differ in any key get different ids; the id seeds the inputs under
+    ``value_draw = "stream"``)."""
+    key: dict[str, Any] = {"kernel": kernel, "profile": profile, "seed": seed, "params": dict(params)}
+    if value_draw != "stream":
+        key["value_draw"] = value_draw
+    if list(row_offsets):
+        key["row_offsets"] = list(row_offsets)
+    body = json.dumps(key, sort_keys=True)
     dims = "-".join(f"{k}{v}" for k, v in shape.items() if isinstance(v, int))
     mode = "" if values == "normal" else f"-{values}"
     return f"{kernel}-{profile}{'-' + dims if dims else ''}{mode}-{zlib.crc32(body.encode()):08x}"
@@ -159,6 +165,13 @@ class Case:
         return str(self.entry.get("spec", {}).get("values", "normal"))
 
     @property
+    def value_draw(self) -> str:
+        """What the input values are keyed by (``"stream"``, ``"position"``; the spec's ``value_draw``)."""
+        if self.spec is not None:
+            return self.spec.value_draw
+        return str(self.entry.get("spec", {}).get("value_draw", "stream"))
+
+    @property
     def params(self) -> dict[str, Any]:
         """Every key of the case's family, given or default (the manifest's ``params``)."""
         return dict(self.entry.get("params") or (self.spec.resolved.as_dict() if self.spec is not None else {}))
@@ -180,8 +193,9 @@ class Case:
     def describe(self) -> str:
         """One line: kernel, profile, real shape, seed, value mode and case id."""
         dims = " ".join(f"{k}={v}" for k, v in self.shape.items())
+        drawn = " by position" if self.value_draw == "position" else ""
         return (f"{self.kernel} under {self.profile} ({dims or 'no shape keys'}; seed {self.seed}, values "
-                f"{self.values}; case {self.id!r})")
+                f"{self.values}{drawn}; case {self.id!r})")
 
     def input_shapes(self) -> str:
         """The inputs' shapes and dtypes, compactly (``a (128, 256) float8_e4m3fn, ...``)."""
@@ -238,7 +252,7 @@ class Case:
 
     def to_spec(self) -> dict[str, Any]:
         """The specification entry that regenerates this case (``deepgemm-ref golden --spec``):
-        id, kernel, profile, seed, the family keys and ``values``."""
+        id, kernel, profile, seed, the family keys, ``values`` and ``value_draw``."""
         if self.spec is not None:
             return self.spec.to_dict()
         return dict(self.entry.get("spec", {}))

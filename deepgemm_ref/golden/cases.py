@@ -33,8 +33,27 @@ from ..errors import DGArgumentError, arg_error
 from ..profiles import PROFILES
 from .emulator import emulator
 from .resources import Estimate, ResourceError, default_memory_limit, format_size
-from .schema import MAX_ID_LENGTH, MAX_SEED, Params, Schema, SpecError, as_int, did_you_mean, validate_params
-from .values import VALUE_MODES, apply_value_mode, generator_for
+from .schema import (
+    COMMON_KEYS,
+    MAX_ID_LENGTH,
+    MAX_SEED,
+    Params,
+    Schema,
+    SpecError,
+    as_int,
+    did_you_mean,
+    validate_params,
+)
+from .values import (
+    MAX_ROW_OFFSETS,
+    ROW_OFFSET_BOUND,
+    VALUE_DRAWS,
+    VALUE_MODES,
+    PositionalGenerator,
+    apply_value_mode,
+    apply_value_mode_at,
+    generator_for,
+)
 
 __all__ = ["CaseSpec", "BuiltCase", "ArgRef", "Family", "build_case", "FAMILIES", "register_family", "family_of",
            "family_for", "case_rng", "validate_spec", "case_file_name", "estimate_case", "SpecError"]
@@ -82,6 +101,16 @@ class CaseSpec:
     def value_mode(self) -> str:
         """How the inputs are drawn: the ``values`` key (``"normal"`` unless given; see :mod:`.values`)."""
         return str(self.params.get("values", VALUE_MODES[0]))
+
+    @property
+    def value_draw(self) -> str:
+        """What a value is keyed by: the ``value_draw`` key (``"stream"`` unless given; see :mod:`.values`)."""
+        return str(self.params.get("value_draw", VALUE_DRAWS[0]))
+
+    @property
+    def row_offsets(self) -> tuple[int, ...]:
+        """The ``row_offsets`` key (empty unless given; see :class:`.values.PositionalGenerator`)."""
+        return tuple(int(o) for o in self.params.get("row_offsets", ()))
 
     def shape(self) -> dict[str, Any]:
         """The case's real shape (the resolved shape keys of its family)."""
@@ -352,7 +381,13 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
         near = did_you_mean(values, list(VALUE_MODES)) if isinstance(values, str) else []
         raise SpecError(f"{where}: key 'values': expected one of {', '.join(map(repr, VALUE_MODES))}; got "
                         f"{values!r}"[:300] + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
-    given = {k: v for k, v in d.items() if k not in ("id", "kernel", "profile", "seed", "family", "values")}
+    value_draw = d.get("value_draw", VALUE_DRAWS[0])
+    if not isinstance(value_draw, str) or value_draw not in VALUE_DRAWS:
+        near = did_you_mean(value_draw, list(VALUE_DRAWS)) if isinstance(value_draw, str) else []
+        raise SpecError(f"{where}: key 'value_draw': expected one of {', '.join(map(repr, VALUE_DRAWS))}; got "
+                        f"{value_draw!r}"[:300] + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
+    row_offsets = _row_offsets(d.get("row_offsets", []), value_draw, where)
+    given = {k: v for k, v in d.items() if k not in COMMON_KEYS}
     if fam.schema is None:
         params = Params(kernel, profile, given)
         canonical = dict(given)
@@ -367,7 +402,30 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
         canonical["family"] = fam_name
     if values != VALUE_MODES[0]:
         canonical["values"] = values
+    if value_draw != VALUE_DRAWS[0]:
+        canonical["value_draw"] = value_draw
+    if row_offsets:
+        canonical["row_offsets"] = row_offsets
     return CaseSpec(case_id, kernel, profile, seed_i, canonical, params)
+
+
+def _row_offsets(value: Any, value_draw: str, where: str) -> list[int]:
+    """The ``row_offsets`` key checked, its trailing zeros dropped (its canonical form)."""
+    expected = f"a list of at most {MAX_ROW_OFFSETS} integers in [0, 2^31)"
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_ROW_OFFSETS:
+        raise SpecError(f"{where}: key 'row_offsets': expected {expected}; got {value!r}"[:300])
+    out = []
+    for v in value:
+        i = as_int(v)
+        if i is None or not 0 <= i < ROW_OFFSET_BOUND:
+            raise SpecError(f"{where}: key 'row_offsets': expected {expected}; got element {v!r}"[:300])
+        out.append(i)
+    while out and out[-1] == 0:
+        out.pop()
+    if out and value_draw != "position":
+        raise SpecError(f"{where}: key 'row_offsets': offsets rows of the positional draws; it needs value_draw "
+                        f"'position' (got {value_draw!r})")
+    return out
 
 
 def estimate_case(spec: CaseSpec) -> Estimate | None:
@@ -377,14 +435,16 @@ def estimate_case(spec: CaseSpec) -> Estimate | None:
 
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:
-    """The case's generator: PCG64 seeded by SeedSequence(seed, spawn_key=(crc32(id),))."""
+    """The case's generator: PCG64 seeded by SeedSequence(seed, spawn_key=(crc32(id),)) (under
+    ``value_draw = "stream"``, the default; see :class:`.values.PositionalGenerator` for
+    ``"position"``)."""
     seq = np.random.SeedSequence(spec.seed, spawn_key=(zlib.crc32(spec.id.encode()),))
     return np.random.Generator(np.random.PCG64(seq))
 
 
 def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = None) -> BuiltCase:
-    """Generate a case's inputs and call description (values drawn as its ``values`` key says,
-    see :mod:`.values`).
+    """Generate a case's inputs and call description (values drawn as its ``values`` and
+    ``value_draw`` keys say, see :mod:`.values`).
 
     The case's estimated peak memory is checked first against ``max_memory`` (default: the
     machine's limit, :func:`.resources.default_memory_limit`); nothing is allocated for a case
@@ -398,6 +458,11 @@ def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = N
     if est is not None and est.peak_bytes > limit:
         raise ResourceError(f"case {spec.id!r}: needs about {format_size(est.peak_bytes)} of memory "
                             f"({_shape_text(spec)}); the limit is {format_size(limit)} (--max-memory)")
+    if spec.value_draw == "position":
+        built = fam.build(spec, PositionalGenerator(spec.seed, spec.value_mode, spec.row_offsets))
+        if spec.value_mode != VALUE_MODES[0]:
+            built.inputs = apply_value_mode_at(built.inputs, spec.seed, spec.value_mode)
+        return built
     rng = case_rng(spec)
     built = fam.build(spec, generator_for(rng, spec.value_mode))
     if spec.value_mode != VALUE_MODES[0]:

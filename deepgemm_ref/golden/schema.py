@@ -164,7 +164,7 @@ class Params(Mapping[str, Any]):
         return f"Params({self.kernel!r}, {self.profile!r}, {self._values!r})"
 
 
-COMMON_KEYS = ("id", "kernel", "profile", "seed", "family", "values")
+COMMON_KEYS = ("id", "kernel", "profile", "seed", "family", "values", "value_draw", "row_offsets")
 
 
 def did_you_mean(word: str, candidates: Sequence[str], aliases: Mapping[str, str] | None = None) -> list[str]:
@@ -386,7 +386,8 @@ def common_key_docs() -> list[dict[str, str]]:
     """The keys every specification has."""
     return [
         {"name": "id", "type": f"a string of 1 to {MAX_ID_LENGTH} bytes naming a file", "default": "required",
-         "doc": "the case id; also seeds the case's inputs (crc32 of the id) and names its file "
+         "doc": "the case id; also seeds the case's inputs (crc32 of the id; not under value_draw 'position') "
+                "and names its file "
                 "(characters other than letters, digits, '-', '_' and '.' become '_'; two ids giving one "
                 "file name, ignoring case, are refused)"},
         {"name": "kernel", "type": "a kernel name (see the families below)", "default": "required",
@@ -394,7 +395,8 @@ def common_key_docs() -> list[dict[str, str]]:
         {"name": "profile", "type": "one of " + ", ".join(map(repr, PROFILES)), "default": "required",
          "doc": "the arch profile the case is generated and replayed under"},
         {"name": "seed", "type": f"an integer in [0, {_num(MAX_SEED)}]", "default": "0",
-         "doc": "seed of the case's generator: PCG64(SeedSequence(seed, spawn_key=(crc32(id),)))"},
+         "doc": "seed of the case's generator: PCG64(SeedSequence(seed, spawn_key=(crc32(id),))); under "
+                "value_draw 'position', of its positional streams (deepgemm_ref/golden/values.py)"},
         {"name": "family", "type": "a family name", "default": "the kernel's family",
          "doc": "only where a kernel has a second builder (the probe cases of fp8_gemm_nt)"},
         {"name": "values", "type": "one of 'normal', 'adversarial', 'special'", "default": "'normal'",
@@ -402,6 +404,15 @@ def common_key_docs() -> list[dict[str, str]]:
                 "ties, cancelling pairs, rows scaled across the exponent range, scale factors across the UE8M0 "
                 "range); 'special' (NaN, infinities and -0 in the operands that can hold them); the shapes and "
                 "layouts are drawn alike (deepgemm_ref/golden/values.py)"},
+        {"name": "value_draw", "type": "one of 'stream', 'position'", "default": "'stream'",
+         "doc": "what each input value is keyed by: 'stream' draws them all from the case's generator in the "
+                "builder's order; 'position' draws each value from a stream keyed by the seed, the builder's draw "
+                "and the element's position (not the id), so an element is the same whatever the shape: a property "
+                "test's failing rows survive shrinking (deepgemm_ref.strategies draws 'position')"},
+        {"name": "row_offsets", "type": "a list of at most 16 integers in [0, 2^31)", "default": "[]",
+         "doc": "value_draw 'position' only: row i of the leading axis of the builder's n-th draw (of 2 or more "
+                "axes) is row row_offsets[n] + i of its positional streams (0 past the end), so a shrinker can drop "
+                "an operand's leading rows and keep the rest (deepgemm_ref.strategies draws them)"},
     ]
 
 
