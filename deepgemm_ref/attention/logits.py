@@ -21,6 +21,9 @@ Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
@@ -37,7 +40,7 @@ from ..interop import Kind, from_numpy
 from .keys import Keys, KeySource, Queries
 from .reduction import data_flow_roundings, model_logits
 
-__all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask"]
+__all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask", "requests_only"]
 
 #: Query-head x key products per task (one ``scaled_matmul`` call); bounds the working memory.
 TASK_ELEMENTS = 1 << 21
@@ -347,8 +350,29 @@ def _tasks(req: LogitsRequest) -> list[Item]:
     return items
 
 
+#: Where :func:`requests_only` collects validated requests (None: calls run as usual).
+_REQUESTS: ContextVar[list[LogitsRequest] | None] = ContextVar("mqa_requests_only", default=None)
+
+
+@contextlib.contextmanager
+def requests_only() -> Iterator[list[LogitsRequest]]:
+    """Within the block, MQA logits calls (in this context) are validated and their requests
+    collected into the yielded list, but nothing is computed: the returned logits are the fresh
+    NaN view.  The checker's range hook reads the decoded queries, keys and weights from them."""
+    got: list[LogitsRequest] = []
+    token = _REQUESTS.set(got)
+    try:
+        yield got
+    finally:
+        _REQUESTS.reset(token)
+
+
 def launch(req: LogitsRequest) -> Any:
     """The call's tasks through the executor (into ``req.d`` and the trace); the logits view in
     the caller's kind."""
+    collect = _REQUESTS.get()
+    if collect is not None:
+        collect.append(req)
+        return from_numpy(req.d, req.kind)
     execute(req, _tasks(req), accumulation=req.accumulation)
     return from_numpy(req.d, req.kind)

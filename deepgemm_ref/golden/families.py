@@ -26,6 +26,7 @@ from .. import quant
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .ranges import scale_product_range
+from .ranges_mqa import mqa_range
 from .resources import Estimate, tensor_bytes
 from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
@@ -962,7 +963,8 @@ def check_mqa_entry(entry: Any) -> str | None:
 
 
 register_family("mqa", build_mqa, schema=MQA_SCHEMA, estimate=estimate_mqa,
-                functions=("get_paged_mqa_logits_metadata", "get_num_sms"), check_entry=check_mqa_entry)
+                functions=("get_paged_mqa_logits_metadata", "get_num_sms"), check_entry=check_mqa_entry,
+                range=mqa_range)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:

@@ -57,6 +57,7 @@ from .. import formats as fm
 from .. import quant
 from ..errors import DGArgumentError
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
+from .ranges_mega import mega_range
 from .ranks import current_scope
 from .resources import Estimate, tensor_bytes
 from .schema import Key, Params, Rule, Schema
@@ -377,7 +378,8 @@ def check_mega_moe_entry(entry: Any) -> str | None:
 
 
 register_family("mega_moe", build_mega_moe, schema=MEGA_MOE_SCHEMA, estimate=estimate_mega_moe,
-                driver=run_mega_moe, finish=finish_mega_moe, check_entry=check_mega_moe_entry, ranked=True)
+                driver=run_mega_moe, finish=finish_mega_moe, check_entry=check_mega_moe_entry, ranked=True,
+                range=mega_range)
 
 
 def _smoke_cases() -> list[dict[str, Any]]:
