@@ -12,8 +12,8 @@ of several orders, then the kernel's epilogue: one round-to-nearest-even to bf16
 
 on FP8 GEMMs (``fp8_gemm_nt``, sm100, K = 4096, float32 output by default, so that every
 accumulation error shows: with a bf16 output almost no element of a correct device differs)
-with ``normal``, ``adversarial`` and ``special`` values.  Each GEMM's output is cut into tiles (default 32 x 64); a tile of a
-GEMM's output is itself the output of the GEMM of those rows and columns, so every tile is
+with ``normal``, ``adversarial`` and ``special`` values.  Each GEMM's output is cut into tiles
+(default 32 x 64); a tile of a GEMM's output is itself the output of the GEMM of those rows and columns,
 tested as one output: the direction counts of its differing elements, the unbiased null first
 and, where that rejects, the emulator's model run on the same inputs as the null (exactly what
 ``deepgemm-ref check`` does per output).  An *alarm* is a correct device's output that fails.

@@ -20,8 +20,10 @@ The null is the accumulator model being checked (float32 in any order by default
 ``--accumulation`` / ``--u-acc`` model otherwise): a correct device leans at most as far as the
 model's own run on the same inputs leans, plus a margin ``m`` (default :data:`DEFAULT_MARGIN`).
 With the model's own count ``k_m`` of ``N_m`` in a direction, its lean is bounded above by
-``q_m = (k_m + 2) / (N_m + 4) + 3 / (2 sqrt(N_m + 4))`` (Agresti-Coull's centre plus three
-standard errors, at least 1/2), and the device's null share is ``q0 = 1 - (1 - q_m)(1 - 2m)``:
+``q_m = (k_m + 32) / (N_m + 64) + 3 / (2 sqrt(N_m + 64))`` (the share with 64 pseudo-observations
+at 1/2, so that a run with few errors, which shows little lean, cannot make the null vacuous,
+plus three standard errors; at least 1/2), and the device's null share is
+``q0 = 1 - (1 - q_m)(1 - 2m)``:
 the minority direction may shrink to ``1 - 2m`` of the model's minority share and no further.
 An unbiased model gives ``q0 = 1/2 + m``; this *unbiased null* is tested first, and the model
 is run only when it rejects (its null is never tighter, so a pass there is final).
@@ -48,6 +50,7 @@ DEFAULT_MARGIN = 0.1
 DIRECTIONS = {"toward_zero": "away_from_zero", "away_from_zero": "toward_zero", "up": "down", "down": "up"}
 _LN10 = math.log(10.0)
 _Z = 3.0  # standard errors above the model's observed share
+_PRIOR = 64  # pseudo-observations at 1/2 in the model's share (a run with few errors shows little lean)
 
 
 def direction_counts(d: np.ndarray, g: np.ndarray) -> dict[str, int]:
@@ -107,9 +110,9 @@ def null_shares(model: Mapping[str, int] | None, margin: float) -> dict[str, flo
     for direction, other in DIRECTIONS.items():
         q_m = 0.5
         if model is not None:
-            n_m = int(model.get(direction, 0)) + int(model.get(other, 0))
-            centre = (int(model.get(direction, 0)) + 2) / (n_m + 4)
-            q_m = min(1.0, max(0.5, centre + _Z / (2 * math.sqrt(n_m + 4))))
+            n_m = int(model.get(direction, 0)) + int(model.get(other, 0)) + _PRIOR
+            centre = (int(model.get(direction, 0)) + _PRIOR / 2) / n_m
+            q_m = min(1.0, max(0.5, centre + _Z / (2 * math.sqrt(n_m))))
         out[direction] = 1.0 - (1.0 - q_m) * (1.0 - 2.0 * margin)
     return out
 
