@@ -251,7 +251,8 @@ def detections(args: argparse.Namespace) -> None:
     a, b = scaled_operands(small)
     dev = fp32_truncating_sum(a, b)
     rep = small.compare({"d": dev}).reports[0]
-    print(f"float32 accumulator truncating each addition, 128 x 512 x {K}, float32 output: status {rep.status}, failing elements "
+    print(f"float32 accumulator truncating each addition, 128 x 512 x {K}, float32 output: status {rep.status}, "
+          f"failing elements "
           f"{rep.failed}; " + bm.describe_bias(rep.bias or {}))
 
 
