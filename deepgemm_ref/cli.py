@@ -252,7 +252,8 @@ def _leave_world(code: int) -> int:
 def _check_options(args: argparse.Namespace) -> Any:
     from . import golden
 
-    return golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n)
+    return golden.CheckOptions(lam=args.lam, u_acc=args.u_acc, n=args.n, accumulation=args.accumulation,
+                               bias_test=not args.no_bias_test, bias_threshold=args.bias_threshold)
 
 
 def _writable(path: str, flag: str) -> None:
@@ -426,6 +427,15 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
                    help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
                         "case's, 2^-24 for float32)")
     p.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
+    p.add_argument("--accumulation", default=None, metavar="MODEL",
+                   help="the device's accumulator model: fp32 (default: float32 in any order) or "
+                        "'limited(bits, interval)' (docs/numerics.md); sets u_acc 2^-bits unless --u-acc is given, "
+                        "and is the bias test's null")
+    p.add_argument("--no-bias-test", action="store_true",
+                   help="skip the systematic-error test (do the errors lean one way?)")
+    p.add_argument("--bias-threshold", type=float, default=-12.0, metavar="LOG10P",
+                   help="log10 p-value below which an output's errors lean too far one way and it fails "
+                        "(default -12; docs/numerics.md)")
     p.add_argument("--case", action="extend", nargs="+", metavar="ID",
                    help="only these case ids (--case A B, or repeated: --case A --case B)")
     p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",

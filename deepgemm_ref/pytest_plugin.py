@@ -36,7 +36,8 @@ Options (each also an environment variable):
     replayed through the backend (the same path as ``deepgemm-ref replay``) and checked (as
     ``deepgemm-ref check``); a failure shows the checker's message.  Without test paths on the
     command line only the bundles' items are collected.  Works with ``--junitxml``.
-    ``--dg-lambda``, ``--dg-u-acc`` (``2^-13`` or a number) and ``--dg-strict`` set the checker.
+    ``--dg-lambda``, ``--dg-u-acc`` (``2^-13`` or a number), ``--dg-accumulation`` (the model),
+    ``--dg-no-bias-test``, ``--dg-bias-threshold`` and ``--dg-strict`` set the checker.
 
 Fixtures (session-scoped, so hypothesis ``@given`` tests take them): ``deep_gemm`` (the module
 under test), ``dg_backend`` (``"emulator"`` or ``"real"``), ``dg_device``, ``dg_arch`` (``None``;
@@ -105,6 +106,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a golden bundle whose cases become test items (repeatable)")
     group.addoption("--dg-lambda", type=float, default=None, help="the checker's lambda for --dg-bundle items")
     group.addoption("--dg-u-acc", default=None, help="the checker's u_acc for --dg-bundle items (2^-13 or a number)")
+    group.addoption("--dg-accumulation", default=None, metavar="MODEL",
+                    help="--dg-bundle items: the device's accumulator model (fp32, 'limited(13, 128)')")
+    group.addoption("--dg-no-bias-test", action="store_true", default=False,
+                    help="--dg-bundle items: skip the systematic-error (bias) test")
+    group.addoption("--dg-bias-threshold", type=float, default=None, metavar="LOG10P",
+                    help="--dg-bundle items: log10 p below which the bias test fails (default -12)")
     group.addoption("--dg-strict", action="store_true", default=False,
                     help="--dg-bundle items: elements between the probabilistic and the hard bound fail")
 
@@ -532,6 +539,14 @@ class BundleItem(pytest.Item):
                 opts["u_acc"] = 2.0 ** float(text[2:]) if text.startswith("2^") else float(text)
             except ValueError:
                 raise pytest.UsageError(f"--dg-u-acc: expected a number or 2^e; got {u!r}") from None
+        acc = self.config.getoption("--dg-accumulation", default=None)
+        if acc is not None:
+            opts["accumulation"] = acc
+        if self.config.getoption("--dg-no-bias-test", default=False):
+            opts["bias_test"] = False
+        threshold = self.config.getoption("--dg-bias-threshold", default=None)
+        if threshold is not None:
+            opts["bias_threshold"] = threshold
         return opts
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],

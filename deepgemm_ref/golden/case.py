@@ -29,10 +29,21 @@ from ..interop import to_numpy
 from ..settings import numerics
 from ..testing.numeric import ulp_distance
 from . import safetensors as st
+from .bias import describe_bias
 from .bundle import CaseData, case_entry, load_bundle
 from .call import compute_golden, quiet_float_errors
 from .cases import BuiltCase, CaseSpec, SpecError, build_case, validate_spec
-from .check import CaseReport, CheckOptions, check_case, element_bounds, family_range, family_view, output_golden
+from .check import (
+    CaseReport,
+    CheckOptions,
+    apply_model_null,
+    check_case,
+    describe_options,
+    element_bounds,
+    family_range,
+    family_view,
+    output_golden,
+)
 from .emulator import emulator, is_emulator
 from .replay import _check_device, call_case
 
@@ -268,14 +279,16 @@ class Case:
 
         outputs: a mapping output name -> array or tensor (any device), or one array for the main
         output.  checker_options: :class:`.check.CheckOptions` fields (``lam``, ``u_acc``, ``n``,
-        ``worst``, ``acc_max``) and ``strict`` (elements between the probabilistic and the deterministic bound
+        ``worst``, ``acc_max``, ``accumulation``, ``bias_test``, ``bias_threshold``, ``bias_margin``) and
+        ``strict`` (elements between the probabilistic and the deterministic bound
         fail instead of warning).  Shape or dtype mismatches and missing outputs are failures.
         """
         strict = bool(checker_options.pop("strict", False))
-        unknown = set(checker_options) - {"lam", "u_acc", "n", "worst", "acc_max"}
+        known = {"lam", "u_acc", "n", "worst", "acc_max", "accumulation", "bias_test", "bias_threshold", "bias_margin"}
+        unknown = set(checker_options) - known
         if unknown:
-            raise DGArgumentError(f"assert_matches_golden: unknown checker options {sorted(unknown)} (options: lam, "
-                                  "u_acc, n, worst, acc_max, strict)")
+            raise DGArgumentError(f"assert_matches_golden: unknown checker options {sorted(unknown)} (options: "
+                                  f"{', '.join(sorted(known))}, strict)")
         options = CheckOptions(**checker_options)
         gold = self.golden()
         problems: list[str] = []
@@ -311,6 +324,14 @@ class Case:
                 goldens[name] = view.goldens[name]
                 reports.append(check_case(label, view.device[name], goldens[name], view.checks[name], self.inputs,
                                           options, range_hook=hook))
+
+        def run_model() -> Mapping[str, np.ndarray]:  # the bias test's null: the model on these inputs
+            outs = self.call(accumulation=options.model())
+            v = family_view(self.entry, gold, outs)
+            return outs if v is None else v.device
+
+        apply_model_null([(n, r, goldens[n]) for (n, _), r in zip(checked, reports, strict=True)], run_model,
+                         options)
         return Comparison(self, reports, [n for n, _ in checked], problems, options, strict,
                           {n: d for n, d in checked}, goldens)
 
@@ -384,7 +405,9 @@ class Comparison:
             lines.append(f"output {name!r} {tuple(gold[name].shape)} {gold[name].dtype}: {bad} of {total} checked "
                          f"elements fail{share}; {rep.special_mismatches} NaN/inf class mismatches; {rep.warned} "
                          f"between the bounds (warn); {rep.undefined} undefined by the kernel's contract")
-            lines.append("  " + _bound_text(rep.bound))
+            lines.append("  " + _bound_text(rep.bound) + f"; {describe_options(rep.options)}")
+            if rep.bias is not None and rep.bias.get("failed"):
+                lines.append("  the errors lean one way: " + describe_bias(rep.bias))
             shown = [w for w in rep.worst if w["status"] == "fail" or (self.strict and w["status"] == "warn")]
             if shown:
                 lines.append(f"  worst {min(worst, len(shown))} of them:")

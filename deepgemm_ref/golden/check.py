@@ -37,6 +37,7 @@ from ..errors import DGArgumentError
 from ..exact import gamma
 from ..testing.numeric import ulp_distance
 from ..toolkit.operands import OUT_FORMAT
+from . import bias as bias_mod
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle
 from .call import entry_family
@@ -44,7 +45,8 @@ from .progress import as_progress
 from .replay import read_replay_record
 from .resources import default_memory_limit, format_size
 
-__all__ = ["CheckOptions", "CaseReport", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
+__all__ = ["CheckOptions", "CaseReport", "DEFAULT_OPTIONS", "describe_options", "options_differ", "apply_bias",
+           "apply_model_null", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
            "check", "strict_json_value", "reports_json", "output_golden", "element_bounds", "CheckView",
            "family_view", "family_range", "overflow_reach", "RangeHook", "F32_MAX"]
 
@@ -57,13 +59,24 @@ class CheckOptions:
     default 2^-24; cases whose device accumulates in bf16, e.g. DeepGEMM-Ascend's MQA head chain,
     record 2^-8); n: rounding-path length (None: the manifest's); worst: how many worst elements
     to report; acc_max: the accumulator's largest finite value (None: the case's ``acc_max``,
-    default float32's), which decides the NaN / infinity class mismatches its range allows."""
+    default float32's), which decides the NaN / infinity class mismatches its range allows.
+    accumulation: the accumulator model the device is checked against (None: float32
+    in any order; ``"limited(13, 128)"``, docs/numerics.md): its ``2^-bits`` is the bound's
+    ``u_acc`` unless ``u_acc`` is given, and it is the bias test's null; a ``u_acc`` above
+    2^-24 without a model means ``limited(ceil(-log2 u_acc), 128)`` for the bias test.
+    bias_test: run the systematic-error test (:mod:`.bias`); bias_threshold: log10 p below which
+    an output fails it; bias_margin: the margin of its null share."""
+
 
     lam: float = 8.0
     u_acc: float | None = None
     n: int | None = None
     worst: int = 10
     acc_max: float | None = None
+    accumulation: str | None = None
+    bias_test: bool = True
+    bias_threshold: float = bias_mod.DEFAULT_THRESHOLD
+    bias_margin: float = bias_mod.DEFAULT_MARGIN
 
     def __post_init__(self) -> None:
         if not (isinstance(self.lam, (int, float)) and math.isfinite(self.lam) and self.lam > 0):
@@ -78,6 +91,45 @@ class CheckOptions:
         if self.acc_max is not None and not (
                 isinstance(self.acc_max, (int, float)) and math.isfinite(self.acc_max) and self.acc_max > 0):
             raise DGArgumentError(f"check: acc_max: expected a finite number > 0; got {self.acc_max!r}")
+        if not (isinstance(self.bias_threshold, (int, float)) and math.isfinite(self.bias_threshold)
+                and self.bias_threshold < 0):
+            raise DGArgumentError(f"check: bias_threshold: expected a log10 p-value < 0 (e.g. -12); got "
+                                  f"{self.bias_threshold!r}")
+        if not (isinstance(self.bias_margin, (int, float)) and 0 <= self.bias_margin < 0.5):
+            raise DGArgumentError(f"check: bias_margin: expected a share in [0, 0.5); got {self.bias_margin!r}")
+        if self.accumulation is not None:
+            from ..config import Limited, parse_accumulation
+
+            try:
+                model = parse_accumulation(self.accumulation)
+            except DGArgumentError as e:
+                raise DGArgumentError(f"check: accumulation: {e}") from None
+            if model == "exact":
+                raise DGArgumentError("check: accumulation: expected 'fp32' or limited(bits, interval) (the "
+                                      "device's accumulator); got 'exact'")
+            self.accumulation = str(model)
+            if isinstance(model, Limited) and self.u_acc is None:
+                self.u_acc = 2.0 ** -model.mantissa_bits
+
+    def model(self) -> str:
+        """The accumulator model the bias test's null runs (``fp32`` by default)."""
+        if self.accumulation is not None:
+            return self.accumulation
+        if self.u_acc is not None and self.u_acc > 2.0**-24:
+            return f"limited({min(52, max(1, math.ceil(-math.log2(self.u_acc))))}, 128)"
+        return "fp32"
+
+    def summary(self) -> dict[str, Any]:
+        """The options as every report records them (``--lambda``, ``--u-acc``, the model, the
+        bias test and its threshold)."""
+        return {"lambda": self.lam, "u_acc": self.u_acc, "n": self.n, "acc_max": self.acc_max,
+                "accumulation": self.model(),
+                "bias_test": self.bias_test, "bias_threshold": self.bias_threshold, "bias_margin": self.bias_margin}
+
+
+#: :meth:`CheckOptions.summary` of the default options.
+DEFAULT_OPTIONS = {"lambda": 8.0, "u_acc": None, "n": None, "acc_max": None, "accumulation": "fp32", "bias_test": True,
+                   "bias_threshold": bias_mod.DEFAULT_THRESHOLD, "bias_margin": bias_mod.DEFAULT_MARGIN}
 
 
 @dataclass
@@ -100,6 +152,8 @@ class CaseReport:
     error: str | None = None  # why the case could not be checked (missing, replay failed, no such case)
     dtype: str = ""  # the output's dtype (numpy name)
     lead: str | None = None  # what the leading axis of a 3-D output indexes: "group", "rank", "batch"
+    bias: dict[str, Any] | None = None  # the systematic-error test (bias.BiasResult.to_json), interval outputs
+    options: dict[str, Any] = field(default_factory=dict)  # CheckOptions.summary() of the check
 
     def to_json(self) -> dict[str, Any]:
         """The report as strict JSON values (non-finite numbers as strings, see
@@ -395,6 +449,7 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
     floating = gd.dtype.kind not in "iub" and not masks_only  # integer outputs are compared bitwise only
     hist: dict[str, int] = {}
     sxy = sxx = 0.0
+    directions: dict[str, int] = {}  # the bias test's error directions (finite, differing elements)
     for r0 in range(0, total_rows, step):
         blk = {k: (None if v is None else v[r0:r0 + step]) for k, v in fields.items()}
         out = _classify(blk, fmt, interval, ep_desc, check, options, n, u_acc, acc_max, range_hook, r0 * last)
@@ -408,6 +463,8 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
             d64, g64 = dv.astype(np.float64), gv.astype(np.float64)
             sxy += float(np.dot(d64, g64))
             sxx += float(np.dot(d64, d64) + np.dot(g64, g64))
+            if interval and options.bias_test:
+                bias_mod.add_counts(directions, bias_mod.direction_counts(d64, g64))
     soft, hard, special_bad, finite, norm, rng = (x.reshape(gd.shape)
                                                   for x in (soft, hard, special_bad, finite, norm, rng))
     rep.special_mismatches = int(np.count_nonzero(special_bad))
@@ -433,6 +490,10 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
         rep.ulp_histogram = hist
         # DeepGEMM's calc_diff, 1 - 2 sum(x y) / sum(x^2 + y^2), from the blocks' float64 sums
         rep.calc_diff = 0.0 if sxx == 0 else float(1 - 2 * sxy / sxx)
+    rep.options = options.summary()
+    if interval and options.bias_test and not masks_only:
+        apply_bias(rep, bias_mod.sign_test(directions, threshold=options.bias_threshold, margin=options.bias_margin,
+                                           model=options.model()))
     bad = defined & ((finite & ~hard) | special_bad)
     if masks_only:
         return rep, Classification(soft, hard, special_bad, finite, defined, norm, rng)
@@ -443,6 +504,49 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
     if gd.ndim >= 2:
         rep.tiles = _tile_summary(np.where(defined, norm, 0.0), bad, special_bad, defined)
     return rep, Classification(soft, hard, special_bad, finite, defined, norm, rng)
+
+
+def apply_bias(rep: CaseReport, result: bias_mod.BiasResult) -> None:
+    """Record a bias test's ``result`` on ``rep``: a failed test fails the output whatever its
+    elements' verdict (kept as ``rep.bias["element_status"]``)."""
+    element_status = rep.bias["element_status"] if rep.bias else rep.status
+    rep.bias = {**result.to_json(), "element_status": element_status}
+    rep.status = "fail" if result.failed else element_status
+
+
+def apply_model_null(outputs: list[tuple[str, CaseReport, Mapping[str, np.ndarray]]],
+                     run_model: Callable[[], Mapping[str, np.ndarray]] | None, options: CheckOptions) -> None:
+    """The bias test's second stage (:mod:`.bias`): for each ``(name, report, golden)`` whose
+    errors lean past the unbiased null, run the accumulator model once (``run_model``: its
+    outputs by name, in the checker's view; None where no call can be rebuilt) and test the
+    device's lean against the model's own lean on the same inputs."""
+    pending = [(name, rep, g) for name, rep, g in outputs
+               if rep.bias is not None and rep.bias["failed"] and rep.bias["null"] == "unbiased"]
+    if not pending:
+        return
+    model = options.model()
+    outs: Mapping[str, np.ndarray] | None = None
+    why = "no kernel call to rebuild"
+    if run_model is not None:
+        try:
+            outs = run_model()
+        except Exception as e:  # a family the model cannot run: say so, keep the unbiased null
+            why = f"{type(e).__name__}: {e}"
+    for name, rep, g in pending:
+        assert rep.bias is not None
+        counts = rep.bias["counts"]
+        if outs is None or name not in outs:
+            note = f"the {model} model could not be run for this case ({why}); the unbiased null stands"
+            apply_bias(rep, bias_mod.sign_test(counts, threshold=options.bias_threshold, margin=options.bias_margin,
+                                               model=model, note=note))
+            continue
+        gd = np.asarray(g["main"])
+        m = np.asarray(outs[name]).astype(np.float64)
+        gv = gd.astype(np.float64)
+        defined = g.get("defined")
+        sel = np.isfinite(m) & np.isfinite(gv) & (True if defined is None else np.asarray(defined, bool))
+        apply_bias(rep, bias_mod.sign_test(counts, threshold=options.bias_threshold, margin=options.bias_margin,
+                                           model=model, model_counts=bias_mod.direction_counts(m[sel], gv[sel])))
 
 
 class _ElementBounds:
@@ -628,10 +732,38 @@ def _tile_line(r: CaseReport) -> str | None:
     return f"  {t['tile'][0]}x{t['tile'][1]} tiles with failures: {t['failing_tiles']} of {lead * tr * tc}: {shown}"
 
 
+def describe_options(options: Mapping[str, Any]) -> str:
+    """The checker options a report was made with, as one clause (``--lambda``, ``--u-acc``, the
+    model, the bias test and its threshold)."""
+    if not options:
+        return "options not recorded"
+    u = options.get("u_acc")
+    parts = [f"lambda {format(float(options['lambda']), 'g')}",
+             "u_acc " + ("the case's" if u is None else format_power(float(u))),
+             "n " + ("the case's" if options.get("n") is None else str(options["n"])),
+             f"model {options.get('accumulation', 'fp32')}"]
+    if options.get("bias_test", True):
+        parts.append(f"bias test on (threshold log10 p < {format(float(options['bias_threshold']), 'g')}, "
+                     f"margin {format(float(options['bias_margin']), 'g')})")
+    else:
+        parts.append("bias test off (--no-bias-test)")
+    return "checker options: " + ", ".join(parts)
+
+
+def options_differ(options: Mapping[str, Any]) -> bool:
+    """Whether a report's options differ from the defaults (a pass under loosened options is
+    then said to be one)."""
+    return bool(options) and any(options.get(k) != v for k, v in DEFAULT_OPTIONS.items())
+
+
 def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
-    """Human-readable report: one line per passing output (none with ``quiet``), the detail of
-    each warning or failing one, and a summary line."""
+    """Human-readable report: a line naming the checker options when they differ from the
+    defaults, one line per passing output (none with ``quiet``), the detail of each warning or
+    failing one (with its bias test), and a summary line."""
     lines = []
+    recorded = next((r.options for r in reports if r.options), {})
+    if options_differ(recorded):
+        lines.append(f"NOTE: not the default checker: {describe_options(recorded)}")
     for r in reports:
         if r.error is not None:
             lines.append(f"{r.id}: {r.status.upper()}  {r.error}")
@@ -646,11 +778,16 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
         if r.status == "warn":  # not a failure: one line
             lines.append(f"{r.id}: WARN  {r.checked} checked, {r.warned} beyond E but within E_hard (consistent "
-                         f"with upstream rounding flips){rng}, max normalised error {r.max_normalised_error:.3g}")
+                         f"with upstream rounding flips){rng}, max normalised error {r.max_normalised_error:.3g}"
+                         + ("" if r.bias is None else f"; {bias_mod.describe_bias(r.bias)}"))
             continue
-        lines.append(f"{r.id}: FAIL  {r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn{rng}, "
+        biased = r.bias is not None and r.bias.get("failed")
+        lines.append(f"{r.id}: FAIL  " + ("the errors lean one way (bias test); " if biased else "")
+                     + f"{r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn{rng}, "
                      f"{r.undefined} undefined (not checked)")
-        lines.append(f"  bound: {describe_bound(r.bound)}")
+        lines.append(f"  bound: {describe_bound(r.bound)}; {describe_options(r.options)}")
+        if r.bias is not None:
+            lines.append("  " + bias_mod.describe_bias(r.bias))
         stats = []
         if not integer:
             stats.append(f"max normalised error {r.max_normalised_error:.3g}")
@@ -746,10 +883,13 @@ def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: Check
         done_work += sizes[case_id]
         prog.update(n, done_work, case_id)
     prog.finish()
+    for r in reports:
+        r.options = options.summary()
     if not single:
         known = {f"{cid}/{name}" for cid, e in bundle.cases.items() for name in e["outputs"]}
         for key in sorted(set(outputs) - known):
             reports.append(_failed(key, "an output that matches no case of the bundle (another bundle's outputs?)"))
+            reports[-1].options = options.summary()
     return reports
 
 
@@ -783,6 +923,7 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
                                   f"expected shape {want.shape} and dtype {want.dtype}")
     view = family_view(entry, golden, {name: outputs[keys[name]] for name in names if keys[name] in outputs})
     reports = []
+    checked: list[tuple[str, CaseReport, Mapping[str, np.ndarray]]] = []
     for name in names:
         key = keys[name]
         if key not in outputs:
@@ -799,6 +940,17 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
         rep.dtype = str(want.dtype)
         rep.lead = lead_label(entry) if want.ndim == 3 else None
         reports.append(rep)
+        checked.append((name, rep, output_golden(golden, name, main) if view is None else view.goldens[name]))
+
+    def run_model() -> Mapping[str, np.ndarray]:
+        from .emulator import emulator
+        from .replay import call_case
+
+        outs = call_case(case, emulator(), ours=True, use_torch=False, accumulation=options.model())
+        v = family_view(entry, golden, outs)
+        return outs if v is None else v.device
+
+    apply_model_null(checked, run_model, options)
     return reports
 
 

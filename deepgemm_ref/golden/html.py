@@ -2,9 +2,10 @@
 
 A single file to attach to a bug report: no external resource (styles and a few lines of script
 inline, heatmaps as ``data:image/png;base64`` URIs), readable without the script.  It holds the
-bundle and outputs file it came from, a summary table with one row per output (status, counts,
+bundle and outputs file it came from, the checker options (``#options``), a summary table
+with one row per output (status, counts,
 maximum normalised error, ``calc_diff`` and, with ``--diagnose``, the explaining bug), and for
-every failing or warning output its bound, its heatmap (:mod:`.plot`; without matplotlib a table
+every failing or warning output its bound, its bias test, its heatmap (:mod:`.plot`; without matplotlib a table
 of per-tile failure shares), its worst elements (failures first, each against its own warn /
 fail thresholds) and, with ``--diagnose``, the ranked explanations.  Integer outputs list their
 differing entries instead of a heatmap.  The script filters the table (failures only; also opened as
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from .bias import describe_bias
 from .bundle import atomic_write_text
-from .check import CaseReport, describe_bound
+from .check import CaseReport, describe_bound, describe_options, options_differ
 
 __all__ = ["html_report", "write_html"]
 
@@ -187,12 +189,16 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
     verdicts = {d.id: d for d in diagnoses or []}
     known = set(cases) | set(verdicts)
     counts = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
+    recorded = next((r.options for r in reports if r.options), {})
+    options_line = describe_options(recorded) + (" (NOT the defaults)" if options_differ(recorded)
+                                                 else " (the defaults)")
     out = ['<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
            f"<title>deepgemm-ref check: {_e(bundle or 'bundle')}</title><style>{_STYLE}</style></head>",
            f'<body data-outputs="{len(reports)}" data-failing="{counts["fail"]}">',
            "<h1>deepgemm-ref check</h1>",
            f'<p class=meta>bundle <code>{_e(bundle)}</code>, device outputs <code>{_e(outputs)}</code>; '
            f"deepgemm_ref {_e(__version__)}, {_e(datetime.datetime.now().isoformat(timespec='seconds'))}</p>",
+           f'<p class="meta options" id=options>{_e(options_line)}</p>',
            f'<p class=summary id=summary>{len(reports)} outputs: {counts["pass"]} pass, {counts["warn"]} warn, '
            f'{counts["fail"]} fail</p>',
            '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
@@ -222,6 +228,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
             sec.append(f"<p>{r.failed} of {r.checked} checked elements fail{_e(special)}, {r.warned} warn, "
                        f"{r.undefined} undefined (not checked).</p><p class=bound>Bound: {_e(describe_bound(r.bound))}"
                        "</p>")
+            if r.bias is not None:
+                sec.append(f"<p class=bias>{_e(describe_bias(r.bias))}</p>")
             if r.ulp_histogram:
                 sec.append("<p>ulp distance to golden: " + _e(", ".join(f"{k}: {v}" for k, v in
                                                                           r.ulp_histogram.items() if v)) + "</p>")

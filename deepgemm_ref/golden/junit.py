@@ -4,9 +4,11 @@ The structure is pytest's ``--junitxml`` one, which CI dashboards read: ``<tests
 one ``<testsuite name=... tests= failures= errors= skipped= time= timestamp= hostname=>``, and
 per output a ``<testcase classname="<bundle>.<kernel>" name="<case id>[/<output>]" time=>``
 that passes (empty; a warning or elements in the range class add ``<system-out>`` with the
-report's line), fails (``<failure message=...>`` with the
-report's detail) or is an error (``<error message=...>``: the output could not be checked:
-missing, its replay failed, the bundle lacks the case).
+report's line), fails (``<failure message=...>`` with the report's detail; a bias failure names
+the bias) or is an error (``<error message=...>``: the output could not be checked: missing, its
+replay failed, the bundle lacks the case).  The suite's ``<properties>`` record the checker
+options (``deepgemm_ref.check.lambda``, ``.u_acc``, ``.n``, ``.acc_max``, ``.accumulation``,
+``.bias_test``, ``.bias_threshold``, ``.bias_margin``; ``case`` where the case's own value is used).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .bias import describe_bias
 from .bundle import atomic_write_text
 from .check import CaseReport, format_report
 
@@ -49,6 +52,12 @@ def junit_xml(reports: list[CaseReport], *, suite: str = "deepgemm-ref check", b
         "name": suite, "errors": str(errors), "failures": str(failures), "skipped": "0", "tests": str(len(reports)),
         "time": f"{seconds:.3f}", "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
         "hostname": platform.node() or "localhost"})
+    recorded = next((r.options for r in reports if r.options), {})
+    if recorded:  # the checker options, so a pass under loosened ones is never read as a default pass
+        props = ET.SubElement(ts, "properties")
+        for key, value in recorded.items():
+            text = "case" if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+            ET.SubElement(props, "property", {"name": f"deepgemm_ref.check.{key}", "value": _clean(text)})
     for r in reports:
         case_id = _case_of(r.id, cases)
         kernel = str(cases.get(case_id, {}).get("kernel", "unknown"))
@@ -61,6 +70,8 @@ def junit_xml(reports: list[CaseReport], *, suite: str = "deepgemm-ref check", b
             el.text = _clean(detail)
         elif r.status == "fail":
             msg = f"{r.failed} of {r.checked} checked elements fail"
+            if r.bias is not None and r.bias.get("failed"):
+                msg = f"the errors lean one way ({describe_bias(r.bias)}); " + msg
             d = verdicts.get(case_id)
             if d is not None:
                 msg += f"; {d.verdict}"

@@ -25,7 +25,10 @@ def assert_matches_golden(case: Any, outputs: Any, **checker_options: Any) -> No
     returns (output name -> array or tensor, on any device), or one array for the main output.
     checker_options: the checker's ``lam`` (lambda, default 8), ``u_acc`` (the accumulator's unit
     roundoff; default the case's, 2^-24 for float32 accumulation), ``n`` (rounding-path length;
-    default the case's, K for GEMMs), ``worst`` (elements reported, default 10) and ``strict``
+    default the case's, K for GEMMs), ``worst`` (elements reported, default 10), ``accumulation``
+    (the device's accumulator model, ``"fp32"`` or ``"limited(13, 128)"``), ``bias_test`` (default
+    True: an output whose errors lean one way further than the model's fails, see
+    docs/numerics.md), ``bias_threshold`` (log10 p, default -12), ``bias_margin`` and ``strict``
     (elements past the probabilistic bound but inside the deterministic one fail instead of
     passing with a warning).
 
