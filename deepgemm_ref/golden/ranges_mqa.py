@@ -138,7 +138,12 @@ def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs
             up, dn, big, top, kvs, x, s_h = _head_reach(req, i, v, g, acc_max, t_head)
             w = w_all[i]
             if req.reduction == "sm90" and np.isnan(x).any():
-                alt_y[p], alt_e[p] = _fmaxf_logit(x, s_h, w, kvs, g_alt)
+                y_alt, e_alt = _fmaxf_logit(x, s_h, w, kvs, g_alt)
+                if np.isinf(y_alt):  # an infinite input among the other heads: its class
+                    plus[p] |= y_alt > 0
+                    minus[p] |= y_alt < 0
+                else:
+                    alt_y[p], alt_e[p] = y_alt, e_alt
             finite_w = np.isfinite(w)
             w0 = np.where(finite_w, w, 0.0)
             hp = (up | big) & finite_w
@@ -159,7 +164,7 @@ def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs
                 c_minus |= (neg + mag) * scale >= t_head
             if kvs is not None and kvs == 0:
                 c_nan |= c_plus or c_minus
-            plus[p], minus[p], nan[p] = c_plus, c_minus, c_nan
+            plus[p], minus[p], nan[p] = plus[p] | c_plus, minus[p] | c_minus, c_nan
         return plus, minus, nan, alt_y, alt_e
 
     return hook
@@ -172,14 +177,18 @@ def _fmaxf_logit(x: np.ndarray, s_h: np.ndarray, w: np.ndarray, kvs: float | Non
     ``gamma_{n+2}(u_acc) S'`` with ``S' = |s_j| sum_h |w_h| S_h`` over those heads (each dot product
     errs by ``gamma_D S_h``, the weighted head sum and the scaling add ``gamma_{H+1}`` of
     ``|s_j| sum |w_h| max(x_h, 0) <= S'``); the float64 evaluation here errs by far less than the
-    ``2^-20`` margin.  Returns ``(y', E')``, NaN where ``y'`` is not finite."""
+    ``2^-20`` margin.  Returns ``(y', E')``: ``y'`` is +-inf where an infinite input among the
+    other heads gives that class (IEEE), NaN where none is defined (``inf - inf``, NaN weights)."""
     keep = ~np.isnan(x)
     r = np.where(keep, np.maximum(np.where(keep, x, 0.0), 0.0), 0.0)
     scale = 1.0 if kvs is None else kvs
     with np.errstate(over="ignore", invalid="ignore"):
         y = float(np.sum(w * r)) * scale
-        s = float(np.sum(np.abs(w) * np.where(keep, s_h, 0.0))) * abs(scale)
+        # a -inf score is 0 after ReLU, exactly: no error; +inf makes y' infinite
+        s = float(np.sum(np.abs(w) * np.where(np.isfinite(x), s_h, 0.0))) * abs(scale)
         e = g * s * (1 + 2.0**-20) + 2.0**-1070
+    if np.isinf(y):
+        return y, float("nan")
     if not (np.isfinite(y) and np.isfinite(e)):
         return float("nan"), float("nan")
     return y, e
