@@ -257,8 +257,11 @@ F32_MAX = float(np.finfo(np.float32).max)
 #: A family's range hook (:attr:`.cases.Family.range`): for flat indices into one output, the
 #: accumulator classes a correct device of the checked model (``u_acc``, ``n``, ``acc_max``) can
 #: reach there beyond what the output's own ``S`` and ``acc`` show: bool arrays (``+inf``,
-#: ``-inf``, ``NaN``), or None where it adds nothing.
-RangeHook = Callable[[np.ndarray, float, int, float], "tuple[np.ndarray, np.ndarray, np.ndarray] | None"]
+#: ``-inf``, ``NaN``), or None where it adds nothing.  A hook may append two float64 arrays
+#: ``(y_alt, E_alt)``: a second accumulator value and its deterministic bound that a correct
+#: device may follow where the golden is not finite (NaN ``y_alt``: none), e.g. sm90 MQA's
+#: ``fmaxf(NaN, 0) = 0``; a finite device value within ``f(y_alt +- E_alt)`` is then allowed.
+RangeHook = Callable[[np.ndarray, float, int, float], "tuple[np.ndarray, ...] | None"]
 
 
 def overflow_reach(y: np.ndarray, S: np.ndarray, n: int, u_acc: float,
@@ -301,11 +304,14 @@ def _range_allowed(blk: Mapping[str, Any], ep: core.OutputStage, cand: np.ndarra
     nan = np.isnan(yv)
     up |= yv == np.inf  # an infinite term: the golden's own class
     dn |= yv == -np.inf
+    alt: tuple[np.ndarray, np.ndarray] | None = None
     if hook is not None:
         last = cand.shape[-1]
         more = hook(base + idx[0] * last + idx[1], u_acc, n, acc_max)
         if more is not None:
             up, dn, nan = up | more[0], dn | more[1], nan | more[2]
+            if len(more) == 5:
+                alt = (np.asarray(more[3], np.float64), np.asarray(more[4], np.float64))
     nan |= up & dn  # inf - inf
     c = blk.get("c")
     sub = core.OutputStage(ep.out, ep.alpha, None if c is None else np.asarray(c)[idx], ep.c_mode)
@@ -323,6 +329,11 @@ def _range_allowed(blk: Mapping[str, Any], ep: core.OutputStage, cand: np.ndarra
     ok |= (dv == -np.inf) & ((up & (f_p == -np.inf)) | (dn & (f_n == -np.inf)) | (y_fin & (hlo == -np.inf)))
     with np.errstate(invalid="ignore"):
         ok |= np.isfinite(dv) & y_fin & (dv >= hlo) & (dv <= hhi)
+    if alt is not None:  # the hook's second accumulator value (see RangeHook)
+        a_fin = np.isfinite(alt[0]) & np.isfinite(alt[1])
+        with np.errstate(invalid="ignore", over="ignore"):
+            alo, ahi = _interval_codes(sub, np.where(a_fin, alt[0], 0.0), None, np.where(a_fin, alt[1], 0.0))
+            ok |= np.isfinite(dv) & a_fin & (dv >= alo) & (dv <= ahi)
     allowed[idx] = ok
     return allowed
 

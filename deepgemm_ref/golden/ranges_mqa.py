@@ -66,9 +66,12 @@ def mqa_request(entry: Mapping[str, Any], inputs: Mapping[str, Any]) -> LogitsRe
 
 
 def _head_reach(req: LogitsRequest, i: int, v: int, g: float, acc_max: float,
-                t_head: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float | None]:
+                t_head: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float | None,
+                                        np.ndarray, np.ndarray]:
     """Per head of query row ``i`` against key ``v``: (+inf reachable, -inf reachable, any class
-    reachable through a block scale product, the largest finite ReLU'd score) and the KV scale."""
+    reachable through a block scale product, the largest finite ReLU'd score), the KV scale, and
+    per head the float64 dot product (IEEE: NaN / infinite inputs keep their class) and its error
+    scale ``S_h``."""
     heads = req.heads
     qop = req.queries.operand(i, i + 1)
     keys = req.keys.get(v, v + 1)
@@ -76,6 +79,7 @@ def _head_reach(req: LogitsRequest, i: int, v: int, g: float, acc_max: float,
         q = qop.rows(0, heads)  # (H, D) scaled, float64
         k = keys.operand.rows(0, 1)[0]
         t = q * k[None, :]
+        x = np.sum(t, axis=1)
         t = np.where(np.isnan(t), 0.0, t)  # NaN inputs: their own class, not an overflow
         P = np.sum(np.where(t > 0, t, 0.0), axis=1)
         N = -np.sum(np.where(t < 0, t, 0.0), axis=1)
@@ -91,7 +95,7 @@ def _head_reach(req: LogitsRequest, i: int, v: int, g: float, acc_max: float,
             big = np.max(sq[:, :nb] * sk[:, :nb], axis=1) >= acc_max
         top = np.minimum(P + slack, t_head)
     kvs = None if keys.token_scale is None else float(keys.token_scale[0])
-    return up, dn, big, top, kvs
+    return up, dn, big, top, kvs, x, P + N
 
 
 def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs: Mapping[str, Any],
@@ -120,6 +124,9 @@ def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs
         plus = np.zeros(flat.shape, bool)
         minus = np.zeros(flat.shape, bool)
         nan = np.zeros(flat.shape, bool)
+        alt_y = np.full(flat.shape, np.nan)
+        alt_e = np.full(flat.shape, np.nan)
+        g_alt = gamma(max(n, 1) + 2, u_acc, unbounded=True)
         w_all = np.asarray(req.weights, np.float64)
         for p, f in enumerate(flat.tolist()):
             i, c = divmod(int(f), width)
@@ -128,8 +135,15 @@ def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs
             v = c + int(req.shift[i])
             if not int(req.ks[i]) <= v < int(req.ke[i]):
                 continue  # outside the row's keys: the clean pass, no accumulator
-            up, dn, big, top, kvs = _head_reach(req, i, v, g, acc_max, t_head)
+            up, dn, big, top, kvs, x, s_h = _head_reach(req, i, v, g, acc_max, t_head)
             w = w_all[i]
+            if req.reduction == "sm90" and np.isnan(x).any():
+                y_alt, e_alt = _fmaxf_logit(x, s_h, w, kvs, g_alt)
+                if np.isinf(y_alt):  # an infinite input among the other heads: its class
+                    plus[p] |= y_alt > 0
+                    minus[p] |= y_alt < 0
+                else:
+                    alt_y[p], alt_e[p] = y_alt, e_alt
             finite_w = np.isfinite(w)
             w0 = np.where(finite_w, w, 0.0)
             hp = (up | big) & finite_w
@@ -150,7 +164,31 @@ def mqa_range(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray], inputs
                 c_minus |= (neg + mag) * scale >= t_head
             if kvs is not None and kvs == 0:
                 c_nan |= c_plus or c_minus
-            plus[p], minus[p], nan[p] = c_plus, c_minus, c_nan
-        return plus, minus, nan
+            plus[p], minus[p], nan[p] = plus[p] | c_plus, minus[p] | c_minus, c_nan
+        return plus, minus, nan, alt_y, alt_e
 
     return hook
+
+
+def _fmaxf_logit(x: np.ndarray, s_h: np.ndarray, w: np.ndarray, kvs: float | None, g: float) -> tuple[float, float]:
+    """sm90's logit where a head score is NaN (a NaN input, ``inf - inf``): ``fmaxf(NaN, 0) = 0``
+    drops the head, so a correct device gives ``y' = s_j sum_h w_h max(x_h, 0)`` over the other
+    heads (the golden, NaN-propagating, is NaN there).  Its float32 error is at most
+    ``gamma_{n+2}(u_acc) S'`` with ``S' = |s_j| sum_h |w_h| S_h`` over those heads (each dot product
+    errs by ``gamma_D S_h``, the weighted head sum and the scaling add ``gamma_{H+1}`` of
+    ``|s_j| sum |w_h| max(x_h, 0) <= S'``); the float64 evaluation here errs by far less than the
+    ``2^-20`` margin.  Returns ``(y', E')``: ``y'`` is +-inf where an infinite input among the
+    other heads gives that class (IEEE), NaN where none is defined (``inf - inf``, NaN weights)."""
+    keep = ~np.isnan(x)
+    r = np.where(keep, np.maximum(np.where(keep, x, 0.0), 0.0), 0.0)
+    scale = 1.0 if kvs is None else kvs
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = float(np.sum(w * r)) * scale
+        # a -inf score is 0 after ReLU, exactly: no error; +inf makes y' infinite
+        s = float(np.sum(np.abs(w) * np.where(np.isfinite(x), s_h, 0.0))) * abs(scale)
+        e = g * s * (1 + 2.0**-20) + 2.0**-1070
+    if np.isinf(y):
+        return y, float("nan")
+    if not (np.isfinite(y) and np.isfinite(e)):
+        return float("nan"), float("nan")
+    return y, e
