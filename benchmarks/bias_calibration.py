@@ -165,6 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     per: dict[str, list[int]] = {}
     seed = 0
     modes = ("normal", "adversarial", "special")
+
+    def tally(res: list[dict[str, Any]], stat: list[int]) -> None:
+        """Add one GEMM's tile results to the totals and to its row (outputs, qualifying, alarms,
+        model runs)."""
+        nonlocal tried, qualifying, alarms, model_runs, worst, lean
+        for r in res:
+            q = int(r["differing"] >= args.min_differing)
+            tried += 1
+            qualifying += q
+            alarms += r["failed"]
+            model_runs += r["model_ran"]
+            worst = min(worst, r["log10_p"])
+            lean = max(lean, r["share"])
+            for i, v in enumerate((1, q, r["failed"], r["model_ran"])):
+                stat[i] += v
     while qualifying < args.target:
         mode = modes[seed % 3]
         order = ORDERS[(seed // 3) % len(ORDERS)]
@@ -177,18 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.threshold, args.margin, "fp32")
         key = f"{order}/{mode}"
         stat = per.setdefault(key, [0, 0, 0, 0])  # outputs, qualifying, alarms, model runs
-        for r in res:
-            tried += 1
-            q = r["differing"] >= args.min_differing
-            qualifying += q
-            alarms += r["failed"]
-            model_runs += r["model_ran"]
-            worst = min(worst, r["log10_p"])
-            lean = max(lean, r["share"])
-            stat[0] += 1
-            stat[1] += q
-            stat[2] += r["failed"]
-            stat[3] += r["model_ran"]
+        tally(res, stat)
         seed += 1
         if seed % 3 == 0:
             print(f"  [{time.time() - t0:.0f}s] {seed} GEMMs, {tried} outputs ({qualifying} with >= "
@@ -202,18 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         res = test_tiles(dev, gold, lambda d=dev: d, tuple(args.tile), args.threshold, args.margin,
                          "limited(13, 128)")
         stat = per.setdefault(f"limited(13, 128)/{mode}", [0, 0, 0, 0])
-        for r in res:
-            tried += 1
-            q = r["differing"] >= args.min_differing
-            qualifying += q
-            alarms += r["failed"]
-            model_runs += r["model_ran"]
-            worst = min(worst, r["log10_p"])
-            lean = max(lean, r["share"])
-            stat[0] += 1
-            stat[1] += q
-            stat[2] += r["failed"]
-            stat[3] += r["model_ran"]
+        tally(res, stat)
     print(f"correct devices: {seed} fp32 GEMMs of {args.m} x {args.n} x {K} (+ {args.limited_cases * 3} "
           f"limited(13, 128) of 128 x 256 x {K}), tiles {args.tile[0]} x {args.tile[1]}")
     for key, (o, q, a_, mr) in sorted(per.items()):

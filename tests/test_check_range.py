@@ -5,6 +5,7 @@ values; NaN / infinities that no correct accumulator can produce still fail."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -87,14 +88,20 @@ def _fp32_model_passes(kernel: str, values: str, examples: int, accumulation: ob
               suppress_health_check=list(HealthCheck))
     @given(cases(kernel, values=values))
     def run(case: Case) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            with numerics(accumulation=accumulation):
-                out = case.call()
-        cmp = case.compare(out, **options)
-        assert cmp.ok, cmp.message()
+        _assert_model_passes(case, accumulation, **options)
 
     run()
+
+
+def _assert_model_passes(case: Case, accumulation: object = "fp32", **options: object) -> Any:
+    """The emulator's ``accumulation`` model, run as the device on ``case``, passes its check."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with numerics(accumulation=accumulation):
+            out = case.call()
+    cmp = case.compare(out, **options)
+    assert cmp.ok, cmp.message()
+    return cmp
 
 
 _FAST = ("fp8_gemm_nt", "bf16_gemm_tt", "m_grouped_fp8_gemm_nt_contiguous", "einsum", "tf32_hc_prenorm_gemm")
@@ -114,12 +121,7 @@ def test_repro_fp8_gemm_nt_sm100() -> None:
               suppress_health_check=list(HealthCheck))
     @given(cases("fp8_gemm_nt", profile="sm100", values="adversarial"))
     def run(case: Case) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            with numerics(accumulation="fp32"):
-                out = case.call()
-        cmp = case.compare(out)
-        assert cmp.ok, cmp.message()
+        _assert_model_passes(case)
 
     run()
 
@@ -137,12 +139,7 @@ def test_repro_mqa_sm100_seq9() -> None:
         case = Case.from_spec({"id": f"mqa-repro-{seed}", "kernel": "fp8_fp4_mqa_logits", "profile": "sm100",
                                "seed": seed, "seq": 9, "seq_kv": 9, "heads": 8, "head_dim": dim, "fp4": fp4,
                                "values": "adversarial"})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            with numerics(accumulation="fp32"):
-                out = case.call()
-        cmp = case.compare(out)
-        assert cmp.ok, cmp.message()
+        _assert_model_passes(case)
 
 
 def test_mqa_nan_without_reachable_overflow_still_fails() -> None:
@@ -305,12 +302,7 @@ def test_sm90_special_nan_heads_dropped(spec: dict) -> None:
     heads hold an infinity, so the device's logit is that infinity where the golden is NaN."""
     case = Case.from_spec({"id": "sm90-special", "profile": "sm90", "values": "special", "value_draw": "position",
                            **spec})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        with numerics(accumulation="fp32"):
-            out = case.call()
-    cmp = case.compare(out)
-    assert cmp.ok, cmp.message()
+    cmp = _assert_model_passes(case)
     assert sum(r.range_allowed for r in cmp.reports) > 0
 
 
