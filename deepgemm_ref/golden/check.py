@@ -817,10 +817,11 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         integer = np.dtype(r.dtype).kind in "iub" if r.dtype else False
         special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
         if r.status == "warn":  # not a failure: one line
-            staged = (f" ({r.stage_warned} of them beyond E_hard; warn: within the stage-propagated bound)"
-                      if r.stage_warned else "")
-            lines.append(f"{r.id}: WARN  {r.checked} checked, {r.warned} beyond E but within E_hard (consistent "
-                         f"with upstream rounding flips){staged}{rng}, max normalised error "
+            within = (f"{r.warned} beyond E (consistent with upstream rounding flips): {r.warned - r.stage_warned} "
+                      f"within E_hard, {r.stage_warned} beyond E_hard (warn: within the stage-propagated bound)"
+                      if r.stage_warned else
+                      f"{r.warned} beyond E but within E_hard (consistent with upstream rounding flips)")
+            lines.append(f"{r.id}: WARN  {r.checked} checked, {within}{rng}, max normalised error "
                          f"{r.max_normalised_error:.3g}"
                          + ("" if r.bias is None else f"; {bias_mod.describe_bias(r.bias)}"))
             continue
