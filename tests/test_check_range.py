@@ -306,20 +306,122 @@ def test_sm90_special_nan_heads_dropped(spec: dict) -> None:
     assert sum(r.range_allowed for r in cmp.reports) > 0
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open: a correct float32 L1 whose cancellation error (up to "
-                   "gamma_H(2^-24) l1.S) flips an activation by an E4M3 step or more is outside "
-                   "Mega MoE's S_hard (one bf16 step per activation); see the range3 closing note")
-@pytest.mark.parametrize("seed", [92, 174])
-def test_mega_fp32_model_l1_cancellation_known_open(seed: int) -> None:
-    """sm100 FP8 Mega MoE, default shape, adversarial values: seed 174 flips one E4M3 activation
-    (11 -> 10) through a one-bf16-step L1 difference (|L1| 1.54, l1.S 176); seed 92 turns an L1
-    output's sign (exact -2.27e7, float32 +6.29e6; clamped to -10 / +10 by SwiGLU's clamp)."""
+def _mega_scan_case(seed: int, **params: object) -> tuple[Case, dict]:
+    """An sm100 FP8 Mega MoE case with adversarial values drawn by position, and the fp32 model's outputs."""
     case = Case.from_spec({"id": f"scan-{seed}", "kernel": "fp8_fp4_mega_moe", "profile": "sm100", "seed": seed,
-                           "values": "adversarial", "value_draw": "position"})
+                           "values": "adversarial", "value_draw": "position", **params})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with numerics(accumulation="fp32"):
             out = case.call()
+    return case, out
+
+
+@pytest.mark.parametrize("seed", [92, 174])
+def test_mega_fp32_model_l1_cancellation(seed: int) -> None:
+    """sm100 FP8 Mega MoE, default shape, adversarial values: seed 174 flips one E4M3 activation
+    (11 -> 10) through a one-bf16-step L1 difference (|L1| 1.54, l1.S 176); seed 92 turns an L1
+    output's sign (exact -2.27e7, float32 +6.29e6; clamped to -10 / +10 by SwiGLU's clamp).  Both
+    fall outside E_hard and inside the stage-propagated bound: warnings, not failures."""
+    case, out = _mega_scan_case(seed)
     cmp = case.compare(out)
     assert cmp.ok, cmp.message()
+    y = next(r for r in cmp.reports if r.id.endswith("/y"))
+    assert y.status == "warn" and y.stage_warned > 0 and y.failed == 0
+    assert "within the stage-propagated bound" in format_report(cmp.reports)
+    # without the allowance these elements fail (the hook is what lets them through)
+    gold = case.golden()
+    plain = check_case("y", out["y"], {"main": gold["y"], "acc": gold["acc"], "S": gold["S"],
+                                       "S_hard": gold["S_hard"], "defined": gold["defined"]},
+                       case.entry["check"], case.inputs, CheckOptions())
+    assert plain.failed >= y.stage_warned
+
+
+def test_mega_activation_deviation_covers_sampled_devices() -> None:
+    """Independent check of the interval propagation: device L1 values drawn inside
+    [bf16(acc - gamma S), bf16(acc + gamma S)] (ends included), through the clamp, the fp32
+    model's SwiGLU and the package's re-quantisation: every activation stays within ``dev``."""
+    from deepgemm_ref import formats as fm
+    from deepgemm_ref.exact import gamma
+    from deepgemm_ref.golden.ranges_mega import activation_deviation
+    from deepgemm_ref.mega import _swiglu as sw
+
+    case = Case.from_spec({"id": "dev", "kernel": "fp8_fp4_mega_moe", "profile": "sm100", "seed": 174,
+                           "values": "adversarial", "value_draw": "position"})
+    g = case.golden()
+    rng = np.random.default_rng(0)
+    for r in range(2):
+        k = f"extra.rank{r}."
+        acc, S = g[k + "l1.acc"], g[k + "l1.S"]
+        keep = np.all(np.isfinite(acc) & np.isfinite(S), axis=1) & (np.abs(acc).max(axis=1) < 1e30)
+        acc, S = acc[keep], S[keep]
+        w = g[k + "dispatch.topk_weights"][keep]
+        acts, sf = g[k + "l2.acts"][keep], g[k + "l2.acts_sf"][keep]
+        gam = gamma(512, 2.0**-24, unbounded=True)
+        dev = activation_deviation(acc, S, gam, w, acts, sf, 10.0, "cuda")
+        a = np.asarray(acts).astype(np.float64) * np.repeat(np.ldexp(1.0, sf.astype(np.int64) - 127), 32, axis=1)
+        lo = fm.decode(fm.encode(np.nextafter(acc - gam * S * (1 + 2.0**-40), -np.inf), fm.BF16, fm.IEEE_RNE), fm.BF16)
+        hi = fm.decode(fm.encode(np.nextafter(acc + gam * S * (1 + 2.0**-40), np.inf), fm.BF16, fm.IEEE_RNE), fm.BF16)
+        assert np.count_nonzero(dev > 0) > 0  # the case has activations that can move
+        for trial in range(6):
+            pick = lo if trial == 0 else hi if trial == 1 else np.where(rng.random(lo.shape) < 0.5, lo, hi)
+            h = pick.astype(np.float32)
+            gg, uu = sw.clamp(h[:, :512], h[:, 512:], 10.0, bf16_clamp=True)
+            with np.errstate(all="ignore"):
+                v = sw.swiglu_fp32(gg, uu, w.astype(np.float32).reshape(-1, 1), True)
+                q, b = sw.requantize(v, "cuda")
+            dq = fm.decode(q, fm.E4M3) * np.repeat(np.ldexp(1.0, b.astype(np.int64) - 127), 32, axis=1)
+            ok = np.isfinite(dq)
+            assert np.all(np.abs(dq - a)[ok] <= dev[ok]), trial
+
+
+def test_mega_allowance_near_zero_on_normal_values() -> None:
+    """Where no interval crosses a rounding boundary the allowance is 0: on normal values it is
+    nonzero at a handful of elements at most, and small there."""
+    from deepgemm_ref.golden.check import error_bounds, family_range
+
+    for kernel in ("fp8_fp4_mega_moe", "bf16_mega_moe"):
+        case = Case.from_spec({"id": "n", "kernel": kernel, "profile": "sm100", "seed": 3})
+        g = case.golden()
+        hook = family_range(case.entry, g, case.inputs, "y")
+        A = hook.allowance(np.arange(g["y"].size), 2.0**-8, 2).reshape(g["y"].shape)
+        _, E_hard = error_bounds(g["S"], g["S_hard"], g["acc"], 0.0, case.entry["check"], CheckOptions(), 2, 2.0**-8)
+        assert np.count_nonzero(A) <= A.size // 1000 and np.all(A <= E_hard), kernel
+
+
+@pytest.mark.parametrize("values", ["normal", "adversarial"])
+def test_mega_wrong_devices_still_fail(values: str) -> None:
+    """A wrong route weight, a wrong expert and a doubled input scale on one slot of a token still
+    fail, on normal values and on the adversarial case whose allowance is largest (seed 92); the
+    token is one whose allowance is finite."""
+    from deepgemm_ref.golden.check import family_range
+
+    case = Case.from_spec({"id": "w", "kernel": "fp8_fp4_mega_moe", "profile": "sm100", "seed": 92,
+                           "values": values, "value_draw": "position"})
+    g = case.golden()
+    hook = family_range(case.entry, g, case.inputs, "y")
+    A = hook.allowance(np.arange(g["y"].size), 2.0**-8, 2).reshape(g["y"].shape)
+    idx = np.asarray(case.inputs["topk_idx.1"])
+    ok_tok = [t for t in range(idx.shape[0]) if idx[t, 0] >= 0 and np.all(np.isfinite(A[1, t]))
+              and np.all(np.isfinite(np.asarray(g["y"][1, t], np.float64)))]
+    t = ok_tok[0]
+
+    def scaled_weight(inp: dict) -> None:
+        inp["topk_weights.1"][t, 0] *= 1.1
+
+    def wrong_expert(inp: dict) -> None:
+        inp["topk_idx.1"][t, 0] = (idx[t, 0] + 1) % 4
+
+    def doubled_scale(inp: dict) -> None:
+        by = inp["x_sf.1"].view(np.uint8).reshape(inp["x_sf.1"].shape[0], -1)
+        by[t, :] += 1  # every UE8M0 scale of the token's row doubled
+
+    for edit in (scaled_weight, wrong_expert, doubled_scale):
+        inputs = {k: np.array(v, copy=True) for k, v in case.inputs.items()}
+        edit(inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = Case(case.spec, case.entry, inputs).call(accumulation="fp32")
+        cmp = case.compare({"y": out["y"], "stats": np.array(g["stats"])})
+        y = next(r for r in cmp.reports if r.id.endswith("/y"))
+        assert y.status == "fail" and y.failed > 0, (edit.__name__, cmp.message())

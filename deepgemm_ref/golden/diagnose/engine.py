@@ -51,7 +51,15 @@ from .. import safetensors as st
 from ..bundle import Bundle, CaseData
 from ..call import entry_family, golden_of_call
 from ..cases import ArgRef, Family
-from ..check import CaseReport, CheckOptions, Classification, classify_output, family_view, output_golden
+from ..check import (
+    CaseReport,
+    CheckOptions,
+    Classification,
+    classify_output,
+    family_range,
+    family_view,
+    output_golden,
+)
 
 __all__ = ["THRESHOLD", "Candidate", "Variant", "Score", "Sample", "CaseContext", "Evaluated", "rank_key",
            "SignBias", "sign_bias"]
@@ -231,8 +239,10 @@ class CaseContext:
         self.classes: dict[str, Classification] = {}
         self.reports: dict[str, CaseReport] = {}
         for name in self.outputs_desc:
+            # the family's range hook: the same range class and stage-propagated allowance as check
             rep, cls = classify_output(name, self.device[name], self.output_goldens[name], self.check_of(name),
-                                       self.inputs, options, masks_only=True)
+                                       self.inputs, options, masks_only=True,
+                                       range_hook=family_range(self.entry, self.golden, self.inputs, name))
             self.classes[name], self.reports[name] = cls, rep
         self.failing = sum(int(np.count_nonzero(c.bad)) for c in self.classes.values())
         self.sample = self._choose_sample()
