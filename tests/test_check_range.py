@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
 
 from deepgemm_ref.golden.case import Case
 from deepgemm_ref.golden.check import F32_MAX, CheckOptions, check_case, format_report, overflow_reach
@@ -63,10 +64,19 @@ def _f32_sum(terms: np.ndarray, order: str) -> np.ndarray:
 _ORDERS = ("sequential", "reversed", "pairwise", "blocked")
 
 
-@settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=list(HealthCheck))
-@given(cases("fp8_gemm_nt", profile="sm100", values="adversarial"))
-def test_float32_orders_pass_on_adversarial(case: Case) -> None:
+@pytest.mark.parametrize("examples", [3, pytest.param(30, marks=pytest.mark.slow)])
+def test_float32_orders_pass_on_adversarial(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(cases("fp8_gemm_nt", profile="sm100", values="adversarial"))
+    def run(case: Case) -> None:
+        _float32_orders_pass(case)
+
+    run()
+
+
+def _float32_orders_pass(case: Case) -> None:
+    """Independent float32 sums of the case's exact products in every order of ``_ORDERS`` pass."""
     a, sa, sb = case.inputs["a"], case.inputs["a_sf"], case.inputs["b_sf"]
     k = a.shape[1]
     nb = -(-k // 128)
@@ -83,10 +93,10 @@ def test_float32_orders_pass_on_adversarial(case: Case) -> None:
 
 
 def _fp32_model_passes(kernel: str, values: str, examples: int, accumulation: object = "fp32",
-                       **options: object) -> None:
+                       sizes: dict[str, Any] | None = None, **options: object) -> None:
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(cases(kernel, values=values))
+    @given(cases(kernel, values=values, **(sizes or {})))
     def run(case: Case) -> None:
         _assert_model_passes(case, accumulation, **options)
 
@@ -126,9 +136,13 @@ def test_repro_fp8_gemm_nt_sm100() -> None:
     run()
 
 
+@pytest.mark.slow  # default-run time: the issue's MQA reproducers below run by default
 @pytest.mark.parametrize("kernel", ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"))
 def test_fp32_model_passes_mqa_adversarial(kernel: str) -> None:
-    _fp32_model_passes(kernel, "adversarial", 4)
+    # small queries and contexts here; the slow every-family survey draws every size
+    small = ({"seq": st.integers(1, 8), "seq_kv": st.integers(1, 64)} if kernel == "fp8_fp4_mqa_logits"
+             else {"batch": st.integers(1, 2)})
+    _fp32_model_passes(kernel, "adversarial", 2, sizes=small)
 
 
 def test_repro_mqa_sm100_seq9() -> None:

@@ -25,6 +25,9 @@ QUICK = settings(max_examples=3, deadline=None, database=None,
 #: A test parametrized with ``full``: the default run draws small sizes (``_small``), the ``slow``
 #: run draws the strategy's whole size range, with the same examples count and assertions.
 FULL = pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["small", "full"])
+#: Both sizes in the slow run (default-run time: tests/test_shrinking.py proves shrinking by default).
+SLOW_BOTH = pytest.mark.parametrize("full", [pytest.param(False, marks=pytest.mark.slow),
+                                             pytest.param(True, marks=pytest.mark.slow)], ids=["small", "full"])
 #: Sizes for the default run of the kernels whose drawn cases can take seconds at full size
 #: (DeepGEMM-Ascend's MQA head scores on adversarial values fall back to exact rationals, at a cost
 #: that grows fastest with the number of heads; a Mega MoE case is a whole layer): the same
@@ -319,7 +322,7 @@ def test_a_kernel_that_flushes_nan_fails_with_a_class_mismatch():
     assert "class mismatch (finite where the golden value is NaN)" in msg
 
 
-@FULL
+@SLOW_BOTH
 def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one_key(full):
     sizes = {} if full else _small(seq=4, seq_kv=24)
     msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False, **sizes), MQA_NO_KV_SCALE)
@@ -328,7 +331,7 @@ def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one
     assert "'seq': 1, 'seq_kv': 1" in notes
 
 
-@FULL
+@SLOW_BOTH
 def test_a_k_grouped_kernel_that_loses_c_fails_shrunk_to_one_group(full):
     sizes = {} if full else _small(groups=3, m=32, n=32, k=64)
     msg, _ = _falsify(cases("k_grouped_fp8_gemm_tn_contiguous", profile="sm100", **sizes), K_GROUPED_DROPS_C)
