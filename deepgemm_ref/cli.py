@@ -278,9 +278,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from . import golden
     from .golden.check import reports_json
 
-    for flag, path in (("--html", args.html), ("--junit", args.junit)):
+    for flag, path in (("--html", args.html), ("--junit", args.junit), ("--compare-table", args.compare_table)):
         if path:
             _writable(path, flag)
+    thresholds = _thresholds(args)
     options = _check_options(args)
     t0 = time.perf_counter()
     bundle = golden.load_bundle(args.bundle, max_memory=args.max_memory)
@@ -294,6 +295,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         diagnoses = diagnose_outputs(bundle, outputs, options=options, cases=args.case or None, errors=errors,
                                      progress=_progress("diagnose"), reports=reports)
+    table = None
+    if args.compare_table or args.html or thresholds is not None:  # msprobe's columns beside ours
+        from .golden.compare_table import compare_rows
+
+        table = compare_rows(bundle, outputs, reports, thresholds=thresholds, diagnoses=diagnoses)
     if args.json:
         if diagnoses is None:
             print(reports_json(reports))
@@ -326,9 +332,29 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from .golden.html import write_html
 
         write_html(args.html, reports, bundle=args.bundle, outputs=args.outputs, diagnoses=diagnoses,
-                   cases=bundle.cases)
+                   cases=bundle.cases, compare_table=table)
         print(f"wrote the HTML report {args.html}", file=sys.stderr)
+    if args.compare_table and table is not None:
+        from .golden.compare_table import write_compare_table
+
+        write_compare_table(args.compare_table, table)
+        print(f"wrote the compare table {args.compare_table}", file=sys.stderr)
+    if args.verdict == "thresholds":  # the threshold table's verdict as the exit code, asked for
+        return 1 if any(r.thresholds is None or r.thresholds["status"] == "fail" for r in reports) else 0
     return 1 if any(r.status == "fail" for r in reports) else 0
+
+
+def _thresholds(args: argparse.Namespace) -> Any:
+    """The threshold table of ``--thresholds`` (the CANN samples' rule with ``--verdict thresholds``
+    alone; None without either), and the ``.xlsx`` writer's presence, checked before any work."""
+    from .golden import compare_table as ct
+
+    if args.compare_table and args.compare_table.lower().endswith(".xlsx") and not ct.xlsx_available():
+        raise DGArgumentError(f"check: --compare-table {args.compare_table}: .xlsx needs openpyxl (pip install "
+                              "openpyxl), or write .csv")
+    if args.thresholds:
+        return ct.load_thresholds(args.thresholds)
+    return ct.CANN_DEFAULT if args.verdict == "thresholds" else None
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
@@ -515,6 +541,15 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--diagnose", action="store_true",
                      help="also diagnose every failing case (which known port bug explains it; in the text, JSON "
                           "and HTML reports)")
+    chk.add_argument("--compare-table", metavar="FILE",
+                     help="write msprobe's compare columns (Cosine, MaxAbsErr, ...; docs/compare-table.md) beside "
+                          "this checker's for every output: FILE.csv, or FILE.xlsx (needs openpyxl)")
+    chk.add_argument("--thresholds", metavar="FILE",
+                     help="also judge every output by a threshold table (TOML or JSON: per output dtype atol, rtol "
+                          "and the allowed share of violating elements; docs/compare-table.md), a separate verdict")
+    chk.add_argument("--verdict", choices=("bound", "thresholds"), default="bound",
+                     help="which verdict is the exit code: the exact-golden bound (default) or the threshold "
+                          "table (--thresholds, else the CANN samples' rule)")
     chk.set_defaults(func=_cmd_check)
 
     dia = sub.add_parser("diagnose", help="explain failing cases: rank the known port bugs by how much of the "

@@ -155,11 +155,16 @@ class CaseReport:
     lead: str | None = None  # what the leading axis of a 3-D output indexes: "group", "rank", "batch"
     bias: dict[str, Any] | None = None  # the systematic-error test (bias.BiasResult.to_json), interval outputs
     options: dict[str, Any] = field(default_factory=dict)  # CheckOptions.summary() of the check
+    # a threshold table's verdict (check --thresholds; compare_table.threshold_verdict), its "text" for reports
+    thresholds: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as strict JSON values (non-finite numbers as strings, see
-        :func:`strict_json_value`)."""
-        return strict_json_value(dict(self.__dict__))
+        :func:`strict_json_value`); ``thresholds`` only when a threshold table was applied."""
+        d = dict(self.__dict__)
+        if d["thresholds"] is None:
+            del d["thresholds"]
+        return strict_json_value(d)
 
 
 def strict_json_value(x: Any) -> Any:
@@ -848,6 +853,13 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
             lines += _worst_table(r.worst, integer)
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
     summary = f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail"
+    judged = [r.thresholds for r in reports if r.thresholds is not None]
+    if judged:  # check --thresholds: the table's verdict beside the bound's
+        lines.append(f"thresholds ({judged[0].get('table', 'threshold table')}), not the bound's verdict:")
+        lines += [f"  {r.id}: {r.thresholds.get('text', r.thresholds['status'])}" for r in reports
+                  if r.thresholds is not None and not (quiet and r.thresholds["status"] == "pass")]
+        t_fail = sum(t["status"] == "fail" for t in judged)
+        summary += f"; thresholds: {len(judged) - t_fail} pass, {t_fail} fail"
     ranged = sum(r.range_allowed for r in reports)
     if ranged:
         summary += (f"; {ranged} elements of {sum(r.range_allowed > 0 for r in reports)} outputs in the range class "

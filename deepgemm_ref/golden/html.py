@@ -178,13 +178,29 @@ def _diagnosis(d: Any) -> str:
     return "".join(parts)
 
 
+def _compare_section(rows: list[dict[str, Any]]) -> str:
+    """The compare table (``check --compare-table``'s columns) as one HTML table."""
+    cols = list(rows[0])
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td class=num>{_e(repr(v))}</td>" if isinstance(v, float) else
+                                    f"<td>{_e(v)}</td>" for v in (row.get(c, "") for c in cols)) + "</tr>"
+                   for row in rows)
+    return ('<h2 id="compare-table">Compare table</h2><p>msprobe\'s compare columns (computed as msprobe computes '
+            "them; Accuracy Reached or Not by its check_accuracy rule) beside this checker's verdict "
+            "(docs/compare-table.md).</p>"
+            f'<div style="overflow-x:auto"><table class=compare><thead><tr>{head}</tr></thead><tbody>{body}'
+            "</tbody></table></div>")
+
+
 def _case_of(report_id: str, known: Any) -> str:
     return report_id if report_id in known else report_id.rsplit("/", 1)[0]
 
 
 def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "",
-                diagnoses: list[Any] | None = None, cases: Mapping[str, Any] | None = None) -> str:
-    """The HTML text (see the module docstring)."""
+                diagnoses: list[Any] | None = None, cases: Mapping[str, Any] | None = None,
+                compare_table: list[dict[str, Any]] | None = None) -> str:
+    """The HTML text (see the module docstring); ``compare_table``: the rows of
+    :func:`.compare_table.compare_rows` (msprobe's columns beside ours), shown as ``#compare-table``."""
     cases = cases or {}
     verdicts = {d.id: d for d in diagnoses or []}
     known = set(cases) | set(verdicts)
@@ -240,6 +256,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
         sec.append("</section>")
         details.append("".join(sec))
     out.append("</tbody></table>")
+    if compare_table:
+        out.append(_compare_section(compare_table))
     out += details
     out.append(f"<script>{_SCRIPT}</script></body></html>\n")
     return "\n".join(out)
