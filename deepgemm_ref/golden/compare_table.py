@@ -57,8 +57,8 @@ from .bundle import Bundle, atomic_write_text
 from .check import CaseReport, family_view, output_golden
 
 __all__ = ["msprobe_api_name", "encode_name_part", "decode_name_part", "torch_dtype_name", "msprobe_values",
-           "msprobe_read", "msprobe_metrics", "check_accuracy", "tensor_statistics", "ThresholdRule",
-           "ThresholdTable", "CANN_DEFAULT", "load_thresholds", "threshold_verdict", "compare_rows",
+           "msprobe_read", "msprobe_metrics", "check_accuracy", "tensor_statistics", "statistics_columns",
+           "ThresholdRule", "ThresholdTable", "CANN_DEFAULT", "load_thresholds", "threshold_verdict", "compare_rows",
            "write_compare_table", "MSPROBE_COLUMNS", "METRIC_COLUMNS", "describe_thresholds"]
 
 #: msprobe's metric columns, in its order.
@@ -251,6 +251,14 @@ def tensor_statistics(x: np.ndarray) -> tuple[float, float, float, float] | None
         return None
     with np.errstate(invalid="ignore", over="ignore"):
         return float(v.max()), float(v.min()), float(v.mean()), float(np.linalg.norm(v))
+
+
+def statistics_columns(x: np.ndarray, side: str) -> dict[str, float | str]:
+    """``<side> max`` / ``min`` / ``mean`` / ``l2norm`` of :func:`tensor_statistics`, NaN written
+    ``Nan`` as msprobe writes it (empty for an empty tensor)."""
+    stats = tensor_statistics(x)
+    return {f"{side} {key}": ("" if stats is None else "Nan" if math.isnan(stats[i]) else stats[i])
+            for i, key in enumerate(("max", "min", "mean", "l2norm"))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -491,10 +499,8 @@ def compare_rows(bundle: Bundle, outputs: Mapping[str, np.ndarray], reports: lis
                                    "NPU Dtype": torch_dtype_name(dev.dtype), "Bench Dtype": torch_dtype_name(gd.dtype),
                                    "NPU Tensor Shape": str(list(dev.shape)), "Bench Tensor Shape": str(list(gd.shape))}
             row.update(msprobe_metrics(msprobe_read(npu), msprobe_read(bench)))
-            for side, arr in (("NPU", npu), ("Bench", bench)):
-                stats = tensor_statistics(arr)
-                for key, v in zip(("max", "min", "mean", "l2norm"), stats or ("",) * 4, strict=True):
-                    row[f"{side} {key}"] = v
+            row.update(statistics_columns(npu, "NPU"))
+            row.update(statistics_columns(bench, "Bench"))
             row["Accuracy Reached or Not"] = check_accuracy(row["Cosine"], row["MaxAbsErr"])
             computed[label] = row
             if thresholds is not None:
