@@ -228,6 +228,11 @@ def test_compare_table_csv_has_msprobes_columns_and_ours(files, tmp_path, capsys
     assert m["Bound Status"] == "pass" and int(m["Undefined"]) > 0 and m["Accuracy Reached or Not"] == "Yes"
     assert float(m["Cosine"]) == 1.0 and float(m["MaxAbsErr"]) == 0.0
     assert "Thresholds Status" not in f and "Diagnosis" not in f
+    # --diagnose adds the diagnosis of a failing output
+    assert main(["check", str(bundle), "--outputs", str(one), "--compare-table", str(out), "--quiet",
+                 "--diagnose"]) == 1
+    rows = {r["Output"]: r for r in read_csv(out)}
+    assert rows["dense"]["Diagnosis"] and rows["f32"]["Diagnosis"] == ""
     # the exit code stays the bound's; a passing set passes
     assert main(["check", str(bundle), "--outputs", str(good), "--compare-table", str(out), "--quiet"]) == 0
 

@@ -855,9 +855,10 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
     summary = f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail"
     judged = [r.thresholds for r in reports if r.thresholds is not None]
     if judged:  # check --thresholds: the table's verdict beside the bound's
-        lines.append(f"thresholds ({judged[0].get('table', 'threshold table')}), not the bound's verdict:")
-        lines += [f"  {r.id}: {r.thresholds.get('text', r.thresholds['status'])}" for r in reports
-                  if r.thresholds is not None and not (quiet and r.thresholds["status"] == "pass")]
+        shown = [f"  {r.id}: {r.thresholds.get('text', r.thresholds['status'])}" for r in reports
+                 if r.thresholds is not None and not (quiet and r.thresholds["status"] == "pass")]
+        if shown:
+            lines += [f"thresholds ({judged[0].get('table', 'threshold table')}), not the bound's verdict:", *shown]
         t_fail = sum(t["status"] == "fail" for t in judged)
         summary += f"; thresholds: {len(judged) - t_fail} pass, {t_fail} fail"
     ranged = sum(r.range_allowed for r in reports)
