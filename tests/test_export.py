@@ -18,7 +18,7 @@ from deepgemm_ref import golden
 from deepgemm_ref.cli import main
 from deepgemm_ref.golden import safetensors as st
 from deepgemm_ref.golden.bundle import BundleError
-from deepgemm_ref.golden.export import decode_name, encode_name, export, load_dump, parse_api_name
+from deepgemm_ref.golden.export import api_name, decode_name, encode_name, export, load_dump, parse_api_name
 
 # one case of each shape of output: bf16 2-D, two float32 outputs, MQA logits with undefined
 # (-inf) elements, DeepEP dispatch (FP8, int64, several outputs) and combine (3-D, undefined rows)
@@ -72,6 +72,7 @@ def test_names_round_trip_and_use_only_msprobe_path_characters():
         with pytest.raises(ValueError):
             decode_name(bad)
     assert parse_api_name("Functional.linear.0.forward") is None
+    assert parse_api_name(api_name("k.v2", "c.1")) == ("k.v2", "c.1")
     assert parse_api_name(f"DeepGEMM.fp8_gemm_nt.{encode_name(ODD)}.forward") == ("fp8_gemm_nt", ODD)
     with pytest.raises(ValueError):
         parse_api_name("DeepGEMM.fp8_gemm_nt")
@@ -180,6 +181,9 @@ def test_bad_dump_files_are_refused_by_name(bundle, tmp_path, capsys):
     f.symlink_to(src / "sm100-fp8-nt-bf16" / "d.bin")
     _one_line_error(capsys, chk + [str(d)], str(f), "symlink")
     # npy: wrong element dtype for the sidecar, a pickled object array
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_error(capsys, chk + [str(empty)], str(empty), "holds no outputs")
     npy = tmp_path / "npy"
     export(bundle, npy, "npy")
     f = npy / "sm100-fp8-nt-bf16" / "d.npy"

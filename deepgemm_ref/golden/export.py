@@ -183,7 +183,7 @@ def parse_api_name(api: str) -> tuple[str, str] | None:
     if not body.endswith(".forward") or "." not in body[:-len(".forward")]:
         raise ValueError(f"API {api!r}: expected {API_PREFIX}.<kernel>.<case id>.forward")
     kernel, case = body[:-len(".forward")].split(".", 1)
-    return decode_name(kernel), decode_name(case)
+    return decode_name(kernel.replace(":2e", ".")), decode_name(case)  # api_name writes a kernel's '.' as :2e
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,12 +317,7 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         raise BundleError(f"export: --case: no generated case {', '.join(map(repr, unknown))} in {bundle.root}")
     device: Mapping[str, np.ndarray] | None = None
     if outputs is not None:
-        from .check import load_outputs
-
-        device = load_outputs(outputs, max_memory=max_memory)
-        if set(device) == {""}:
-            raise BundleError(f"export: --outputs {os.fspath(outputs)}: a single .npy names no case; export "
-                              "needs <case id>/<output> names (a safetensors outputs file or a dump directory)")
+        device = _read_outputs(os.fspath(outputs), max_memory)
         for cid in ids:
             for name, meta in bundle.cases[cid]["outputs"].items():
                 key = f"{cid}/{name}"
@@ -348,6 +343,28 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         shutil.rmtree(work, ignore_errors=True)
         raise
     return {"format": fmt, "out": out, "cases": ids, "files": n_files + 1}
+
+
+def _read_outputs(path: str, max_memory: int | None) -> Mapping[str, np.ndarray]:
+    """Device outputs for ``export --outputs``: a dump directory or a safetensors outputs file
+    (``<case id>/<output>`` names), as ``check`` reads them."""
+    limit = default_memory_limit() if max_memory is None else max_memory
+    if os.path.isdir(path):
+        return load_dump(path, max_memory=limit)
+    if path.endswith(".npy"):
+        raise BundleError(f"export: --outputs {path}: a single .npy names no case; export needs <case id>/<output> "
+                          "names (a safetensors outputs file or a dump directory)")
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise BundleError(f"{path}: cannot read the outputs: {e.strerror}") from None
+    if size > limit:
+        raise BundleError(f"{path}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
+    try:
+        raw = st.load_file(path)
+    except (OSError, st.SafetensorsError) as e:
+        raise BundleError(f"{path}: cannot read the outputs: {e}") from None
+    return {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in raw.items()}
 
 
 def _swap_in(work: Path, out: Path) -> None:
@@ -402,7 +419,8 @@ def _write_tree(root: Path, bundle: Bundle, ids: list[str], fmt: str, device: Ma
                 outs[encode_name(name)] = _pt_entry(value, data_name, cid, name)
                 _write_bytes(data_dir / data_name, _pt_bytes(torch, value, cid, name))
                 n += 1
-            data[api] = {"input_args": [], "input_kwargs": {}, "output": outs}
+            if outs:
+                data[api] = {"input_args": [], "input_kwargs": {}, "output": outs}
         dump = {"task": "tensor", "level": "L1", "framework": "pytorch",
                 "dump_data_dir": os.path.join("rank0", "dump_tensor_data"), "data": data}
         _write_bytes(root / "rank0" / "dump.json", _json_bytes(dump, allow_nan=True))
@@ -547,7 +565,11 @@ def load_dump(path: str | os.PathLike[str], *, max_memory: int | None = None) ->
         return _load_msprobe(root / "rank0", budget)
     if (root / "dump.json").is_file():
         return _load_msprobe(root, budget)
-    return _load_layout(root, budget)
+    result = _load_layout(root, budget)
+    if not result:
+        raise BundleError(f"{root}: holds no outputs (neither an msprobe dump, rank0/dump.json, nor "
+                          "<case id>/<output>.npy or .bin files)")
+    return result
 
 
 def _load_msprobe(rank_dir: Path, budget: _Budget) -> DumpOutputs:
