@@ -302,3 +302,20 @@ def test_real_msprobe_compare_on_exports(bundle, tmp_path):
             assert float(r["Cosine"]) < 0.99 and float(r["MaxAbsErr"]) > 1  # a real compare happened
         else:
             assert float(r["Cosine"]) == 1.0 and float(r["MaxAbsErr"]) == 0.0, r
+
+
+def test_a_harness_npy_without_sidecar(bundle, tmp_path, capsys):
+    """A harness may write ``<case>/<output>.npy`` of a NumPy dtype alone; bf16 bit patterns
+    without the sidecar naming bf16 are refused naming the file."""
+    b = golden.load_bundle(bundle)
+    d = tmp_path / "harness"
+    (d / "sm100-hc-prenorm").mkdir(parents=True)
+    g = b.case("sm100-hc-prenorm").golden()
+    np.save(d / "sm100-hc-prenorm" / "d.npy", g["d"])
+    np.save(d / "sm100-hc-prenorm" / "sqr_sum.npy", g["sqr_sum"])
+    reps = golden.check(bundle, d, cases=["sm100-hc-prenorm"])
+    assert [r.status for r in reps] == ["pass", "pass"]
+    (d / "sm100-fp8-nt-bf16").mkdir()
+    f = d / "sm100-fp8-nt-bf16" / "d.npy"
+    np.save(f, b.case("sm100-fp8-nt-bf16").golden()["d"].view(np.uint16))
+    _one_line_error(capsys, ["check", str(bundle), "--outputs", str(d)], str(f), "uint16")

@@ -23,7 +23,9 @@ the two::
                                                                         "output": {OUT: {...}}}}}
     DIR/rank0/dump_tensor_data/API.output.OUT.pt        the tensor (torch.save)
 
-with ``API = DeepGEMM.<kernel>.<encoded case id>.forward`` (msprobe skips names that end in
+(``dump_data_dir`` is written relative to ``DIR``, ``rank0/dump_tensor_data``, so the dump can be
+moved; msprobe finds the tensors beside ``dump.json`` either way) with
+``API = DeepGEMM.<kernel>.<encoded case id>.forward`` (msprobe skips names that end in
 neither ``forward`` nor ``backward``) and ``OUT`` the encoded output name; each output's entry
 is ``{"type": "torch.Tensor", "dtype": "torch.<dtype>", "shape": [...], "Max", "Min", "Mean",
 "Norm", "requires_grad": false, "data_name": "API.output.OUT.pt"}``, the statistics computed in
