@@ -371,6 +371,17 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 1 if any(d.status in ("fail", "error") for d in diagnoses) else 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .golden.export import export
+
+    result = export(args.bundle, args.out, args.format, outputs=args.outputs, cases=args.case or None,
+                    force=args.force, max_memory=args.max_memory)
+    what = "device outputs" if args.outputs else "goldens"
+    print(f"wrote the {what} of {len(result['cases'])} case(s) as {args.format} to {args.out} "
+          f"({result['files']} files)")
+    return 0
+
+
 def _cmd_probe(args: argparse.Namespace) -> int:
     import json
 
@@ -446,7 +457,9 @@ def _preset_names() -> list[str]:
 def _check_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments check and diagnose share: bundle, outputs, the bound, cases, memory."""
     p.add_argument("bundle")
-    p.add_argument("--outputs", required=True, help="safetensors with <case id>/<output> names, or a .npy")
+    p.add_argument("--outputs", required=True,
+                   help="safetensors with <case id>/<output> names, a .npy, or a dump directory (msprobe, or "
+                        "<case id>/<output>.npy|.bin with .json sidecars; see export)")
     p.add_argument("--lambda", dest="lam", type=float, default=8.0,
                    help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
     p.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
@@ -558,6 +571,21 @@ def build_parser() -> argparse.ArgumentParser:
     dia.add_argument("--json", action="store_true", help="JSON (strict: NaN / infinities as strings)")
     dia.add_argument("--quiet", action="store_true", help="no line for passing cases")
     dia.set_defaults(func=_cmd_diagnose)
+
+    exp = sub.add_parser("export", help="write a bundle's goldens (or a device's outputs) as an msprobe dump or "
+                         "CANN-style .npy / .bin golden files")
+    exp.add_argument("bundle")
+    exp.add_argument("--format", required=True, choices=("msprobe", "npy", "bin"),
+                     help="msprobe: DIR/rank0/dump.json + .pt tensors for msprobe compare (needs torch); npy / bin: "
+                          "DIR/<case id>/<tensor>.npy|.bin with a .json sidecar (real dtype, shape) per tensor")
+    exp.add_argument("--out", required=True, metavar="DIR", help="the export directory")
+    exp.add_argument("--outputs", default=None,
+                     help="write these device outputs (safetensors or a dump directory) instead of the goldens")
+    exp.add_argument("--case", action="extend", nargs="+", metavar="ID", help="only these case ids")
+    exp.add_argument("--force", action="store_true", help="replace an earlier export in DIR")
+    exp.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                     help="refuse files over SIZE (default: half of this machine's memory)")
+    exp.set_defaults(func=_cmd_export)
 
     prb = sub.add_parser("probe", help="analyse a device's outputs of the ascend-probes preset")
     prb_sub = prb.add_subparsers(dest="probe_command", required=True)

@@ -879,9 +879,14 @@ def _range_text(r: CaseReport) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def load_outputs(path: str | os.PathLike[str], *, max_memory: int | None = None) -> dict[str, np.ndarray]:
-    """Device outputs: a safetensors file (names ``<case id>/<output>``) or a single ``.npy``."""
+    """Device outputs: a safetensors file (names ``<case id>/<output>``), a single ``.npy``, or a
+    dump directory (an msprobe dump or the npy / bin layout, :func:`.export.load_dump`)."""
     p = os.fspath(path)
     limit = default_memory_limit() if max_memory is None else max_memory
+    if os.path.isdir(p):
+        from .export import load_dump
+
+        return load_dump(p, max_memory=limit)
     try:
         size = os.stat(p).st_size
     except OSError as e:
@@ -976,7 +981,9 @@ def _check_one_case(bundle: Bundle, case_id: str, outputs: Mapping[str, np.ndarr
         if key in outputs:
             dev, want = outputs[key], golden[name]
             if dev.shape != want.shape or dev.dtype != want.dtype:
-                raise BundleError(f"outputs: {key!r} has shape {dev.shape} and dtype {dev.dtype}; "
+                file = getattr(outputs, "files", {}).get(key)  # a dump directory's file (export.DumpOutputs)
+                raise BundleError(f"outputs: {key!r}{f' ({file})' if file else ''} has shape {dev.shape} and "
+                                  f"dtype {dev.dtype}; "
                                   f"expected shape {want.shape} and dtype {want.dtype}")
     view = family_view(entry, golden, {name: outputs[keys[name]] for name in names if keys[name] in outputs})
     reports = []
