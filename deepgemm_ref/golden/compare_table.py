@@ -34,7 +34,7 @@ any column (EucDist, MaxAbsErr, MaxRelativeErr see none there), so the table is 
 compare of the exported dumps, row for row.  The threshold verdict and the bound leave them out.
 
 Row names are msprobe's: ``DeepGEMM.<kernel>.<case id>.forward.output.<output>``
-(:func:`msprobe_api_name`, the one place this name is made; the export helper uses it too).
+(:func:`msprobe_api_name`: :func:`.export.api_name`, the one place this name is made).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ from ..errors import DGArgumentError
 from .bias import describe_bias
 from .bundle import Bundle, atomic_write_text
 from .check import CaseReport, family_view, output_golden
+from .export import api_name, encode_name
 
-__all__ = ["msprobe_api_name", "encode_name_part", "decode_name_part", "torch_dtype_name", "msprobe_values",
+__all__ = ["msprobe_api_name", "torch_dtype_name", "msprobe_values",
            "msprobe_read", "msprobe_metrics", "check_accuracy", "tensor_statistics", "statistics_columns",
            "ThresholdRule", "ThresholdTable", "CANN_DEFAULT", "load_thresholds", "threshold_verdict", "compare_rows",
            "write_compare_table", "MSPROBE_COLUMNS", "METRIC_COLUMNS", "describe_thresholds"]
@@ -74,43 +75,17 @@ OUR_COLUMNS = ("Output", "Bound Status", "Checked", "Failing", "Warning", "Range
                "Bias log10 p", "Bias", "Max Normalised Error", "Worst Element")
 THRESHOLD_COLUMNS = ("Thresholds Status", "Thresholds Violating", "Thresholds Rule")
 
-_NAME_OK = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
 # ----------------------------------------------------------------------------------------------
 # names
 # ----------------------------------------------------------------------------------------------
 
-def encode_name_part(text: str) -> str:
-    """``text`` in the characters msprobe accepts in its paths: every character outside
-    ``[A-Za-z0-9_.-]`` (``:`` and ``/`` included, though msprobe accepts them: ``:`` is the escape
-    and ``/`` would be a directory in a data file's name) becomes ``:<hex code point>:``, so
-    ``a b`` -> ``a:20:b``; :func:`decode_name_part` inverts it."""
-    return "".join(ch if ch in _NAME_OK else f":{ord(ch):x}:" for ch in text)
-
-
-def decode_name_part(text: str) -> str:
-    """The inverse of :func:`encode_name_part` (a malformed escape: :class:`DGArgumentError`)."""
-    out, i = [], 0
-    while i < len(text):
-        ch = text[i]
-        if ch != ":":
-            out.append(ch)
-            i += 1
-            continue
-        j = text.find(":", i + 1)
-        code = text[i + 1:j] if j > i + 1 else ""
-        if not code or any(c not in "0123456789abcdef" for c in code) or int(code, 16) > 0x10FFFF:
-            raise DGArgumentError(f"decode_name_part: text: expected ':<hex>:' escapes; got {text!r}")
-        out.append(chr(int(code, 16)))
-        i = j + 1
-    return "".join(out)
-
-
 def msprobe_api_name(kernel: str, case_id: str) -> str:
-    """msprobe's API name of one case: ``DeepGEMM.<kernel>.<case id>.forward`` (both parts
-    through :func:`encode_name_part`); an output's row is ``<api>.output.<output>``."""
-    return f"DeepGEMM.{encode_name_part(kernel)}.{encode_name_part(case_id)}.forward"
+    """msprobe's API name of one case, ``DeepGEMM.<kernel>.<case id>.forward``: the name
+    :func:`.export.api_name` gives the case's dump (one definition); an output's row is
+    ``<api>.output.<encoded output name>``."""
+    return api_name(kernel, case_id)
 
 
 _TORCH_NAMES = {"float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "float8_e8m0fnu": "float8_e8m0fnu",
@@ -493,7 +468,7 @@ def compare_rows(bundle: Bundle, outputs: Mapping[str, np.ndarray], reports: lis
             if rep is None or rep.error is not None:
                 continue
             case_of[label] = case_id
-            row_name = f"{msprobe_api_name(kernel, case_id)}.output.{encode_name_part(name)}"
+            row_name = f"{msprobe_api_name(kernel, case_id)}.output.{encode_name(name)}"
             npu, bench = msprobe_values(dev, gd, defined)
             row: dict[str, Any] = {"NPU Name": row_name, "Bench Name": row_name,
                                    "NPU Dtype": torch_dtype_name(dev.dtype), "Bench Dtype": torch_dtype_name(gd.dtype),
