@@ -38,12 +38,10 @@ from ..exact import gamma
 from ..testing.numeric import ulp_distance
 from ..toolkit.operands import OUT_FORMAT
 from . import bias as bias_mod
-from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle
 from .call import entry_family
 from .progress import as_progress
 from .replay import read_replay_record
-from .resources import default_memory_limit, format_size
 
 __all__ = ["CheckOptions", "CaseReport", "DEFAULT_OPTIONS", "describe_options", "options_differ", "apply_bias",
            "apply_model_null", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
@@ -881,31 +879,9 @@ def _range_text(r: CaseReport) -> str:
 def load_outputs(path: str | os.PathLike[str], *, max_memory: int | None = None) -> dict[str, np.ndarray]:
     """Device outputs: a safetensors file (names ``<case id>/<output>``), a single ``.npy``, or a
     dump directory (an msprobe dump or the npy / bin layout, :func:`.export.load_dump`)."""
-    p = os.fspath(path)
-    limit = default_memory_limit() if max_memory is None else max_memory
-    if os.path.isdir(p):
-        from .export import load_dump
+    from .export import read_outputs
 
-        return load_dump(p, max_memory=limit)
-    try:
-        size = os.stat(p).st_size
-    except OSError as e:
-        raise BundleError(f"{p}: cannot read the outputs: {e.strerror}") from None
-    if size > limit:
-        raise BundleError(f"{p}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
-    if p.endswith(".npy"):
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise BundleError(f"{p}: cannot read the .npy outputs: {e}") from None
-        if not isinstance(arr, np.ndarray):
-            raise BundleError(f"{p}: not a single array")
-        return {"": arr}
-    try:
-        raw = st.load_file(p)
-    except (OSError, st.SafetensorsError) as e:
-        raise BundleError(f"{p}: cannot read the outputs: {e}") from None
-    return {k: (v.data if isinstance(v, st.PackedFP4) else v) for k, v in raw.items()}
+    return read_outputs(os.fspath(path), max_memory, single_npy=True)
 
 
 def _failed(case_id: str, why: str) -> CaseReport:

@@ -95,7 +95,7 @@ from .bundle import Bundle, BundleError, load_bundle, open_confined
 from .resources import default_memory_limit, format_size
 
 __all__ = ["FORMATS", "API_PREFIX", "MARKER", "encode_name", "decode_name", "api_name", "parse_api_name",
-           "export", "load_dump", "is_msprobe_dump", "DumpOutputs"]
+           "export", "load_dump", "read_outputs", "is_msprobe_dump", "DumpOutputs"]
 
 #: The export formats.
 FORMATS = ("msprobe", "npy", "bin")
@@ -319,7 +319,7 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
         raise BundleError(f"export: --case: no generated case {', '.join(map(repr, unknown))} in {bundle.root}")
     device: Mapping[str, np.ndarray] | None = None
     if outputs is not None:
-        device = _read_outputs(os.fspath(outputs), max_memory)
+        device = read_outputs(os.fspath(outputs), max_memory)
         for cid in ids:
             for name, meta in bundle.cases[cid]["outputs"].items():
                 key = f"{cid}/{name}"
@@ -347,13 +347,15 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     return {"format": fmt, "out": out, "cases": ids, "files": n_files + 1}
 
 
-def _read_outputs(path: str, max_memory: int | None) -> Mapping[str, np.ndarray]:
-    """Device outputs for ``export --outputs``: a dump directory or a safetensors outputs file
-    (``<case id>/<output>`` names), as ``check`` reads them."""
+def read_outputs(path: str, max_memory: int | None, *, single_npy: bool = False) -> dict[str, np.ndarray]:
+    """Device outputs as ``check`` and ``export --outputs`` read them: a dump directory
+    (:func:`load_dump`), a safetensors outputs file (``<case id>/<output>`` names) or, with
+    ``single_npy``, one ``.npy`` array (under the name ``""``, for a one-case bundle); every file
+    size checked against ``max_memory`` (default: the memory limit) before it is read."""
     limit = default_memory_limit() if max_memory is None else max_memory
     if os.path.isdir(path):
-        return load_dump(path, max_memory=limit)
-    if path.endswith(".npy"):
+        return load_dump(path, max_memory=limit)  # a DumpOutputs: it names each output's file
+    if path.endswith(".npy") and not single_npy:
         raise BundleError(f"export: --outputs {path}: a single .npy names no case; export needs <case id>/<output> "
                           "names (a safetensors outputs file or a dump directory)")
     try:
@@ -362,6 +364,14 @@ def _read_outputs(path: str, max_memory: int | None) -> Mapping[str, np.ndarray]
         raise BundleError(f"{path}: cannot read the outputs: {e.strerror}") from None
     if size > limit:
         raise BundleError(f"{path}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
+    if path.endswith(".npy"):
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise BundleError(f"{path}: cannot read the .npy outputs: {e}") from None
+        if not isinstance(arr, np.ndarray):
+            raise BundleError(f"{path}: not a single array")
+        return {"": arr}
     try:
         raw = st.load_file(path)
     except (OSError, st.SafetensorsError) as e:
@@ -521,19 +531,10 @@ def _read_small(root: Path, rel: str, what: str, limit: int = MAX_JSON_BYTES) ->
         return f.read(limit + 1)
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def _json_file(root: Path, rel: str, what: str) -> Any:
     raw = _read_small(root, rel, what)
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=st._unique_object)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BundleError(f"{root / rel}: not valid JSON ({what}): {e}") from None
 
