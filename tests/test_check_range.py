@@ -171,7 +171,7 @@ def test_mega_nan_without_reachable_overflow_still_fails() -> None:
 @pytest.mark.parametrize("values", ["adversarial", "special"])
 @pytest.mark.parametrize("kernel", __import__("deepgemm_ref.strategies", fromlist=["kernels"]).kernels())
 def test_fp32_model_passes_every_family_slow(kernel: str, values: str) -> None:
-    _fp32_model_passes(kernel, values, 6, sizes=_SURVEY_SIZES.get(kernel))
+    _fp32_model_passes(kernel, values, 4, sizes=_SURVEY_SIZES.get(kernel))
 
 
 #: The slow survey's sizes for the kernels whose drawn cases take seconds (CI time: a Mega MoE case
