@@ -276,14 +276,22 @@ _TOP_KEYS = ("name", "default", "dtype")
 _MAX_TABLE_BYTES = 1 << 20
 
 
-def _rule(path: str, where: str, raw: Any, base: ThresholdRule) -> ThresholdRule:
+def _known_table(path: str, where: str, raw: Any, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    """``raw`` as a table whose keys are all among ``keys`` (``where``: its place in the file, ""
+    for the top level), else the argument error naming file, place and key."""
+    at = f"{where}: " if where else ""
     if not isinstance(raw, Mapping):
-        raise DGArgumentError(f"check: --thresholds {path}: {where}: expected a table of {', '.join(_RULE_KEYS)}; "
-                              f"got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_RULE_KEYS))
+        raise DGArgumentError(f"check: --thresholds {path}: {at}expected a table {'of' if where else 'with'} "
+                              f"{', '.join(keys)}; got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(keys))
     if unknown:
-        raise DGArgumentError(f"check: --thresholds {path}: {where}.{unknown[0]}: unknown key (expected "
-                              f"{', '.join(_RULE_KEYS)})")
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise DGArgumentError(f"check: --thresholds {path}: {key}: unknown key (expected {', '.join(keys)})")
+    return raw
+
+
+def _rule(path: str, where: str, raw: Any, base: ThresholdRule) -> ThresholdRule:
+    raw = _known_table(path, where, raw, _RULE_KEYS)
     vals = {k: getattr(base, k) for k in _RULE_KEYS}
     for k, v in raw.items():
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) and float(v) >= 0
@@ -355,13 +363,7 @@ def load_thresholds(path: str | os.PathLike[str]) -> ThresholdTable:
             data = strict_json(text)
         except (ValueError, RecursionError) as e:
             raise DGArgumentError(f"check: --thresholds {p}: not valid JSON: {e}") from None
-    if not isinstance(data, Mapping):
-        raise DGArgumentError(f"check: --thresholds {p}: expected a table with {', '.join(_TOP_KEYS)}; got "
-                              f"{type(data).__name__}")
-    unknown = sorted(set(data) - set(_TOP_KEYS))
-    if unknown:
-        raise DGArgumentError(f"check: --thresholds {p}: {unknown[0]}: unknown key (expected "
-                              f"{', '.join(_TOP_KEYS)})")
+    data = _known_table(p, "", data, _TOP_KEYS)
     name = data.get("name", os.path.basename(p))
     if not isinstance(name, str):
         raise DGArgumentError(f"check: --thresholds {p}: name: expected a string; got {name!r}")
