@@ -347,6 +347,18 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
     return {"format": fmt, "out": out, "cases": ids, "files": n_files + 1}
 
 
+def _load_npy(src: Any, name: Any, what: str) -> np.ndarray:
+    """One array from a ``.npy`` path or open file, never unpickling (``allow_pickle=False``);
+    a :class:`BundleError` naming ``name`` when it cannot be read or holds no single array."""
+    try:
+        arr = np.load(src, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise BundleError(f"{name}: cannot read {what}: {e}") from None
+    if not isinstance(arr, np.ndarray):
+        raise BundleError(f"{name}: not a single array")
+    return arr
+
+
 def read_outputs(path: str, max_memory: int | None, *, single_npy: bool = False) -> dict[str, np.ndarray]:
     """Device outputs as ``check`` and ``export --outputs`` read them: a dump directory
     (:func:`load_dump`), a safetensors outputs file (``<case id>/<output>`` names) or, with
@@ -365,13 +377,7 @@ def read_outputs(path: str, max_memory: int | None, *, single_npy: bool = False)
     if size > limit:
         raise BundleError(f"{path}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
     if path.endswith(".npy"):
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise BundleError(f"{path}: cannot read the .npy outputs: {e}") from None
-        if not isinstance(arr, np.ndarray):
-            raise BundleError(f"{path}: not a single array")
-        return {"": arr}
+        return {"": _load_npy(path, path, "the .npy outputs")}
     try:
         raw = st.load_file(path)
     except (OSError, st.SafetensorsError) as e:
@@ -754,12 +760,7 @@ def _read_npy(f: BinaryIO, file: Path, size: int, budget: _Budget) -> np.ndarray
         raise BundleError(f"{file}: {size - f.tell()} bytes of data; shape {list(shape)} of {dtype} needs {need}")
     budget.take(need, str(file))
     f.seek(0)
-    try:
-        arr = np.load(f, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise BundleError(f"{file}: cannot read the .npy: {e}") from None
-    if not isinstance(arr, np.ndarray):
-        raise BundleError(f"{file}: not a single array")
+    arr = _load_npy(f, file, "the .npy")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     return np.ascontiguousarray(arr)
