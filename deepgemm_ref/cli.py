@@ -202,6 +202,8 @@ def _cmd_golden(args: argparse.Namespace) -> int:
             raise DGArgumentError(f"golden: --case: no case {', '.join(map(repr, unknown))} in {source}{hints}")
         specs = [s for s in specs if s.id in set(args.case)]
 
+    _check_golden_out(args)
+
     def show(plan: Any) -> None:
         if args.dry_run:
             print(plan.table())
@@ -218,9 +220,19 @@ def _cmd_golden(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_golden_out(args: argparse.Namespace) -> None:
+    """``golden --out``: a directory or nothing, not the spec file, in no other bundle."""
+    from .golden.paths import check_output_dir
+
+    check_output_dir("golden: --out", args.out, [("--spec", args.spec)] if args.spec else [], own_bundle=args.out,
+                     need_parent=False, follow_symlink=True)
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from . import golden
+    from .golden.paths import check_output_file
 
+    check_output_file("replay: --out", args.out, [("BUNDLE", args.bundle)])
     out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
                         transforms=not args.no_transforms, force=args.force, cases=args.case or None,
                         accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
@@ -256,13 +268,23 @@ def _check_options(args: argparse.Namespace) -> Any:
                                bias_test=not args.no_bias_test, bias_threshold=args.bias_threshold)
 
 
-def _writable(path: str, flag: str) -> None:
-    """Refuse an output path whose directory is missing or that is a directory (exit 2)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise DGArgumentError(f"{flag} {path}: is a directory")
-    if not os.path.isdir(parent):
-        raise DGArgumentError(f"{flag} {path}: the directory {parent} does not exist")
+def _check_report_paths(args: argparse.Namespace) -> None:
+    """Every path ``check`` writes, before any work: a regular file or nothing (``--plot``: a
+    directory or nothing), none of the run's inputs, two of them never the same file, none inside
+    a bundle (exit 2 naming the option and the path)."""
+    from .golden.paths import check_distinct, check_output_dir, check_output_file
+
+    inputs = [("BUNDLE", args.bundle), ("--outputs", args.outputs)]
+    if args.thresholds:
+        inputs.append(("--thresholds", args.thresholds))
+    files = [("check: --junit", args.junit), ("check: --html", args.html),
+             ("check: --compare-table", args.compare_table)]
+    for flag, path in files:
+        if path is not None:
+            check_output_file(flag, path, inputs)
+    if args.plot is not None:
+        check_output_dir("check: --plot", args.plot, inputs, need_parent=False)
+    check_distinct(files + [("check: --plot", args.plot)])
 
 
 def _replay_errors(outputs: str) -> dict[str, str]:
@@ -278,9 +300,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from . import golden
     from .golden.check import reports_json
 
-    for flag, path in (("--html", args.html), ("--junit", args.junit), ("--compare-table", args.compare_table)):
-        if path:
-            _writable(path, flag)
+    _check_report_paths(args)
     thresholds = _thresholds(args)
     options = _check_options(args)
     t0 = time.perf_counter()
@@ -373,7 +393,10 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from .golden.export import export
+    from .golden.paths import check_output_dir
 
+    check_output_dir("export: --out", args.out, [("BUNDLE", args.bundle)]
+                     + ([("--outputs", args.outputs)] if args.outputs else []), need_parent=False)
     result = export(args.bundle, args.out, args.format, outputs=args.outputs, cases=args.case or None,
                     force=args.force, max_memory=args.max_memory)
     what = "device outputs" if args.outputs else "goldens"

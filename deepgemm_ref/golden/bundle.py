@@ -104,20 +104,11 @@ def check_file_names(ids: list[str]) -> dict[str, str]:
 # ----------------------------------------------------------------------------------------------
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    import tempfile
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename
+    (the umask's mode; a temporary name within the file-name limit; errors name ``path``)."""
+    from .paths import atomic_write_text as write
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write(path, text)
 
 
 # The BLAS thread settings of this process as it started (dask.distributed rewrites them in the

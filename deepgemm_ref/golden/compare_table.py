@@ -552,8 +552,6 @@ def write_compare_table(path: str | os.PathLike[str], rows: list[dict[str, Any]]
     if out.suffix.lower() != ".xlsx":
         atomic_write_text(out, compare_csv(rows))
         return out
-    import tempfile
-
     import openpyxl
 
     wb = openpyxl.Workbook()
@@ -569,11 +567,17 @@ def write_compare_table(path: str | os.PathLike[str], rows: list[dict[str, Any]]
                 v = repr(v)
             vals.append(v)
         ws.append(vals)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    from .paths import create_temp
+
+    tmp, fd = create_temp(out)  # the umask's mode, a name within the file-name limit
     os.close(fd)
     try:
         wb.save(tmp)
         os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(out)) from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -81,7 +81,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -92,6 +91,7 @@ import numpy as np
 from .._version import __version__
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle, open_confined
+from .paths import temp_path
 from .resources import default_memory_limit, format_size
 
 __all__ = ["FORMATS", "API_PREFIX", "MARKER", "encode_name", "decode_name", "api_name", "parse_api_name",
@@ -224,8 +224,11 @@ def _check_out_dir(out: str, inputs: list[str], force: bool) -> None:
 
 def _write_bytes(path: Path, data: bytes) -> None:
     """Write a new file (the export's temporary tree is private, so ``x`` mode suffices)."""
-    with open(path, "xb") as f:
-        f.write(data)
+    try:
+        with open(path, "xb") as f:
+            f.write(data)
+    except OSError as e:  # a full disk names the file
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from None
 
 
 def _json_bytes(obj: Any, *, allow_nan: bool = False) -> bytes:
@@ -331,7 +334,11 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
                                       f"and dtype {got.dtype}; the bundle's output has shape {meta['shape']} "
                                       f"and dtype {meta['dtype']}")
     parent = os.path.dirname(os.path.abspath(out))
-    work = Path(tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.export-", dir=parent))
+    work = Path(temp_path(os.path.abspath(out), tag="export-"))  # within the file-name limit
+    try:
+        os.mkdir(work, 0o700)
+    except OSError as e:
+        raise BundleError(f"export: --out {out}: cannot create a directory in {parent}: {e.strerror}") from None
     try:
         n_files = _write_tree(work, bundle, ids, fmt, device, torch)
         _write_bytes(work / MARKER, _json_bytes({
@@ -388,8 +395,7 @@ def read_outputs(path: str, max_memory: int | None, *, single_npy: bool = False)
 def _swap_in(work: Path, out: Path) -> None:
     """Rename the finished tree into place (an earlier export moved aside first, then removed)."""
     if os.path.lexists(out) and os.listdir(out):
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rmdir(old)
+        old = Path(temp_path(out, tag="old-"))
         os.rename(out, old)
         try:
             os.rename(work, out)

@@ -138,12 +138,12 @@ def heatmap_png(report: CaseReport, dpi: int = 90) -> bytes:
 
 def plot_report(report: CaseReport, path: str | os.PathLike[str]) -> Path:
     """Write one report's heatmap to ``path`` (PNG, atomically)."""
+    from .paths import atomic_write_bytes
+
     data = heatmap_png(report)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    atomic_write_bytes(out, data)  # a temporary name within the file-name limit, the umask's mode
     return out
 
 
@@ -153,8 +153,13 @@ def file_name(report_id: str) -> str:
 
 def plot_reports(reports: list[CaseReport], out_dir: str | os.PathLike[str]) -> list[Path]:
     """One PNG per report with a floating-point 2-D (or grouped) output, named after it."""
+    from .paths import check_output_file
+
+    targets = [(r, Path(out_dir) / f"{file_name(r.id)}.png") for r in reports if can_plot(r)]
+    if Path(out_dir).is_dir():  # every PNG's path checked before the first is written
+        for _, target in targets:
+            check_output_file("--plot", target)
     written = []
-    for r in reports:
-        if can_plot(r):
-            written.append(plot_report(r, Path(out_dir) / f"{file_name(r.id)}.png"))
+    for r, target in targets:
+        written.append(plot_report(r, target))
     return written

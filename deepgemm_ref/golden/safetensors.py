@@ -44,7 +44,6 @@ import math
 import os
 import struct
 import sys
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -298,28 +297,16 @@ def save_bytes(tensors: Mapping[str, np.ndarray | PackedFP4], metadata: Mapping[
 
 
 def _create_temp(directory: str, base: str) -> tuple[str, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
-        try:
-            return tmp, os.open(tmp, flags, 0o666)
-        except FileExistsError:  # pragma: no cover - a uuid4 collision
-            continue
-    raise SafetensorsError(f"could not create a temporary file in {directory!r}")  # pragma: no cover
+    from .paths import create_temp
+
+    return create_temp(os.path.join(directory, base))
 
 
 def _fsync_directory(directory: str) -> None:
     """Make a rename durable where the platform allows opening a directory (not on Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platform dependent
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - platform dependent
-        pass
-    finally:
-        os.close(fd)
+    from .paths import fsync_directory
+
+    fsync_directory(directory)
 
 
 def save_file(
@@ -357,6 +344,10 @@ def save_file(
         if not overwrite and os.path.lexists(target):
             raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
         os.replace(tmp, target)
+    except OSError as e:  # a full disk names the file, not the temporary one (or none)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OSError(e.errno, e.strerror or str(e), target) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
