@@ -340,3 +340,39 @@ def test_output_directories_in_another_bundle_are_refused(run, tmp_path, capsys)
     shutil.copytree(bundle, other)
     assert main(["check", str(bundle), "--outputs", str(outs), "--quiet", "--junit", str(other / "r.xml")]) == 2
     assert "lies inside the bundle" in capsys.readouterr().err
+
+
+def test_export_write_error_names_the_file_under_out(run, tmp_path, capsys, monkeypatch):
+    """A full disk during ``export`` names the file as it would be under --out (not the private
+    temporary tree's name), and nothing is left behind."""
+    bundle, _, _ = run
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if "x" in str(mode) and str(path).endswith(".npy"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_open)
+    out = tmp_path / "e"
+    assert main(["export", str(bundle), "--format", "npy", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out}{os.sep}" in err and "No space left on device" in err and ".export-" not in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_plot_directory_is_checked_first(run, tmp_path, capsys):
+    """``check --plot DIR``: a file, FIFO, input or a directory inside a bundle is refused before
+    any work (matplotlib is not needed for the refusal)."""
+    bundle, outs, _ = run
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    for target, words in ((fifo, "FIFO"), (afile, "not a directory"), (bundle / "plots", str(bundle)),
+                          (bundle, "overlaps the input")):
+        assert main(["check", str(bundle), "--outputs", str(outs), "--plot", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert f"--plot {target}" in err and words in err and len(_one_line(err)) == 1, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and afile.read_text() == "x"
+    assert not (bundle / "plots").exists()

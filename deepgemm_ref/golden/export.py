@@ -348,6 +348,12 @@ def export(bundle_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], 
             "cases": {cid: encode_name(cid) for cid in ids}, "name_encoding": "encode_name: ':' + hex per "
             "UTF-8 byte of every character outside A-Z a-z 0-9 _ . -"}))
         _swap_in(work, Path(out))
+    except OSError as e:  # a full disk names the file as it would have been under --out
+        shutil.rmtree(work, ignore_errors=True)
+        name = os.fspath(e.filename) if e.filename is not None else ""
+        if name.startswith(os.fspath(work) + os.sep):
+            raise OSError(e.errno, e.strerror or str(e), os.path.join(out, os.path.relpath(name, work))) from None
+        raise
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
