@@ -19,6 +19,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
@@ -376,3 +377,30 @@ def test_plot_directory_is_checked_first(run, tmp_path, capsys):
         assert f"--plot {target}" in err and words in err and len(_one_line(err)) == 1, err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and afile.read_text() == "x"
     assert not (bundle / "plots").exists()
+
+
+def test_library_writers_never_replace_special_files(run, tmp_path):
+    """The same rules under the Python API: ``golden.replay`` checks its output path first, and
+    every atomic writer (safetensors.save_file, the reports) refuses to replace a non-regular file."""
+    from deepgemm_ref.golden import safetensors as st
+    from deepgemm_ref.golden.junit import write_junit
+
+    bundle, _, _ = run
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="FIFO"):
+        golden.replay(bundle, fifo, force=True)
+    with pytest.raises(ValueError, match="overlaps the input"):
+        golden.replay(bundle, bundle / "o.safetensors")
+    with pytest.raises(ValueError, match="FIFO"):
+        st.save_file({"x": np.zeros(2, np.float32)}, fifo, overwrite=True)
+    with pytest.raises(ValueError, match="FIFO"):
+        write_junit(fifo, [])
+    link = tmp_path / "link"
+    (tmp_path / "real").write_text("real")
+    link.symlink_to(tmp_path / "real")
+    with pytest.raises(ValueError, match="symlink"):
+        paths.atomic_write_text(link, "x")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(link)
+    assert (tmp_path / "real").read_text() == "real"
+    assert not (bundle / "o.safetensors").exists()

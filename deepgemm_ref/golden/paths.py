@@ -33,8 +33,9 @@ from pathlib import Path
 
 from ..errors import DGArgumentError
 
-__all__ = ["name_max", "temp_name", "temp_path", "atomic_write_bytes", "atomic_write_text", "check_output_file",
-           "check_output_dir", "check_distinct", "enclosing_bundle", "fsync_directory"]
+__all__ = ["name_max", "temp_name", "temp_path", "create_temp", "atomic_write_bytes", "atomic_write_text",
+           "refuse_special", "check_output_file", "check_output_dir", "check_distinct", "enclosing_bundle",
+           "ensure_dir", "fsync_directory"]
 
 PathLike = str | os.PathLike[str]
 
@@ -112,6 +113,7 @@ def atomic_write_bytes(path: PathLike, data: bytes | Iterable[bytes | memoryview
     same directory, flushed, fsynced, renamed over ``path``; the directory fsynced.  On any error
     the temporary file is removed, ``path`` is left as it was, and an :class:`OSError` names ``path``."""
     target = os.fspath(path)
+    refuse_special(target)
     tmp, fd = create_temp(target)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -154,6 +156,19 @@ def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symlink"
     return "not a regular file"
+
+
+def refuse_special(path: PathLike, flag: str = "") -> None:
+    """The safety net of every writer: an existing ``path`` that is not a regular file (a device,
+    FIFO, socket, directory or symlink) is never replaced (a :class:`DGArgumentError`)."""
+    p = os.fspath(path)
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise DGArgumentError(f"{flag + ' ' if flag else ''}{p}: is {_kind(st.st_mode)}, not a regular file "
+                              "(refused: never replaced)")
 
 
 def _is_bundle(d: str) -> bool:

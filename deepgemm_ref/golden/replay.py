@@ -218,6 +218,10 @@ def _prepare(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str
              use_torch: bool | None, device: str | None, force: bool, cases: list[str] | None,
              accumulation: str | None, limit: int, writes: bool = True) -> _Prepared:
     """Every check before the first case (``writes``: this process writes ``out_path``)."""
+    if writes:  # a regular file or nothing, not in the bundle replayed or any other (golden/paths.py)
+        from .paths import check_output_file
+
+        check_output_file("replay: out_path", out_path, [("bundle_dir", bundle_dir)])
     b = load_bundle(bundle_dir, max_memory=limit)
     if writes and os.path.lexists(out_path) and not force:
         raise BundleError(f"{os.fspath(out_path)}: file exists; pass force=True (--force) to replace it")

@@ -333,6 +333,9 @@ def save_file(
     header = _encode_header(prepared, meta)
     if not overwrite and os.path.lexists(target):
         raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
+    from .paths import refuse_special
+
+    refuse_special(target)  # a device, FIFO, directory or symlink is never replaced
     directory = os.path.dirname(os.path.abspath(target))
     tmp, fd = _create_temp(directory, os.path.basename(target))
     try:
