@@ -51,7 +51,7 @@ class Setting(Generic[T]):
         """The current value (an isolated block's own, inside one)."""
         scope = _scope.get()
         if scope is not None and self in scope:
-            return scope[self]  # type: ignore[no-any-return]
+            return scope[self]
         return self._value
 
     def set(self, value: T) -> None:

@@ -122,6 +122,7 @@ class Plan:
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # files of the old bundle no case will have
     ranks_per_case: int | None = None  # the processes executor's --ranks-per-case (None: each case's own)
+    refusal: str = ""  # a dry run's plan that a run would refuse: why (the target directory, the disk)
 
     @property
     def todo(self) -> list[PlannedCase]:
@@ -155,7 +156,8 @@ class Plan:
                    if over else "")
         return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
                 f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
-                f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}{refused}")
+                f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}{refused}"
+                + (f"\nnote: a run would be refused: {self.refusal}" if self.refusal else ""))
 
     def table(self) -> str:
         lines = [f"{'case':<48} {'shape':<40} {'file':>10} {'memory':>10} {'time':>8}"]
@@ -177,7 +179,7 @@ class Plan:
              "seconds": c.estimate.seconds if c.estimate else None, "over_limit": bool(c.over)}
             for c in self.cases],
             "file_bytes": files, "peak_bytes": peak, "seconds": secs, "memory_limit": self.memory_limit,
-            "case_limit": self.case_limit}
+            "case_limit": self.case_limit, "refusal": self.refusal or None}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +308,7 @@ def plan_generation(
     root = Path(out_dir)
     has_manifest, has_files = _state(root)
     mode = "new"
+    refusal = ""
     kept: dict[str, dict[str, Any]] = {}
     stale: list[str] = []
     if resume and has_manifest:
@@ -330,21 +333,26 @@ def plan_generation(
     elif resume:
         mode = "resume"
     elif has_manifest and not force:
-        raise BundleError(f"{root}: already holds a bundle; pass --force to replace it, or --resume to finish "
-                          "an incomplete one")
+        refusal = (f"{root}: already holds a bundle; pass --force to replace it, or --resume to finish an incomplete "
+                   "one")
     elif has_manifest:
         mode = "replace"
         root = Path(os.path.realpath(root))  # a symlinked bundle: the directory it names is replaced
     elif has_files and not force:
-        raise BundleError(f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to "
-                          "finish it or --force to start over")
+        refusal = (f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to finish it or "
+                   "--force to start over")
+    if refusal and not dry_run:
+        raise BundleError(refusal)
     for p in planned:
         p.kept = p.spec.id in kept
-    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale, ranks_per_case)
+    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale, ranks_per_case, refusal)
     disk = sum(p.estimate.file_bytes for p in plan.todo if p.estimate)
     free = _free_bytes(root)
-    if free is not None and disk > free and not dry_run:
-        raise ResourceError(f"{root}: the bundle needs about {format_size(disk)} of disk; {format_size(free)} free")
+    if free is not None and disk > free:
+        lack = f"{root}: the bundle needs about {format_size(disk)} of disk; {format_size(free)} free"
+        if not dry_run:
+            raise ResourceError(lack)
+        plan.refusal = f"{plan.refusal}; {lack}" if plan.refusal else lack
     return plan
 
 

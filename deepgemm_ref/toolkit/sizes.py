@@ -14,8 +14,8 @@ Every kernel and utility checks its sizes here before it copies or allocates any
   limit.
 
 The limit defaults to half of this machine's total physical memory, or of the cgroup's memory
-limit when that is lower (the golden workflow's ``--max-memory`` default; stable from run to run); :func:`limit_allocations` sets
-another one for a block of code.  Nothing here allocates.
+limit when that is lower (the golden workflow's ``--max-memory`` default; stable from run to
+run); :func:`limit_allocations` sets another one for a block of code.  Nothing here allocates.
 """
 
 from __future__ import annotations
