@@ -49,40 +49,43 @@ def _alive(pid: int) -> bool:
 # workers die with their parent
 # ----------------------------------------------------------------------------------------------
 
-_ORPHAN = r"""
-import os, sys, time
-from deepgemm_ref.golden.generation import _pool_worker
-r, w = os.pipe()
-parent = os.getpid()
-child = os.fork()
-if child == 0:
-    import multiprocessing.connection as mc
-    os.close(w)
-    # the pool worker's start: it must die with `parent` (here it then waits for work forever)
-    from deepgemm_ref.golden.lifecycle import die_with_parent
-    die_with_parent(parent)
-    time.sleep(30)
-    os._exit(0)
-print(child, flush=True)
-time.sleep(30)
-"""
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
 def test_a_worker_dies_when_its_parent_is_killed():
-    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN], stdout=subprocess.PIPE, text=True)
+    from deepgemm_ref.golden.lifecycle import die_with_parent
+
+    r, w = os.pipe()
+    run = os.fork()
+    if run == 0:  # a run (forked: nothing to import) that starts a worker as the pool does
+        try:
+            os.close(r)
+            parent = os.getpid()
+            worker = os.fork()
+            if worker == 0:
+                die_with_parent(parent)  # the pool worker's first call
+                time.sleep(30)
+                os._exit(0)
+            os.write(w, str(worker).encode())
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    os.close(w)
+    worker = int(os.read(r, 32))
+    os.close(r)
     try:
-        assert proc.stdout is not None
-        child = int(proc.stdout.readline())
-        assert _alive(child)
-        proc.kill()
-        proc.wait()
+        assert _alive(worker)
+        time.sleep(0.2)  # the worker has made its call
+        os.kill(run, signal.SIGKILL)  # the run alone
+        os.waitpid(run, 0)
         deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child), "the worker outlived its killed parent"
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(worker), "the worker outlived its killed parent"
     finally:
-        proc.kill()
+        for pid in (run, worker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_pool_workers_are_told_their_parent(monkeypatch):
@@ -164,6 +167,41 @@ def test_a_locked_bundle_is_refused_at_once(tmp_path, mode):
     assert _files(out) == before
     # the kernel released the lock with its holder: nothing is left that blocks the next run
     golden.generate(ONE, out, resume=True)
+
+
+def test_the_cli_refuses_a_locked_bundle_in_one_line(tmp_path, capsys):
+    from deepgemm_ref.cli import main
+
+    out = tmp_path / "B"
+    golden.generate(ONE, out)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(ONE))
+    with BundleLock(out):
+        assert main(["golden", "--spec", str(spec), "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(out) in err and "another golden run holds" in err
+
+
+def test_workers_inherit_the_lock_and_keep_it_while_they_live(tmp_path):
+    from deepgemm_ref.golden.lifecycle import is_locked
+
+    out = tmp_path / "B"
+    out.mkdir()
+    lock = BundleLock(out).acquire()
+    child = os.fork()
+    if child == 0:  # a worker (forked, as the pool's are) whose run is gone
+        time.sleep(30)
+        os._exit(0)
+    try:
+        lock.release()  # the run ends (or is killed): its worker still holds the lock
+        assert is_locked(out)
+        with pytest.raises(BundleError, match="another golden run"):
+            BundleLock(out).acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not is_locked(out)  # the kernel released it with its last holder
+    BundleLock(out).acquire().release()
 
 
 def test_a_lock_left_by_a_killed_holder_does_not_block(tmp_path):
