@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from . import _state
+
 __all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas", "blas_pinned"]
 
 _pool: ThreadPoolExecutor | None = None
@@ -72,7 +74,8 @@ def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> N
         finally:
             _local.inside = False
 
-    for f in [_get_pool(n).submit(run, b) for b in bounds]:
+    task = _state.propagate(run)  # an isolated settings block's values travel to the pool's threads
+    for f in [_get_pool(n).submit(task, b) for b in bounds]:
         f.result()
 
 

@@ -186,6 +186,8 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 
     if (args.preset is None) == (args.spec is None):
         raise DGArgumentError("golden: give exactly one of --preset NAME or --spec FILE")
+    if not args.out:
+        raise DGArgumentError("golden: --out: expected a bundle directory path; got '' (an empty path)")
     if args.preset is not None:
         source = f"preset {args.preset!r}"
         raw = golden.preset(args.preset)
@@ -544,8 +546,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--scheduler", help="dask.distributed scheduler address (with --executor dask)")
     gen.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                      help="refuse cases whose estimated peak memory is over SIZE (e.g. 8G; default: half of this "
-                          "machine's memory); with --jobs N each case gets SIZE / N")
-    gen.add_argument("--dry-run", action="store_true", help="print the plan (cases, shapes, sizes, time) and exit")
+                          "machine's total physical memory, or of its cgroup limit when lower); with --jobs N "
+                          "each case gets SIZE / N")
+    gen.add_argument("--dry-run", action="store_true",
+                     help="print the plan (cases, shapes, sizes, time; cases over --max-memory marked OVER) and exit")
     gen.set_defaults(func=_cmd_golden)
 
     rep = sub.add_parser("replay", help="run a bundle through a library and save its outputs")

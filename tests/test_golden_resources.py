@@ -109,7 +109,10 @@ def test_max_memory_and_jobs_share_it(tmp_path, capsys):
     args = ["golden", "--spec", str(path), "--out", str(tmp_path / "b"), "--dry-run", "--max-memory",
             str(int(need * 1.5))]
     assert main(args) == 0
-    assert main(args + ["--jobs", "2"]) == 2
+    assert "OVER" not in capsys.readouterr().out
+    assert main(args + ["--jobs", "2"]) == 0  # a dry run shows the plan, the case marked
+    assert "OVER the limit" in capsys.readouterr().out
+    assert main(args[:-3] + ["--max-memory", str(int(need * 1.5)), "--jobs", "2"]) == 2
     assert "/ 2 jobs" in capsys.readouterr().err
     assert main(["golden", "--spec", str(path), "--out", str(tmp_path / "c"), "--max-memory", "lots"]) == 2
 

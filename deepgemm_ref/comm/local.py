@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import _state
 from ..errors import arg_error
 from ._rows import CollectiveMismatch, as_rows, collective_label, mismatch_message, send_arrays
 
@@ -336,7 +337,8 @@ def run_emulated(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (),
         else:
             group.leave(r)
 
-    threads = [threading.Thread(target=body, args=(r,), name=f"deepgemm_ref-rank{r}", daemon=True)
+    # the ranks see the settings of the caller (its isolated block's own, in a golden run)
+    threads = [threading.Thread(target=_state.propagate(body), args=(r,), name=f"deepgemm_ref-rank{r}", daemon=True)
                for r in range(size)]
     for t in threads:
         t.start()

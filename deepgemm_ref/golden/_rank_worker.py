@@ -31,6 +31,7 @@ from ..toolkit.sizes import limit_allocations
 from .bundle import atomic_write_text
 from .cases import build_case, validate_spec
 from .generation import _failure, _HoldSigterm, _json_clean, write_case
+from .lifecycle import die_with_parent
 from .ranks import agree, gather_to_root, group_refused, merge_golden, pack, rank_golden, unpack
 
 
@@ -104,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with open(args.job, encoding="utf-8") as f:
         job = json.load(f)
+    die_with_parent(int(job["parent"]))  # killed with the run (Linux); the watch below elsewhere
     _watch_parent(int(job["parent"]))
     limit_blas_threads(int(job["threads"]))
     try:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import trace
 from .._parallel import single_threaded_blas
+from .._state import isolated
 from ..settings import numerics
 from .bundle import BundleError
 from .cases import FAMILIES, ArgRef, BuiltCase, Family, family_for, family_of
@@ -162,7 +163,7 @@ def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping
         # A family whose goldens come from a pure model of the call (DeepEP's dispatch and combine:
         # the driver's ranks run in threads, which a trace capture does not follow).  The model
         # follows the kernels' own numerics whatever the accumulation option says.
-        with single_threaded_blas(), numerics(arch=entry["profile"]), quiet_float_errors():
+        with isolated(), single_threaded_blas(), numerics(arch=entry["profile"]), quiet_float_errors():
             tensors = dict(inputs)
             tensors.update(overrides or {})
             return family.compute(entry, tensors, outputs)
@@ -172,7 +173,10 @@ def golden_of_call(entry: Mapping[str, Any], args: list[ArgRef], kwargs: Mapping
     # otherwise depend on the BLAS thread count (see _parallel.single_threaded_blas).
     # Adversarial and special inputs overflow and make NaN on purpose: those are golden values,
     # not errors, so NumPy's floating-point warnings are off during the call.
-    with single_threaded_blas(), numerics(arch=entry["profile"], accumulation=accumulation), quiet_float_errors():
+    # isolated(): the profile and options are this call's own (concurrent runs in other threads
+    # neither see nor change them; the process-global settings are untouched).
+    with isolated(), single_threaded_blas(), numerics(arch=entry["profile"], accumulation=accumulation), \
+            quiet_float_errors():
         outs = fresh_outputs(outputs, inputs)
         tensors = dict(inputs)
         with trace.capture(want_acc=True, want_S=True) as cap:

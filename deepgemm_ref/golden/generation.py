@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .._parallel import limit_blas_threads
+from .._state import isolated
 from ..errors import DGArgumentError
 from ..toolkit.sizes import limit_allocations
 from . import safetensors as st
@@ -58,6 +59,7 @@ from .bundle import (
 )
 from .call import compute_golden
 from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, validate_spec
+from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, stale_siblings
 from .progress import as_progress
 from .ranks import spec_ranks
 from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size
@@ -103,6 +105,7 @@ class PlannedCase:
     estimate: Estimate | None
     kept: bool = False  # already in the bundle, verified (resume)
     ranks: int = 0  # a ranked family's ranks R (one process each under the processes executor), else 0
+    over: int = 0  # a dry run's case over the memory limit: the limit it is over (a run refuses it), else 0
 
 
 @dataclass
@@ -119,6 +122,7 @@ class Plan:
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # files of the old bundle no case will have
     ranks_per_case: int | None = None  # the processes executor's --ranks-per-case (None: each case's own)
+    refusal: str = ""  # a dry run's plan that a run would refuse: why (the target directory, the disk)
 
     @property
     def todo(self) -> list[PlannedCase]:
@@ -146,9 +150,14 @@ class Plan:
         counts = ", ".join(str(n) for n in sorted({c.ranks for c in ranked}))
         procs = (f"; {len(ranked)} case(s) with one process per rank ({counts} processes over a gloo group)"
                  if ranked else "")
+        over = [c for c in self.cases if c.over]
+        refused = (f"; {len(over)} case{'' if len(over) == 1 else 's'} over the memory limit (marked OVER; a run "
+                   "refuses them: raise --max-memory, use fewer --jobs, or leave them out with --case)"
+                   if over else "")
         return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
                 f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
-                f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}")
+                f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}{refused}"
+                + (f"\nnote: a run would be refused: {self.refusal}" if self.refusal else ""))
 
     def table(self) -> str:
         lines = [f"{'case':<48} {'shape':<40} {'file':>10} {'memory':>10} {'time':>8}"]
@@ -157,7 +166,8 @@ class Plan:
             e = c.estimate
             lines.append(f"{c.spec.id:<48} {shape:<40} {format_size(e.file_bytes) if e else '?':>10} "
                          f"{format_size(e.peak_bytes) if e else '?':>10} "
-                         f"{('kept' if c.kept else format_seconds(e.seconds)) if e else '?':>8}")
+                         f"{('kept' if c.kept else format_seconds(e.seconds)) if e else '?':>8}"
+                         + (f"  OVER the limit of {format_size(c.over)}" if c.over else ""))
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -166,9 +176,10 @@ class Plan:
             {"id": c.spec.id, "kernel": c.spec.kernel, "profile": c.spec.profile, "shape": c.spec.shape(),
              "file": c.file, "kept": c.kept, "file_bytes": c.estimate.file_bytes if c.estimate else None,
              "peak_bytes": c.estimate.peak_bytes if c.estimate else None,
-             "seconds": c.estimate.seconds if c.estimate else None} for c in self.cases],
+             "seconds": c.estimate.seconds if c.estimate else None, "over_limit": bool(c.over)}
+            for c in self.cases],
             "file_bytes": files, "peak_bytes": peak, "seconds": secs, "memory_limit": self.memory_limit,
-            "case_limit": self.case_limit}
+            "case_limit": self.case_limit, "refusal": self.refusal or None}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,9 +235,12 @@ def _free_bytes(root: Path) -> int | None:
 def plan_generation(
     specs: Iterable[CaseSpec | Mapping[str, Any]], out_dir: str | os.PathLike[str], *, force: bool = False,
     resume: bool = False, jobs: int = 1, executor: str = "local", max_memory: int | None = None, source: str = "",
-    ranks_per_case: int | None = None,
+    ranks_per_case: int | None = None, dry_run: bool = False,
 ) -> Plan:
     """Check everything :func:`generate` needs and return its plan (nothing is written).
+
+    dry_run: a plan to show, never refused for resources: the cases over the memory limit are
+    marked (:attr:`PlannedCase.over`) and a lack of disk space is not an error.
 
     Raises :class:`.cases.SpecError` (a specification), :class:`BundleError` (file names, the
     target directory, an unreadable bundle to resume, the processes executor without torch or
@@ -249,6 +263,8 @@ def plan_generation(
                           "gloo group): pip install torch, or use --executor local")
     if force and resume:
         raise BundleError("golden: give at most one of force (--force) and resume (--resume)")
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        raise BundleError(f"golden: --out: expected a bundle directory path; got {out_dir!r}")
     cases = validate_specs(specs, source)
     files = check_file_names([c.id for c in cases])
     limit = default_memory_limit() if max_memory is None else int(max_memory)
@@ -275,7 +291,10 @@ def plan_generation(
         return limit if executor == "processes" and p.ranks else case_limit
 
     over = [p for p in planned if p.estimate is not None and need(p) > allowed(p)]
-    if over:
+    if dry_run:
+        for p in over:
+            p.over = allowed(p)
+    elif over:
         lines = [f"{prefix}case {p.spec.id!r} ({' '.join(f'{k}={v}' for k, v in p.spec.shape().items())}): needs about "
                  f"{format_size(need(p))} of memory"
                  + (f" ({p.ranks} rank processes, each building the whole case)"
@@ -289,6 +308,7 @@ def plan_generation(
     root = Path(out_dir)
     has_manifest, has_files = _state(root)
     mode = "new"
+    refusal = ""
     kept: dict[str, dict[str, Any]] = {}
     stale: list[str] = []
     if resume and has_manifest:
@@ -313,21 +333,26 @@ def plan_generation(
     elif resume:
         mode = "resume"
     elif has_manifest and not force:
-        raise BundleError(f"{root}: already holds a bundle; pass --force to replace it, or --resume to finish "
-                          "an incomplete one")
+        refusal = (f"{root}: already holds a bundle; pass --force to replace it, or --resume to finish an incomplete "
+                   "one")
     elif has_manifest:
         mode = "replace"
         root = Path(os.path.realpath(root))  # a symlinked bundle: the directory it names is replaced
     elif has_files and not force:
-        raise BundleError(f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to "
-                          "finish it or --force to start over")
+        refusal = (f"{root}: holds case files but no manifest (an interrupted run?); pass --resume to finish it or "
+                   "--force to start over")
+    if refusal and not dry_run:
+        raise BundleError(refusal)
     for p in planned:
         p.kept = p.spec.id in kept
-    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale, ranks_per_case)
+    plan = Plan(root, planned, mode, jobs, executor, limit, case_limit, kept, stale, ranks_per_case, refusal)
     disk = sum(p.estimate.file_bytes for p in plan.todo if p.estimate)
     free = _free_bytes(root)
     if free is not None and disk > free:
-        raise ResourceError(f"{root}: the bundle needs about {format_size(disk)} of disk; {format_size(free)} free")
+        lack = f"{root}: the bundle needs about {format_size(disk)} of disk; {format_size(free)} free"
+        if not dry_run:
+            raise ResourceError(lack)
+        plan.refusal = f"{plan.refusal}; {lack}" if plan.refusal else lack
     return plan
 
 
@@ -345,10 +370,13 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
 
     guard: a context manager factory around writing the file and making its entry (generation in
     this process defers a signal there, so that a written file is always recorded)."""
-    built = build_case(spec, max_memory=max_memory)
-    # The kernels' own allocation guard follows the run's limit (--max-memory), not its default.
-    with limit_allocations(max_memory) if max_memory is not None else contextlib.nullcontext():
-        golden, stats = compute_golden(built)
+    # isolated(): what the case depends on (its profile, the numerics options, the runtime
+    # settings) is its own, so runs in several threads at once are independent.
+    with isolated():
+        built = build_case(spec, max_memory=max_memory)
+        # The kernels' own allocation guard follows the run's limit (--max-memory), not its default.
+        with limit_allocations(max_memory) if max_memory is not None else contextlib.nullcontext():
+            golden, stats = compute_golden(built)
     if token is not None and not (workdir / CASES_DIR / token).exists():
         raise _Stopped(spec.id)
     return write_case(built, golden, stats, workdir, overwrite, guard)
@@ -480,9 +508,12 @@ def _run_inline(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int
         yield spec.id, entry, None
 
 
-def _pool_worker(conn: Any, threads: int) -> None:
+def _pool_worker(conn: Any, threads: int, parent: int = 0) -> None:
     """A worker process: signals are the parent's business (it terminates us); one case at a time,
-    JSON over the pipe (no pickle)."""
+    JSON over the pipe (no pickle).  It dies with ``parent`` (the process that started it): a
+    worker orphaned by a killed run writes nothing more into the bundle."""
+    if parent:
+        die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     limit_blas_threads(threads)
@@ -538,7 +569,7 @@ class _HoldSigterm:
 class _Worker:
     def __init__(self, ctx: Any, threads: int) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_pool_worker, args=(child, threads), daemon=True)
+        self.proc = ctx.Process(target=_pool_worker, args=(child, threads, os.getpid()), daemon=True)
         self.proc.start()
         child.close()
         self.case: str | None = None
@@ -688,7 +719,7 @@ def _log_tail(path: Path, limit: int = 1500) -> str:
 
 
 def _run_ranked(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, sig: _Signals,
-                note: Callable[[str], None]) -> Generator[Result, None, None]:
+                note: Callable[[str], None], held: tuple[int, ...] = ()) -> Generator[Result, None, None]:
     """Each case with one process per rank (``python -m deepgemm_ref.golden._rank_worker``): a gloo
     group over a file store in a temporary directory; every process builds the case and computes
     its rank's goldens, rank 0 merges them, writes the case file and reports its manifest entry
@@ -721,6 +752,7 @@ def _run_ranked(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int
                             [sys.executable, "-m", "deepgemm_ref.golden._rank_worker", "--job", str(tmp / "job.json"),
                              "--rank", str(r), "--world", str(ranks)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            pass_fds=held,  # the bundle's lock: held while any rank lives
                             start_new_session=True))  # signals are this process's business: it stops them
             # A signal meanwhile is only recorded: the processes are stopped below, and a case rank 0
             # finished (its file written, its entry reported) is still recorded before the run stops.
@@ -763,7 +795,7 @@ def _run_ranked(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int
 
 def _run_processes(plain: list[CaseSpec], ranked: list[CaseSpec], workdir: Path, overwrite: bool, limit: int,
                    whole: int, jobs: int, costs: Mapping[str, float], sig: _Signals,
-                   note: Callable[[str], None]) -> Generator[Result, None, None]:
+                   note: Callable[[str], None], held: tuple[int, ...] = ()) -> Generator[Result, None, None]:
     """The processes executor: the cases of no ranked family as the local executor runs them
     (here, or in a pool of ``jobs`` workers), then the ranked ones with one process per rank."""
     if plain:
@@ -773,7 +805,7 @@ def _run_processes(plain: list[CaseSpec], ranked: list[CaseSpec], workdir: Path,
             by_work = sorted(plain, key=lambda spec: -costs.get(spec.id, 0.0))
             yield from _run_pool(by_work, workdir, overwrite, limit, jobs, sig)
     if sig.signum is None:
-        yield from _run_ranked(ranked, workdir, overwrite, whole, sig, note)
+        yield from _run_ranked(ranked, workdir, overwrite, whole, sig, note, held)
 
 
 def _run_dask(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, scheduler: str | None,
@@ -851,15 +883,29 @@ def _sweep_temporaries(workdir: Path) -> None:
                     pass
 
 
-def _prepare(plan: Plan) -> Path:
-    """The directory cases are written to (the bundle itself, or the sibling build directory)."""
+def _prepare(plan: Plan, locks: list[BundleLock]) -> Path:
+    """The directory cases are written to (the bundle itself, or the sibling build directory),
+    locked (appended to ``locks``) unless ``locks`` already holds its lock."""
     root = plan.root
     try:
         if plan.mode == "replace":
-            work = root.parent / f".{root.name}.new-{uuid.uuid4().hex[:12]}"
-            (work / CASES_DIR).mkdir(parents=True)
+            work = sibling_name(root, "new")
+            work.mkdir()
+            try:
+                locks.append(BundleLock(work, root).acquire())
+            except BundleError:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+            (work / CASES_DIR).mkdir()
             return work
-        (root / CASES_DIR).mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        if not locks:
+            locks.append(BundleLock(root).acquire())
+            # a run that started meanwhile on the same new directory may have finished a bundle there
+            if plan.mode == "new" and os.path.lexists(root / MANIFEST_NAME):
+                raise BundleError(f"{root}: already holds a bundle (another run wrote it meanwhile); pass --force "
+                                  "to replace it, or --resume to finish an incomplete one")
+        (root / CASES_DIR).mkdir(exist_ok=True)
     except OSError as e:
         raise BundleError(f"{root}: cannot create the bundle directory: {e.strerror or e}") from None
     if not os.access(root, os.W_OK) or not os.access(root / CASES_DIR, os.W_OK):
@@ -869,11 +915,18 @@ def _prepare(plan: Plan) -> Path:
     return root
 
 
+def _sweep_stale_siblings(root: Path) -> None:
+    """Remove the sibling build directories that interrupted ``--force`` runs of this bundle left
+    (only those no live run holds; called while this run holds the bundle's lock)."""
+    for p in stale_siblings(root):
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def _swap(plan: Plan, work: Path) -> None:
     """Put the complete new bundle in place of the old one; entries of the old directory that are
     not part of a bundle (the user's files) move along."""
     root = plan.root
-    old = root.parent / f".{root.name}.old-{uuid.uuid4().hex[:12]}"
+    old = sibling_name(root, "old")
     os.rename(root, old)
     try:
         os.rename(work, root)
@@ -881,9 +934,27 @@ def _swap(plan: Plan, work: Path) -> None:
         os.rename(old, root)
         raise
     for name in os.listdir(old):
-        if name not in (MANIFEST_NAME, CASES_DIR) and not (name.startswith(".") and name.endswith(".tmp")):
+        if name not in (MANIFEST_NAME, CASES_DIR, LOCK_NAME) and not _temporary(name):
             os.rename(old / name, root / name)
+    # Inside cases/, every entry that is not a case file (.safetensors) or a temporary is the
+    # user's (notes, scripts): it moves along too, unless the new bundle has an entry of that name.
+    try:
+        names = os.listdir(old / CASES_DIR) if not (old / CASES_DIR).is_symlink() else []
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith(".safetensors") or _temporary(name) or os.path.lexists(root / CASES_DIR / name):
+            continue
+        try:
+            os.rename(old / CASES_DIR / name, root / CASES_DIR / name)
+        except OSError:
+            pass
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _temporary(name: str) -> bool:
+    """A run's temporary file name (``.<...>.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 def generate(
@@ -927,16 +998,34 @@ def generate(
     On SIGINT / SIGTERM: :class:`GenerationInterrupted` (see the module docstring).
     Returns the manifest.
     """
-    plan = plan_generation(specs, out_dir, force=force, resume=resume, jobs=jobs, executor=executor,
-                           max_memory=max_memory, source=source, ranks_per_case=ranks_per_case)
-    if on_plan is not None:
-        on_plan(plan)
-    if dry_run:
-        return plan.to_json()
-    return _execute(plan, scheduler, as_progress(progress), on_note or (lambda text: None))
+    locks: list[BundleLock] = []
+    try:
+        if not dry_run and _holds_bundle(out_dir):
+            # One run per bundle: locked before the plan reads (and, for resume, verifies) it.
+            where = Path(os.path.realpath(out_dir))
+            locks.append(BundleLock(where, Path(out_dir)).acquire())
+        plan = plan_generation(specs, out_dir, force=force, resume=resume, jobs=jobs, executor=executor,
+                               max_memory=max_memory, source=source, ranks_per_case=ranks_per_case,
+                               dry_run=dry_run)
+        if on_plan is not None:
+            on_plan(plan)
+        if dry_run:
+            return plan.to_json()
+        return _execute(plan, scheduler, as_progress(progress), on_note or (lambda text: None), locks)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
 
 
-def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[str], None]) -> dict[str, Any]:
+def _holds_bundle(out_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``out_dir`` is a directory holding a manifest or a ``cases`` directory."""
+    root = Path(out_dir)
+    return bool(os.fspath(out_dir)) and root.is_dir() and (
+        os.path.lexists(root / MANIFEST_NAME) or os.path.lexists(root / CASES_DIR))
+
+
+def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[str], None],
+             locks: list[BundleLock]) -> dict[str, Any]:
     ids = [c.spec.id for c in plan.cases]
     todo = plan.todo
     plain_todo = [c for c in todo if not plan.in_rank_processes(c)]
@@ -946,7 +1035,8 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
     in_place = plan.mode != "replace"
     with _Signals(raise_now=inline) as sig:
         with _Critical(sig):
-            work = _prepare(plan)
+            work = _prepare(plan, locks)
+        held = tuple(lock.fd for lock in locks if lock.fd is not None)  # the rank processes keep them too
 
         def checkpoint() -> dict[str, Any]:
             manifest = new_manifest([finished[i] for i in ids if i in finished], [i for i in ids if i not in finished])
@@ -972,7 +1062,7 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
             elif plan.executor == "processes":
                 results = _run_processes([c.spec for c in plain_todo],
                                          [c.spec for c in todo if plan.in_rank_processes(c)], work, overwrite,
-                                         plan.case_limit, plan.memory_limit, plan.jobs, costs, sig, note)
+                                         plan.case_limit, plan.memory_limit, plan.jobs, costs, sig, note, held)
             elif inline:
                 results = _run_inline(specs, work, overwrite, plan.case_limit, sig)
             else:  # the largest cases first, so that no worker is left with one at the end
@@ -1038,6 +1128,7 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
                         os.unlink(plan.root / rel)
                     except OSError:
                         pass
+            _sweep_stale_siblings(plan.root)
         return manifest
 
 
@@ -1051,8 +1142,16 @@ def _stopped(plan: Plan, work: Path, finished: dict[str, Any], ids: list[str], s
                 f"its {kept - len(plan.kept)} finished cases were discarded)")
     checkpoint()
     _sweep_temporaries(work)
-    return (f"interrupted by {name}: {kept} of {len(ids)} cases finished and kept in {plan.root} (manifest marked "
-            "incomplete); run the same command with --resume to finish")
+    # What is on disk: the manifest's cases, and the case files present (a worker may have written
+    # one in the last moment without its entry reaching the manifest; --resume verifies it).
+    on_disk = sum(os.path.isfile(work / c.file) for c in plan.cases)
+    files = (f"; {CASES_DIR}/ holds {on_disk} case file{'' if on_disk == 1 else 's'} of this run, "
+             f"{on_disk - kept} not in the manifest (--resume checks and regenerates them)"
+             if on_disk > kept else
+             f"; {CASES_DIR}/ holds {on_disk} of their files" if on_disk < kept else "")
+    return (f"interrupted by {name}: {kept} of {len(ids)} case{'' if len(ids) == 1 else 's'} finished and kept "
+            f"in {plan.root} (in the manifest, marked incomplete){files}; run the same command with --resume to "
+            "finish")
 
 
 def _failures_error(plan: Plan, finished: dict[str, Any], failures: dict[str, dict[str, str]],

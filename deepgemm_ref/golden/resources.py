@@ -6,9 +6,9 @@ arbitrary units, about one per multiply-add of the exact model).  Generation ref
 estimate is over the memory limit before anything is allocated, prints the bundle's estimated
 size and time, and weighs its progress and ETA by the work.
 
-The default limit is half of this machine's physical memory (``os.sysconf``), or of the
-available memory (``/proc/meminfo``) when that is smaller than the total; ``--max-memory``
-overrides it.
+The default limit is half of this machine's total physical memory (``os.sysconf``), or of this
+process's cgroup memory limit when that is lower: a number that does not change from run to run
+(the memory available at the moment does); ``--max-memory`` overrides it.
 """
 
 from __future__ import annotations

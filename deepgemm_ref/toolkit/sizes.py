@@ -13,9 +13,9 @@ Every kernel and utility checks its sizes here before it copies or allocates any
   with the elements, so such an array is refused when its float64 working copy would exceed the
   limit.
 
-The limit defaults to half of this machine's physical memory, or of its available memory when
-that is smaller (the golden workflow's ``--max-memory`` default); :func:`limit_allocations` sets
-another one for a block of code.  Nothing here allocates.
+The limit defaults to half of this machine's total physical memory, or of the cgroup's memory
+limit when that is lower (the golden workflow's ``--max-memory`` default; stable from run to
+run); :func:`limit_allocations` sets another one for a block of code.  Nothing here allocates.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "nbytes",
     "physical_memory",
     "available_memory",
+    "cgroup_memory_limit",
     "default_memory_limit",
     "allocation_limit",
     "limit_allocations",
@@ -105,10 +106,25 @@ def available_memory() -> int | None:
     return None
 
 
+def cgroup_memory_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) in bytes, or None where there is none or it cannot be read."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, "rb") as f:
+                text = f.read(64).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and 0 < int(text) < (1 << 60):  # v1 says "no limit" with a huge number
+            return int(text)
+    return None
+
+
 def default_memory_limit() -> int:
-    """Half of the physical memory, or of the available memory when that is smaller (8 GiB
-    where neither can be read; never below 256 MiB)."""
-    known = [x for x in (physical_memory(), available_memory()) if x]
+    """Half of the total physical memory, or of this process's cgroup memory limit when that is
+    lower: a number stable from run to run (not the memory available at the moment).  8 GiB where
+    neither can be read; never below 256 MiB."""
+    known = [x for x in (physical_memory(), cgroup_memory_limit()) if x]
     return max(1 << 28, min(known) // 2) if known else 8 << 30
 
 
