@@ -143,7 +143,7 @@ PROBE_SCHEMA = Schema(
     "accumulator width, promotion interval and rounding, the output rounding and the UE8M0 0x00 reading.  "
     "Chosen with `\"family\": \"probe\"`.",
     {"fp8_gemm_nt": ("ascend950", "sm100")},
-    (Key("probe", "str", "which probe", None, choices=("accumulator", "output_rounding", "ue8m0_zero")),),
+    (Key("probe", "str", "which probe", "accumulator", choices=("accumulator", "output_rounding", "ue8m0_zero")),),
     why_not={"fp8_gemm_nt": "the probes use per-32 UE8M0 scales"},
 )
 

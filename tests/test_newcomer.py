@@ -1,0 +1,80 @@
+"""What a newcomer hit (issue 29, group D): the simplest specification of every kernel is valid,
+every problem of a case is reported at once, replay finds a module in the current directory and
+names the profile a case was generated for, the text of the reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepgemm_ref.cli import main
+from deepgemm_ref.golden.cases import FAMILIES, build_case, validate_spec
+from deepgemm_ref.golden.schema import SpecError
+
+
+def _minimal_specs() -> list[dict]:
+    """Every (kernel, profile) pair a schema provides, as its simplest specification: the kernel,
+    the profile and small shapes (the family only where it is chosen explicitly)."""
+    out = []
+    for fam in FAMILIES.values():
+        assert fam.schema is not None
+        for kernel, profiles in fam.schema.kernels.items():
+            for profile in profiles:
+                d = {"id": f"{fam.name}-{kernel}-{profile}", "kernel": kernel, "profile": profile}
+                if fam.explicit:
+                    d["family"] = fam.name
+                out.append(d)
+    return out
+
+
+def test_the_simplest_case_of_every_kernel_under_every_profile_is_valid_and_builds():
+    specs = _minimal_specs()
+    assert len(specs) > 50
+    for d in specs:
+        spec = validate_spec(d)  # raises SpecError naming the keys if the defaults do not fit
+        built = build_case(spec)
+        assert built.inputs and built.outputs, d
+
+
+def test_the_first_sm90_fp8_case_a_hopper_user_writes_is_valid():
+    spec = validate_spec({"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "m": 256, "n": 384, "k": 1024})
+    r = spec.resolved
+    # sm90's two FP8 recipes (DeepGEMM's sm90 kernels): 1D2D writes bf16 without C, 1D1D writes f32 with C.
+    assert (r["gran_n"], r["out"], r["c"]) == (128, "bf16", "none")
+    one_d = validate_spec({"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "gran_n": 1}).resolved
+    assert (one_d["gran_n"], one_d["out"], one_d["c"]) == (1, "f32", "is_d")
+    f32 = validate_spec({"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "out": "f32"}).resolved
+    assert (f32["gran_n"], f32["c"]) == (1, "is_d")
+    sep = validate_spec({"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "c": "separate"}).resolved
+    assert (sep["gran_n"], sep["out"]) == (1, "f32")
+    # other profiles keep their defaults
+    sm100 = validate_spec({"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm100"}).resolved
+    assert (sm100["gran_n"], sm100["out"], sm100["c"]) == (1, "bf16", "none")
+
+
+def test_every_problem_of_a_case_is_reported_at_once():
+    with pytest.raises(SpecError) as exc:
+        validate_spec({"id": "x", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": -4, "seed": "abc",
+                       "gran_n": 7, "bogus": 1}, "s.json")
+    lines = str(exc.value).splitlines()
+    assert exc.value.problems == lines  # type: ignore[attr-defined]
+    for key in ("'m'", "'seed'", "'gran_n'", "'bogus'"):
+        assert sum(key in line for line in lines) == 1, (key, lines)
+    assert all(line.startswith("s.json: case 'x': ") for line in lines)
+    # without a usable kernel the common keys are still all checked
+    with pytest.raises(SpecError) as exc:
+        validate_spec({"kernel": 3, "seed": -1, "values": "nrmal"}, "s.json", 2)
+    text = str(exc.value)
+    for words in ("missing key 'id'", "key 'kernel'", "missing key 'profile'", "key 'seed'", "'normal'"):
+        assert words in text, (words, text)
+
+
+def test_the_cli_lists_every_problem_naming_file_case_and_key(tmp_path, capsys):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps([{"id": "a", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": -4, "seed": "abc"}]))
+    assert main(["golden", "--spec", str(path), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"{path}: case 'a': key 'm'" in err and f"{path}: case 'a': key 'seed'" in err, err
+    assert not (tmp_path / "b").exists()
