@@ -221,9 +221,19 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from . import golden
 
-    out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
-                        transforms=not args.no_transforms, force=args.force, cases=args.case or None,
-                        accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    # As ``python -m`` does, the current directory comes first on sys.path while --module is
+    # imported: a module next to the user is found (and shadows an installed one of its name).
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
+                            transforms=not args.no_transforms, force=args.force, cases=args.case or None,
+                            accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
     n_fail = len(out.errors)
     if not out.written:  # a rank other than 0 under torchrun: rank 0 reports and writes
         print(f"rank {out.rank} of {out.world}: replayed its rank of the EP cases; rank 0 wrote {args.out}"

@@ -78,3 +78,53 @@ def test_the_cli_lists_every_problem_naming_file_case_and_key(tmp_path, capsys):
     assert "Traceback" not in err
     assert f"{path}: case 'a': key 'm'" in err and f"{path}: case 'a': key 'seed'" in err, err
     assert not (tmp_path / "b").exists()
+
+
+def _sm90_bundle(tmp_path) -> str:
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps([{"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "m": 64, "n": 128,
+                                 "k": 128}]))
+    assert main(["golden", "--spec", str(spec), "--out", str(tmp_path / "b")]) == 0
+    return str(tmp_path / "b")
+
+
+def test_replay_imports_a_module_from_the_current_directory_and_names_both_profiles(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from deepgemm_ref.golden.replay import read_replay_record
+
+    bundle = _sm90_bundle(tmp_path)
+    name = "dg_newcomer_mymod"
+    # A user's wrapper of the emulator, running its default profile (sm100), as a device library would.
+    (tmp_path / f"{name}.py").write_text("from deepgemm_ref import *  # noqa\nfrom deepgemm_ref import get_arch  # noqa\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    path_before = list(sys.path)
+    try:
+        code = main(["replay", bundle, "--module", name, "--no-torch", "--out", str(tmp_path / "o.safetensors")])
+    finally:
+        sys.modules.pop(name, None)
+    err = capsys.readouterr().err
+    assert sys.path == path_before  # the current directory is on sys.path for the import only
+    assert "cannot import" not in err, err
+    assert code == 1
+    errors, _ = read_replay_record(str(tmp_path / "o.safetensors"))
+    assert "this case is sm90; the module reports sm100" in errors["h"], errors
+    assert "this case is sm90; the module reports sm100" in err
+
+
+def test_module_profile_asks_the_module_then_the_device():
+    import types
+
+    from deepgemm_ref.golden.replay import module_profile
+
+    assert module_profile(types.SimpleNamespace(get_arch=lambda: "sm90")) == "sm90"
+    assert module_profile(types.SimpleNamespace(get_arch_major=lambda: 10)) == "sm100"
+    assert module_profile(types.SimpleNamespace(get_arch_major=lambda: 9)) == "sm90"
+    assert module_profile(types.SimpleNamespace(), "npu:0") == "ascend950"
+    assert module_profile(types.SimpleNamespace()) is None
+
+    def broken() -> str:
+        raise RuntimeError("no device")
+
+    assert module_profile(types.SimpleNamespace(get_arch=broken)) is None
