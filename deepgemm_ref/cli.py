@@ -26,6 +26,20 @@ from .errors import DGArgumentError
 __all__ = ["main"]
 
 
+def count(n: int, word: str, words: str | None = None) -> str:
+    """``"1 case"`` / ``"2 cases"`` (:func:`deepgemm_ref.golden.text.count`, imported when used)."""
+    from .golden.text import count as _count
+
+    return _count(n, word, words)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``word`` or its plural for ``n`` (:func:`deepgemm_ref.golden.text.plural`)."""
+    from .golden.text import plural as _plural
+
+    return _plural(n, word, words)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import deepgemm_ref
 
@@ -156,7 +170,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     for name in PRESETS:
         specs = validate_specs(preset(name))
-        print(f"{name}: {len(specs)} cases")
+        print(f"{name}: {count(len(specs), 'case')}")
         if args.verbose:
             width = max(len(s.id) for s in specs)
             for s in specs:
@@ -214,7 +228,7 @@ def _cmd_golden(args: argparse.Namespace) -> int:
                              on_note=lambda text: print(f"deepgemm-ref: golden: note: {text}", file=sys.stderr,
                                                         flush=True))
     if not args.dry_run:
-        print(f"wrote {len(result['cases'])} cases to {args.out}")
+        print(f"wrote {count(len(result['cases']), 'case')} to {args.out}")
     return 0
 
 
@@ -237,12 +251,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     n_fail = len(out.errors)
     if not out.written:  # a rank other than 0 under torchrun: rank 0 reports and writes
         print(f"rank {out.rank} of {out.world}: replayed its rank of the EP cases; rank 0 wrote {args.out}"
-              + (f"; {n_fail} of those case(s) failed" if n_fail else ""))
+              + (f"; {n_fail} of those {plural(n_fail, 'case')} failed" if n_fail else ""))
         return _leave_world(1 if n_fail else 0)
     for case_id, err in out.errors.items():
         print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
-    print(f"wrote {len(out)} outputs to {args.out}" + (f"; {n_fail} case(s) failed (errors recorded in the "
-                                                      "outputs file)" if n_fail else ""))
+    print(f"wrote {count(len(out), 'output')} to {args.out}"
+          + (f"; {count(n_fail, 'case')} failed (errors recorded in the outputs file)" if n_fail else ""))
     code = 1 if n_fail else 0
     return _leave_world(code) if out.world > 1 else code
 
@@ -387,8 +401,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     result = export(args.bundle, args.out, args.format, outputs=args.outputs, cases=args.case or None,
                     force=args.force, max_memory=args.max_memory)
     what = "device outputs" if args.outputs else "goldens"
-    print(f"wrote the {what} of {len(result['cases'])} case(s) as {args.format} to {args.out} "
-          f"({result['files']} files)")
+    print(f"wrote the {what} of {count(len(result['cases']), 'case')} as {args.format} to {args.out} "
+          f"({count(result['files'], 'file')})")
     return 0
 
 
@@ -419,9 +433,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for p in result["problems"]:
         print(p)
     if args.regenerate:
-        print(f"regenerated {result['regenerated']} of {result['cases']} cases and compared every tensor with the "
-              "stored bytes")
-    print(f"{result['cases']} cases: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
+        print(f"regenerated {result['regenerated']} of {count(result['cases'], 'case')} and compared every tensor "
+              "with the stored bytes")
+    print(f"{count(result['cases'], 'case')}: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
     return 0 if result["ok"] else 1
 
 

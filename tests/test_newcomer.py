@@ -128,3 +128,24 @@ def test_module_profile_asks_the_module_then_the_device():
         raise RuntimeError("no device")
 
     assert module_profile(types.SimpleNamespace(get_arch=broken)) is None
+
+
+def test_counts_of_one_take_the_singular(tmp_path, capsys):
+    import re
+
+    from deepgemm_ref.golden.text import count, failing, plural
+
+    assert (count(1, "case"), count(0, "case"), count(2, "case"), count(12345, "element")) == \
+        ("1 case", "0 cases", "2 cases", "12345 elements")
+    assert failing(1, 1) == "1 of 1 checked element fails" and failing(2, 64) == "2 of 64 checked elements fail"
+    assert plural(1, "was") == "was" and plural(3, "was") == "were"
+    bundle = _sm90_bundle(tmp_path)
+    out = tmp_path / "o.safetensors"
+    assert main(["replay", bundle, "--out", str(out)]) == 0
+    assert main(["check", bundle, "--outputs", str(out)]) == 0
+    assert main(["verify", bundle]) == 0
+    text = capsys.readouterr()
+    both = text.out + text.err
+    assert "wrote 1 case to" in both and "wrote 1 output to" in both and "1 output: 1 pass" in both, both
+    assert "1 case: OK" in both and "1/1 case (" in both, both
+    assert not re.search(r"\b1 (cases|outputs|elements|files)\b", both), both

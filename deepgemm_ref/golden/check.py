@@ -42,6 +42,7 @@ from .bundle import Bundle, BundleError, load_bundle
 from .call import entry_family
 from .progress import as_progress
 from .replay import read_replay_record
+from .text import class_mismatches, count, failing
 
 __all__ = ["CheckOptions", "CaseReport", "DEFAULT_OPTIONS", "describe_options", "options_differ", "apply_bias",
            "apply_model_null", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
@@ -818,7 +819,7 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
                              f"{r.max_normalised_error:.3g}")
             continue
         integer = np.dtype(r.dtype).kind in "iub" if r.dtype else False
-        special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
+        special = f" ({class_mismatches(r.special_mismatches)})" if r.special_mismatches else ""
         if r.status == "warn":  # not a failure: one line
             within = (f"{r.warned} beyond E (consistent with upstream rounding flips): {r.warned - r.stage_warned} "
                       f"within E_hard, {r.stage_warned} beyond E_hard (warn: within the stage-propagated bound)"
@@ -830,7 +831,7 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
             continue
         biased = r.bias is not None and r.bias.get("failed")
         lines.append(f"{r.id}: FAIL  " + ("the errors lean one way (bias test); " if biased else "")
-                     + f"{r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn{rng}, "
+                     + f"{failing(r.failed, r.checked)}{special}, {r.warned} warn{rng}, "
                      f"{r.undefined} undefined (not checked)")
         lines.append(f"  bound: {describe_bound(r.bound)}; {describe_options(r.options)}")
         if r.bias is not None:
@@ -850,7 +851,8 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         if r.worst:
             lines += _worst_table(r.worst, integer)
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
-    summary = f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail"
+    summary = (f"summary: {count(len(reports), 'output')}: {total['pass']} pass, {total['warn']} warn, "
+               f"{total['fail']} fail")
     judged = [r.thresholds for r in reports if r.thresholds is not None]
     if judged:  # check --thresholds: the table's verdict beside the bound's
         shown = [f"  {r.id}: {r.thresholds.get('text', r.thresholds['status'])}" for r in reports
@@ -861,7 +863,8 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         summary += f"; thresholds: {len(judged) - t_fail} pass, {t_fail} fail"
     ranged = sum(r.range_allowed for r in reports)
     if ranged:
-        summary += (f"; {ranged} elements of {sum(r.range_allowed > 0 for r in reports)} outputs in the range class "
+        ranged_outputs = sum(r.range_allowed > 0 for r in reports)
+        summary += (f"; {count(ranged, 'element')} of {count(ranged_outputs, 'output')} in the range class "
                     "(accumulator overflow allowed)")
     lines.append(summary)
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from .._version import __version__
 from .bias import describe_bias
 from .bundle import atomic_write_text
 from .check import CaseReport, describe_bound, describe_options, options_differ
+from .text import class_mismatches, count, failing
 
 __all__ = ["html_report", "write_html"]
 
@@ -215,8 +216,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
            f'<p class=meta>bundle <code>{_e(bundle)}</code>, device outputs <code>{_e(outputs)}</code>; '
            f"deepgemm_ref {_e(__version__)}, {_e(datetime.datetime.now().isoformat(timespec='seconds'))}</p>",
            f'<p class="meta options" id=options>{_e(options_line)}</p>',
-           f'<p class=summary id=summary>{len(reports)} outputs: {counts["pass"]} pass, {counts["warn"]} warn, '
-           f'{counts["fail"]} fail</p>',
+           f'<p class=summary id=summary>{count(len(reports), "output")}: {counts["pass"]} pass, '
+           f'{counts["warn"]} warn, {counts["fail"]} fail</p>',
            '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
            '<table id="outputs"><thead><tr><th>output</th><th>status</th><th>checked</th><th>failing</th>'
            "<th>warn</th><th>range: accumulator overflow allowed</th>"
@@ -240,8 +241,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
         if r.error is not None:
             sec.append(f"<p>{_e(r.error)}</p>")
         else:
-            special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
-            sec.append(f"<p>{r.failed} of {r.checked} checked elements fail{_e(special)}, {r.warned} warn, "
+            special = f" ({class_mismatches(r.special_mismatches)})" if r.special_mismatches else ""
+            sec.append(f"<p>{failing(r.failed, r.checked)}{_e(special)}, {r.warned} warn, "
                        f"{r.undefined} undefined (not checked).</p><p class=bound>Bound: {_e(describe_bound(r.bound))}"
                        "</p>")
             if r.bias is not None:
