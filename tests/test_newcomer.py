@@ -149,3 +149,25 @@ def test_counts_of_one_take_the_singular(tmp_path, capsys):
     assert "wrote 1 case to" in both and "wrote 1 output to" in both and "1 output: 1 pass" in both, both
     assert "1 case: OK" in both and "1/1 case (" in both, both
     assert not re.search(r"\b1 (cases|outputs|elements|files)\b", both), both
+
+
+# Internal design-document references ("spec 9.2", "(spec section 13)", "port 1.10", "trap 17",
+# "numerics.md section 5", "decision D1") that a user of the package cannot follow.
+_INTERNAL_REF = r"\b(?:spec|port|trap)(?: section)? [0-9]|numerics\.md(?:``)?(?: section)? [0-9]|decision D[0-9]|spec trap"
+
+
+def test_no_internal_references_a_user_cannot_follow(capsys):
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(_INTERNAL_REF)
+    found = []
+    files = [*sorted((root / "deepgemm_ref").rglob("*.py")), *sorted((root / "docs").glob("*.md")), root / "README.md"]
+    for path in files:
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(root)}:{no}: {line.strip()}")
+    assert not found, "\n".join(found[:20])
+    assert main(["info"]) == 0
+    assert not pattern.search(capsys.readouterr().out)

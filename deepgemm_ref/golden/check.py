@@ -1,7 +1,7 @@
 """The checker: does a device's output agree with the golden value, element by element?
 
 For an output element with exact accumulator ``y`` and error scale ``S = sum |a_i b_i| * scales``
-(numerics.md 4.3), a device that accumulates in a ``u_acc`` precision along a path of ``n``
+(docs/numerics.md), a device that accumulates in a ``u_acc`` precision along a path of ``n``
 roundings lands within
 
     E      = lambda * sqrt(n) * u_acc * S + u_acc * (|c| + |y|) * c_epi     (probabilistic bound)
