@@ -40,6 +40,12 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return _plural(n, word, words)
 
 
+def _case_option(p: argparse.ArgumentParser) -> None:
+    """``--case``, the same on every command: several ids after one ``--case``, repeated, or both."""
+    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
+                   help="only these case ids (--case A B, or repeated: --case A --case B)")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import deepgemm_ref
 
@@ -499,8 +505,7 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bias-threshold", type=float, default=-12.0, metavar="LOG10P",
                    help="log10 p-value below which an output's errors lean too far one way and it fails "
                         "(default -12; docs/numerics.md)")
-    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
-                   help="only these case ids (--case A B, or repeated: --case A --case B)")
+    _case_option(p)
     p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                    help="refuse files over SIZE (default: half of this machine's memory)")
 
@@ -529,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one of: " + ", ".join(_preset_names()) + " (deepgemm-ref list -v shows the cases)")
     gen.add_argument("--spec", help="a JSON or TOML file with a list of case tables")
     gen.add_argument("--out", required=True, help="bundle directory")
-    gen.add_argument("--case", action="append", help="only this case id (repeatable)")
+    _case_option(gen)
     gen.add_argument("--force", action="store_true", help="overwrite an existing bundle")
     gen.add_argument("--resume", action="store_true", help="keep the verified cases of an existing bundle")
     gen.add_argument("--jobs", type=_positive_int, default=1,
@@ -559,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--torch", dest="torch", action="store_true", default=None, help="pass torch tensors")
     rep.add_argument("--no-torch", dest="torch", action="store_false", help="pass NumPy arrays")
     rep.add_argument("--no-transforms", action="store_true", help="skip the manifest's layout transforms")
-    rep.add_argument("--case", action="append", help="only this case id (repeatable)")
+    _case_option(rep)
     rep.add_argument("--force", action="store_true", help="overwrite an existing outputs file")
     rep.add_argument("--accumulation", help="with --module deepgemm_ref: emulate a device accumulator, "
                      "e.g. 'limited(13, 128)' or 'fp32'")
@@ -605,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, metavar="DIR", help="the export directory")
     exp.add_argument("--outputs", default=None,
                      help="write these device outputs (safetensors or a dump directory) instead of the goldens")
-    exp.add_argument("--case", action="extend", nargs="+", metavar="ID", help="only these case ids")
+    _case_option(exp)
     exp.add_argument("--force", action="store_true", help="replace an earlier export in DIR")
     exp.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                      help="refuse files over SIZE (default: half of this machine's memory)")

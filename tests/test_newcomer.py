@@ -171,3 +171,19 @@ def test_no_internal_references_a_user_cannot_follow(capsys):
     assert not found, "\n".join(found[:20])
     assert main(["info"]) == 0
     assert not pattern.search(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv", [
+    ["golden", "--preset", "smoke", "--out", "B"],
+    ["replay", "B", "--out", "O"],
+    ["check", "B", "--outputs", "O"],
+    ["diagnose", "B", "--outputs", "O"],
+    ["export", "B", "--format", "npy", "--out", "D"],
+])
+def test_case_takes_several_ids_and_repeats_on_every_command(argv):
+    from deepgemm_ref.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([*argv, "--case", "a", "b"]).case == ["a", "b"]
+    assert parser.parse_args([*argv, "--case", "a", "--case", "b"]).case == ["a", "b"]
+    assert parser.parse_args([*argv, "--case", "a", "b", "--case", "c"]).case == ["a", "b", "c"]
