@@ -168,34 +168,74 @@ def _shape_text(shape: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
+def _list_width() -> int:
+    """The width ``list -v`` wraps its lines to: the terminal's (at least 40 columns), or 100 when
+    standard output is not a terminal."""
+    import shutil
+
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return max(40, shutil.get_terminal_size((100, 24)).columns) if tty else 100
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> str:
+    """``text`` wrapped to ``width`` columns, every line after the first indented four more
+    columns than ``indent`` (no word is lost: a word longer than a line is broken)."""
+    import textwrap
+
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "    ",
+                         break_on_hyphens=False) or indent
+
+
+def _list_data() -> dict[str, Any]:
+    """Everything ``list -v`` shows, in full, as JSON-ready data (``list --json``)."""
     from .golden import PRESETS, preset
     from .golden.cases import FAMILIES
     from .golden.generation import validate_specs
     from .golden.schema import common_key_docs, describe_key
 
-    for name in PRESETS:
-        specs = validate_specs(preset(name))
-        print(f"{name}: {count(len(specs), 'case')}")
+    presets = {name: [{"id": s.id, "kernel": s.kernel, "profile": s.profile, "shape": s.shape(),
+                       "spec": s.to_dict()} for s in validate_specs(preset(name))] for name in PRESETS}
+    families = {fam.name: {"kernels": {k: list(p) for k, p in fam.schema.kernels.items()},
+                           "why_not": dict(fam.schema.why_not),
+                           "keys": [describe_key(key, fam.schema) for key in fam.schema.keys],
+                           "checks": [rule.doc for rule in fam.schema.rules]}
+                for fam in FAMILIES.values() if fam.schema is not None}
+    return {"presets": presets, "common_keys": common_key_docs(), "families": families}
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import json
+
+    data = _list_data()
+    if args.json:
+        print(json.dumps(data, indent=1, ensure_ascii=True))
+        return 0
+    width = _list_width()
+    for name, cases in data["presets"].items():
+        print(f"{name}: {count(len(cases), 'case')}")
         if args.verbose:
-            width = max(len(s.id) for s in specs)
-            for s in specs:
-                print(f"  {s.id:<{width}}  {s.kernel} ({s.profile})  {_shape_text(s.shape())}")
+            id_width = min(max(len(c["id"]) for c in cases), width // 2)
+            for c in cases:
+                print(_wrapped(f"{c['id']:<{id_width}}  {c['kernel']} ({c['profile']})  {_shape_text(c['shape'])}",
+                               width, "  "))
     if args.verbose:
-        print("\ncase specification keys (docs/case-specs.md):")
-        print("  every case: " + "; ".join(f"{d['name']} ({d['type']}, default {d['default']})"
-                                          for d in common_key_docs()))
-        for fam in FAMILIES.values():
-            if fam.schema is None:
-                continue
-            print(f"\nfamily {fam.name}: kernels " + ", ".join(f"{k} ({'/'.join(p)})"
-                                                             for k, p in fam.schema.kernels.items()))
-            for key in fam.schema.keys:
-                d = describe_key(key, fam.schema)
+        print()
+        print(_wrapped("case specification keys (docs/case-specs.md; as JSON: deepgemm-ref list --json):", width))
+        print(_wrapped("every case: " + "; ".join(f"{d['name']} ({d['type']}, default {d['default']})"
+                                                  for d in data["common_keys"]), width, "  "))
+        for fam_name, fam in data["families"].items():
+            print()
+            print(_wrapped(f"family {fam_name}: kernels " + ", ".join(f"{k} ({'/'.join(p)})"
+                                                                      for k, p in fam["kernels"].items()), width))
+            for d in fam["keys"]:
                 extra = f"; {d['only']}" if d["only"] else ""
-                print(f"  {d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}")
-            for rule in fam.schema.rules:
-                print(f"  check: {rule.doc}")
+                print(_wrapped(f"{d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}",
+                               width, "  "))
+            for rule in fam["checks"]:
+                print(_wrapped(f"check: {rule}", width, "  "))
     return 0
 
 
@@ -526,7 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="the golden presets and their cases")
     lst.add_argument("-v", "--verbose", action="store_true",
-                     help="every case with its real shape, and every family's specification keys")
+                     help="every case with its real shape, and every family's specification keys (lines "
+                          "wrapped to the terminal's width, or 100 columns)")
+    lst.add_argument("--json", action="store_true",
+                     help="everything -v shows, in full, as JSON (each case's specification, each key's text)")
     lst.set_defaults(func=_cmd_list)
 
     gen = sub.add_parser("golden", help="generate a golden bundle from a preset or a case specification")

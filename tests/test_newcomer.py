@@ -187,3 +187,31 @@ def test_case_takes_several_ids_and_repeats_on_every_command(argv):
     assert parser.parse_args([*argv, "--case", "a", "b"]).case == ["a", "b"]
     assert parser.parse_args([*argv, "--case", "a", "--case", "b"]).case == ["a", "b"]
     assert parser.parse_args([*argv, "--case", "a", "b", "--case", "c"]).case == ["a", "b", "c"]
+
+
+def test_list_verbose_wraps_to_100_columns_and_json_has_the_full_text(capsys):
+    import re
+
+    assert main(["list", "-v"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert len(lines) > 100 and max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    flat = re.sub(r"\s+", " ", text)  # the wrapped text, its line breaks undone
+    for fam, info in data["families"].items():
+        for d in info["keys"]:
+            extra = f"; {d['only']}" if d["only"] else ""
+            full = f"{d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}"
+            assert re.sub(r"\s+", " ", full) in flat, (fam, full)  # nothing lost by the wrapping
+    first = data["presets"]["smoke"][0]
+    assert {"id", "kernel", "profile", "shape", "spec"} <= set(first)
+
+
+def test_list_wraps_to_the_terminal_width(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["list", "-v"]) == 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
