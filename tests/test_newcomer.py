@@ -215,3 +215,19 @@ def test_list_wraps_to_the_terminal_width(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")
     assert main(["list", "-v"]) == 0
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
+
+
+def test_the_ulp_histogram_counts_non_finite_elements_in_their_own_bins():
+    import numpy as np
+
+    from deepgemm_ref.golden.check import CheckOptions, classify_output
+
+    inf, nan = np.inf, np.nan
+    golden = np.array([[1.0, nan, inf, -inf, 2.0, nan, 4.0, -inf]], np.float32)
+    device = np.array([[1.0, nan, inf, inf, nan, 3.0, 4.0, -inf]], np.float32)
+    rep, _ = classify_output("c", device, {"main": golden}, {}, {}, CheckOptions())
+    h = rep.ulp_histogram
+    # by hand: 1 and 4 equal (0 ulp); NaN = NaN and inf = inf, -inf = -inf matched; -inf vs inf an infinity
+    # mismatch; 2 vs NaN and NaN vs 3 NaN mismatches
+    assert (h["0"], h["NaN matched"], h["inf matched"], h["NaN mismatched"], h["inf mismatched"]) == (2, 1, 2, 2, 1)
+    assert sum(h.values()) == rep.checked == 8

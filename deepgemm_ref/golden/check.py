@@ -212,6 +212,28 @@ def _histogram(d: np.ndarray) -> dict[str, int]:
     return out
 
 
+#: The histogram's bins of the checked elements where the device or the golden value is NaN or
+#: infinite (the ULP bins count the elements where both are finite): matched (the same class:
+#: NaN for NaN, the same infinity) or mismatched (a NaN on either side, else an infinity).
+NON_FINITE_BINS = ("NaN matched", "inf matched", "NaN mismatched", "inf mismatched")
+
+
+def _non_finite_bins(device: Any, golden: np.ndarray, where: np.ndarray) -> dict[str, int]:
+    """Counts of the :data:`NON_FINITE_BINS` among the elements ``where`` (bool, golden's shape)
+    selects; every such element is in exactly one bin."""
+    if not np.any(where):
+        return {}
+    d = np.asarray(device).reshape(golden.shape)[where].astype(np.float32)
+    g = np.asarray(golden)[where].astype(np.float32)
+    d_nan, g_nan = np.isnan(d), np.isnan(g)
+    nan_ok = d_nan & g_nan
+    inf_ok = np.isinf(d) & np.isinf(g) & (d == g)
+    bad = ~(nan_ok | inf_ok)
+    nan_bad = bad & (d_nan | g_nan)
+    return {"NaN matched": int(np.count_nonzero(nan_ok)), "inf matched": int(np.count_nonzero(inf_ok)),
+            "NaN mismatched": int(np.count_nonzero(nan_bad)), "inf mismatched": int(np.count_nonzero(bad & ~nan_bad))}
+
+
 def _interval_codes(
     ep: core.OutputStage, y: np.ndarray, y_lo: np.ndarray | None, E: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -530,6 +552,8 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
         rep.status = "fail"
     elif rep.warned:
         rep.status = "warn"
+    if floating:
+        hist.update(_non_finite_bins(device, gd, defined & ~finite))
     if hist:
         rep.ulp_histogram = hist
         # DeepGEMM's calc_diff, 1 - 2 sum(x y) / sum(x^2 + y^2), from the blocks' float64 sums
