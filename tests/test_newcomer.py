@@ -231,3 +231,69 @@ def test_the_ulp_histogram_counts_non_finite_elements_in_their_own_bins():
     # mismatch; 2 vs NaN and NaN vs 3 NaN mismatches
     assert (h["0"], h["NaN matched"], h["inf matched"], h["NaN mismatched"], h["inf mismatched"]) == (2, 1, 2, 2, 1)
     assert sum(h.values()) == rep.checked == 8
+
+
+@pytest.fixture(scope="module")
+def one_bad_element(tmp_path_factory):
+    """A 128 x 128 bf16 output (one tile) whose element (3, 5) is 64 ulps off: one failure in 16,384."""
+    import numpy as np
+
+    from deepgemm_ref import golden
+    from deepgemm_ref.golden import safetensors as st
+
+    root = tmp_path_factory.mktemp("one-bad")
+    bundle = root / "b"
+    golden.generate([{"id": "one", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 128, "n": 128, "k": 64}],
+                    bundle)
+    good = root / "good.safetensors"
+    golden.replay(bundle, good)
+    outs = golden.load_outputs(good)
+    d = outs["one/d"].copy()
+    d.view(np.uint16)[3, 5] += 64
+    outs["one/d"] = d
+    bad = root / "bad.safetensors"
+    st.save_file(outs, bad)
+    [report] = golden.check(bundle, bad)
+    assert report.failed == 1 and report.checked == 128 * 128
+    return bundle, report
+
+
+def test_a_tile_with_one_failing_element_is_clearly_visible_in_the_html_table(one_bad_element, monkeypatch):
+    import re
+
+    from deepgemm_ref.errors import DGArgumentError
+    from deepgemm_ref.golden import plot
+    from deepgemm_ref.golden.html import html_report
+
+    def missing() -> None:
+        raise DGArgumentError("heatmaps need matplotlib")
+
+    monkeypatch.setattr(plot, "_matplotlib", missing)
+    bundle, report = one_bad_element
+    text = html_report([report])
+    [cell] = re.findall(r'<td style="([^"]*)" title="tile \(0, 0\): 1 of 16384 failing">', text)
+    level = int(re.search(r"rgb\(255,(\d+),\1\)", cell).group(1))
+    assert level <= 170, cell  # at least a clear pink, not the near-white of a 1/16384 share
+    assert "outline:" in cell
+
+
+def test_the_worst_elements_tables_give_absolute_thresholds_next_to_the_absolute_error(one_bad_element):
+    from deepgemm_ref.golden.check import format_report
+    from deepgemm_ref.golden.html import html_report
+
+    _, report = one_bad_element
+    [w] = [w for w in report.worst if w["status"] == "fail"]
+    assert w["index"] == [3, 5]
+    # the thresholds are absolute errors: the failing element's error is above the fail threshold,
+    # which is at least the warn threshold
+    assert w["error"] == abs(w["device"] - w["golden"]) > w["allowed_error"] >= w["warn_error"] >= 0
+    for v in report.worst:
+        if v["status"] == "pass":
+            assert v["error"] <= v["warn_error"]
+    text = format_report([report])
+    assert "|d - golden|" in text and "absolute error" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("fail") and "(3, 5)" in line)
+    assert f"{w['error']:.6g}" in row and f"{w['allowed_error']:.3g}" in row, row
+    html = html_report([report])
+    assert "<th>|d - golden|</th><th>warns above</th><th>fails above</th>" in html
+    assert "absolute error" in html

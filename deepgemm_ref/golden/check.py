@@ -696,6 +696,7 @@ def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, sof
             w["note"] = "range: accumulator overflow allowed"
         elif ends is None:  # bitwise: any difference fails
             w["warn_above"] = w["fail_above"] = 0.0
+            w["warn_error"] = w["allowed_error"] = 0.0
         else:
             lo, hi, hlo, hhi, unit = (float(e[i]) for e in ends)
             up = d >= g
@@ -703,6 +704,7 @@ def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, sof
             allowed_hard = (hhi - g) if up else (g - hlo)
             w["warn_above"] = max(allowed_soft, 0.0) / unit
             w["fail_above"] = max(allowed_hard, 0.0) / unit
+            w["warn_error"] = max(allowed_soft, 0.0)
             w["allowed_error"] = max(allowed_hard, 0.0)
         w["error"] = abs(d - g) if math.isfinite(d) and math.isfinite(g) else math.inf
         out.append(w)
@@ -768,6 +770,13 @@ def _above(w: Mapping[str, Any], key: str) -> str:
     return f"{w[key]:.3g}" if key in w else "-"
 
 
+#: What the worst-elements tables' threshold columns mean (the text and HTML reports).
+WORST_THRESHOLDS_TEXT = ("|d - golden| is the element's absolute error; it warns above 'warns above' and fails "
+                         "above 'fails above', both absolute errors on the device value's side of the golden one "
+                         "(0: only the golden value passes); the normalised error |d - golden| / (E + ulp/2) ranks "
+                         "the elements")
+
+
 def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
     rows: list[tuple[str, ...]]
     if integer:
@@ -775,13 +784,14 @@ def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
         rows += [(str(tuple(w["index"])), _num(w["device"]), _num(w["golden"])) for w in worst]
         head = "  differing entries:"
     else:
-        rows = [("status", "index", "tile", "device", "golden", "norm. error", "warns above", "fails above")]
+        rows = [("status", "index", "tile", "device", "golden", "|d - golden|", "warns above", "fails above",
+                 "norm. error")]
         for w in worst:
             rows.append((w["status"], str(tuple(w["index"])), str(tuple(w["tile_128x128"])), _num(w["device"]),
-                         _num(w["golden"]), f"{w['normalised_error']:.3g}", _above(w, "warn_above"),
-                         _above(w, "fail_above") + (f"  {w['note']}" if w.get("note") else "")))
-        head = ("  worst elements, failures first (normalised error |d - golden| / (E + ulp/2) against the values "
-                "at which this element warns and fails):")
+                         _num(w["golden"]), _num(w.get("error", math.inf)), _above(w, "warn_error"),
+                         _above(w, "allowed_error"),
+                         f"{w['normalised_error']:.3g}" + (f"  {w['note']}" if w.get("note") else "")))
+        head = ("  worst elements, failures first: " + WORST_THRESHOLDS_TEXT + ":")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [head] + ["    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
