@@ -297,3 +297,39 @@ def test_the_worst_elements_tables_give_absolute_thresholds_next_to_the_absolute
     html = html_report([report])
     assert "<th>|d - golden|</th><th>warns above</th><th>fails above</th>" in html
     assert "absolute error" in html
+
+
+def test_par_compile_works_whatever_torch_npu_is(monkeypatch):
+    """Outside the NPU shim ``torch.npu`` may be absent or another library's partial stand-in (no
+    ``current_stream``): par_compile still runs every callable under the dry run, on the caller's
+    device where the stand-in has one."""
+    import threading
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    import deepgemm_ref as dg
+    from deepgemm_ref.testing import par_compile as pc
+
+    class _NPUShim:  # a device namespace without current_stream
+        def __init__(self):
+            self.local = threading.local()
+
+        def current_device(self):
+            return getattr(self.local, "device", 0)
+
+        @contextmanager
+        def device(self, index):
+            prev, self.local.device = self.current_device(), index
+            try:
+                yield
+            finally:
+                self.local.device = prev
+
+    partial = _NPUShim()
+    for npu, want in ((partial, 3), (object(), None), (None, None)):
+        monkeypatch.setattr(pc, "torch", SimpleNamespace(npu=npu))
+        seen = []
+        with dg.numerics(arch="ascend950"), (partial.device(3) if npu is partial else dg.numerics()):
+            pc.par_compile([lambda: seen.append((dg._C.get_dry_run(), getattr(npu, "current_device", lambda: None)()))
+                            for _ in range(3)], max_workers=2, progress=False)
+        assert seen == [(True, want)] * 3, (npu, seen)
