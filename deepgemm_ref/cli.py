@@ -301,6 +301,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return _leave_world(1 if n_fail else 0)
     for case_id, err in out.errors.items():
         print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
+    for case_id, note in out.notes.items():
+        print(f"deepgemm-ref: replay: note: case {case_id!r}: {note}", file=sys.stderr)
     print(f"wrote {count(len(out), 'output')} to {args.out}"
           + (f"; {count(n_fail, 'case')} failed (errors recorded in the outputs file)" if n_fail else ""))
     code = 1 if n_fail else 0

@@ -93,7 +93,11 @@ def test_replay_imports_a_module_from_the_current_directory_and_names_both_profi
 
     from deepgemm_ref.golden.replay import read_replay_record
 
-    bundle = _sm90_bundle(tmp_path)
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps([{"id": "h", "kernel": "fp8_gemm_nt", "profile": "sm90", "m": 64, "n": 128, "k": 128},
+                                {"id": "bf", "kernel": "bf16_gemm_nt", "profile": "sm90", "m": 64, "n": 64, "k": 64}]))
+    assert main(["golden", "--spec", str(spec), "--out", str(tmp_path / "b")]) == 0
+    bundle = str(tmp_path / "b")
     name = "dg_newcomer_mymod"
     # A user's wrapper of the emulator, running its default profile (sm100), as a device library would.
     (tmp_path / f"{name}.py").write_text("from deepgemm_ref import *  # noqa\nfrom deepgemm_ref import get_arch  # noqa\n")
@@ -111,6 +115,8 @@ def test_replay_imports_a_module_from_the_current_directory_and_names_both_profi
     errors, _ = read_replay_record(str(tmp_path / "o.safetensors"))
     assert "this case is sm90; the module reports sm100" in errors["h"], errors
     assert "this case is sm90; the module reports sm100" in err
+    # a case that runs nonetheless gets a note: its outputs may differ for that reason alone
+    assert "replay: note: case 'bf': this case is sm90; the module reports sm100" in err, err
 
 
 def test_module_profile_asks_the_module_then_the_device():
@@ -156,7 +162,7 @@ def test_counts_of_one_take_the_singular(tmp_path, capsys):
 _INTERNAL_REF = r"\b(?:spec|port|trap)(?: section)? [0-9]|numerics\.md(?:``)?(?: section)? [0-9]|decision D[0-9]|spec trap"
 
 
-def test_no_internal_references_a_user_cannot_follow(capsys):
+def test_no_internal_references_a_user_cannot_follow():
     import re
     from pathlib import Path
 
@@ -169,8 +175,7 @@ def test_no_internal_references_a_user_cannot_follow(capsys):
             if pattern.search(line):
                 found.append(f"{path.relative_to(root)}:{no}: {line.strip()}")
     assert not found, "\n".join(found[:20])
-    assert main(["info"]) == 0
-    assert not pattern.search(capsys.readouterr().out)
+    # (``info`` prints deepgemm_ref.names' texts, scanned above; running it imports torch, seconds)
 
 
 @pytest.mark.parametrize("argv", [
@@ -330,6 +335,8 @@ def test_par_compile_works_whatever_torch_npu_is(monkeypatch):
         monkeypatch.setattr(pc, "torch", SimpleNamespace(npu=npu))
         seen = []
         with dg.numerics(arch="ascend950"), (partial.device(3) if npu is partial else dg.numerics()):
-            pc.par_compile([lambda: seen.append((dg._C.get_dry_run(), getattr(npu, "current_device", lambda: None)()))
-                            for _ in range(3)], max_workers=2, progress=False)
+            def probe(seen=seen, npu=npu):
+                seen.append((dg._C.get_dry_run(), getattr(npu, "current_device", lambda: None)()))
+
+            pc.par_compile([probe] * 3, max_workers=2, progress=False)
         assert seen == [(True, want)] * 3, (npu, seen)

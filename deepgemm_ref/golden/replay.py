@@ -85,6 +85,9 @@ class ReplayOutputs(dict[str, np.ndarray]):
     written: bool = True
     rank: int = 0
     world: int = 1
+    #: case id -> a note for the cases that ran although the module reports another profile than
+    #: the one they were generated for (their outputs may differ from the goldens for that reason)
+    notes: dict[str, str] = {}  # (never mutated: each replay assigns its own dict)
 
 
 def _to_device(x: Any, use_torch: bool, device: str | None) -> Any:
@@ -348,7 +351,19 @@ def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike
         prog.update(n, done_work, case_id)
     prog.finish()
     _save(results, errors, ids, bundle_dir, module, out_path, force)
+    results.notes = _profile_notes(b, ids, p.profile, errors)
     return results
+
+
+def _profile_notes(b: Bundle, ids: list[str], running: str | None, errors: dict[str, str]) -> dict[str, str]:
+    """For each case that ran without error through a module reporting another profile: a note."""
+    out: dict[str, str] = {}
+    for case_id in ids:
+        profile = b.cases[case_id].get("profile")
+        if running is not None and isinstance(profile, str) and profile != running and case_id not in errors:
+            out[case_id] = (f"this case is {profile}; the module reports {running}: its outputs may differ from the "
+                            f"goldens for that reason alone")
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,6 +546,7 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
         results.update(per_case.get(case_id, {}))
     results.rank, results.world = w.rank, w.size
     _save(results, errors, ids, bundle_dir, module, out_path, force)
+    results.notes = _profile_notes(b, ids, p.profile, errors)
     return results
 
 
