@@ -117,7 +117,7 @@ def _raw_fp8_fp4_mega_moe_ascend(y: Any, l1_weights_tuple: Any, l2_weights_tuple
 
 fp8_fp4_mega_moe = profiled("fp8_fp4_mega_moe", None, deepgemm=_raw_fp8_fp4_mega_moe_cuda,
                             deepgemm_ascend=_raw_fp8_fp4_mega_moe_ascend)
-bf16_mega_moe = profiled("bf16_mega_moe", {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 Mega MoE (port 1.10)"},
+bf16_mega_moe = profiled("bf16_mega_moe", {"deepgemm-ascend": "DeepGEMM-Ascend has no BF16 Mega MoE"},
                          deepgemm=_raw_bf16_mega_moe_cuda)
 
 _LEASES: dict[tuple[str, int], np.ndarray] = {}
@@ -142,7 +142,7 @@ class _CSymmBuffer:
         if not isinstance(hccl_group_name, str):
             raise arg_error(func, "hccl_group_name", "a str", type(hccl_group_name).__name__)
         key = (hccl_group_name, int(rank_idx))
-        # a lease large enough is reused: the pool zero-fills on reuse too (port 1.10)
+        # a lease large enough is reused: the pool zero-fills on reuse too
         lease = _LEASES[key] = symm_bytes(int(num_bytes), _LEASES.get(key))
         # Note: no HCCL and no device memory: the lease is a NumPy int8 array in this process and
         # buffer_ptrs are host addresses.

@@ -1,6 +1,6 @@
 """The one certified rounding routine: round an estimate, prove the rounding, recompute what it cannot prove.
 
-Every exact result of the package is obtained the same way (numerics.md section 5).  Given
+Every exact result of the package is obtained the same way.  Given
 
 * an **estimate** ``y`` of an exact real value ``v`` (float64, any shape),
 * a rigorous **error bound** ``E`` with ``|y - v| <= E`` (0: ``y`` is ``v``),

@@ -26,6 +26,26 @@ from .errors import DGArgumentError
 __all__ = ["main"]
 
 
+def count(n: int, word: str, words: str | None = None) -> str:
+    """``"1 case"`` / ``"2 cases"`` (:func:`deepgemm_ref.golden.text.count`, imported when used)."""
+    from .golden.text import count as _count
+
+    return _count(n, word, words)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``word`` or its plural for ``n`` (:func:`deepgemm_ref.golden.text.plural`)."""
+    from .golden.text import plural as _plural
+
+    return _plural(n, word, words)
+
+
+def _case_option(p: argparse.ArgumentParser) -> None:
+    """``--case``, the same on every command: several ids after one ``--case``, repeated, or both."""
+    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
+                   help="only these case ids (--case A B, or repeated: --case A --case B)")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import deepgemm_ref
 
@@ -148,34 +168,74 @@ def _shape_text(shape: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
+def _list_width() -> int:
+    """The width ``list -v`` wraps its lines to: the terminal's (at least 40 columns), or 100 when
+    standard output is not a terminal."""
+    import shutil
+
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return max(40, shutil.get_terminal_size((100, 24)).columns) if tty else 100
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> str:
+    """``text`` wrapped to ``width`` columns, every line after the first indented four more
+    columns than ``indent`` (no word is lost: a word longer than a line is broken)."""
+    import textwrap
+
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "    ",
+                         break_on_hyphens=False) or indent
+
+
+def _list_data() -> dict[str, Any]:
+    """Everything ``list -v`` shows, in full, as JSON-ready data (``list --json``)."""
     from .golden import PRESETS, preset
     from .golden.cases import FAMILIES
     from .golden.generation import validate_specs
     from .golden.schema import common_key_docs, describe_key
 
-    for name in PRESETS:
-        specs = validate_specs(preset(name))
-        print(f"{name}: {len(specs)} cases")
+    presets = {name: [{"id": s.id, "kernel": s.kernel, "profile": s.profile, "shape": s.shape(),
+                       "spec": s.to_dict()} for s in validate_specs(preset(name))] for name in PRESETS}
+    families = {fam.name: {"kernels": {k: list(p) for k, p in fam.schema.kernels.items()},
+                           "why_not": dict(fam.schema.why_not),
+                           "keys": [describe_key(key, fam.schema) for key in fam.schema.keys],
+                           "checks": [rule.doc for rule in fam.schema.rules]}
+                for fam in FAMILIES.values() if fam.schema is not None}
+    return {"presets": presets, "common_keys": common_key_docs(), "families": families}
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import json
+
+    data = _list_data()
+    if args.json:
+        print(json.dumps(data, indent=1, ensure_ascii=True))
+        return 0
+    width = _list_width()
+    for name, cases in data["presets"].items():
+        print(f"{name}: {count(len(cases), 'case')}")
         if args.verbose:
-            width = max(len(s.id) for s in specs)
-            for s in specs:
-                print(f"  {s.id:<{width}}  {s.kernel} ({s.profile})  {_shape_text(s.shape())}")
+            id_width = min(max(len(c["id"]) for c in cases), width // 2)
+            for c in cases:
+                print(_wrapped(f"{c['id']:<{id_width}}  {c['kernel']} ({c['profile']})  {_shape_text(c['shape'])}",
+                               width, "  "))
     if args.verbose:
-        print("\ncase specification keys (docs/case-specs.md):")
-        print("  every case: " + "; ".join(f"{d['name']} ({d['type']}, default {d['default']})"
-                                          for d in common_key_docs()))
-        for fam in FAMILIES.values():
-            if fam.schema is None:
-                continue
-            print(f"\nfamily {fam.name}: kernels " + ", ".join(f"{k} ({'/'.join(p)})"
-                                                             for k, p in fam.schema.kernels.items()))
-            for key in fam.schema.keys:
-                d = describe_key(key, fam.schema)
+        print()
+        print(_wrapped("case specification keys (docs/case-specs.md; as JSON: deepgemm-ref list --json):", width))
+        print(_wrapped("every case: " + "; ".join(f"{d['name']} ({d['type']}, default {d['default']})"
+                                                  for d in data["common_keys"]), width, "  "))
+        for fam_name, fam in data["families"].items():
+            print()
+            print(_wrapped(f"family {fam_name}: kernels " + ", ".join(f"{k} ({'/'.join(p)})"
+                                                                      for k, p in fam["kernels"].items()), width))
+            for d in fam["keys"]:
                 extra = f"; {d['only']}" if d["only"] else ""
-                print(f"  {d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}")
-            for rule in fam.schema.rules:
-                print(f"  check: {rule.doc}")
+                print(_wrapped(f"{d['name']}: {d['type']}; default {d['default']}; read by {d['read_by']}{extra}",
+                               width, "  "))
+            for rule in fam["checks"]:
+                print(_wrapped(f"check: {rule}", width, "  "))
     return 0
 
 
@@ -218,7 +278,7 @@ def _cmd_golden(args: argparse.Namespace) -> int:
                              on_note=lambda text: print(f"deepgemm-ref: golden: note: {text}", file=sys.stderr,
                                                         flush=True))
     if not args.dry_run:
-        print(f"wrote {len(result['cases'])} cases to {args.out}")
+        print(f"wrote {count(len(result['cases']), 'case')} to {args.out}")
     return 0
 
 
@@ -235,18 +295,30 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .golden.paths import check_output_file
 
     check_output_file("replay: --out", args.out, [("BUNDLE", args.bundle)])
-    out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
-                        transforms=not args.no_transforms, force=args.force, cases=args.case or None,
-                        accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    # As ``python -m`` does, the current directory comes first on sys.path while --module is
+    # imported: a module next to the user is found (and shadows an installed one of its name).
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        out = golden.replay(args.bundle, args.out, module=args.module, use_torch=args.torch, device=args.device,
+                            transforms=not args.no_transforms, force=args.force, cases=args.case or None,
+                            accumulation=args.accumulation, progress=_progress("replay"), max_memory=args.max_memory)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
     n_fail = len(out.errors)
     if not out.written:  # a rank other than 0 under torchrun: rank 0 reports and writes
         print(f"rank {out.rank} of {out.world}: replayed its rank of the EP cases; rank 0 wrote {args.out}"
-              + (f"; {n_fail} of those case(s) failed" if n_fail else ""))
+              + (f"; {n_fail} of those {plural(n_fail, 'case')} failed" if n_fail else ""))
         return _leave_world(1 if n_fail else 0)
     for case_id, err in out.errors.items():
         print(f"deepgemm-ref: replay: case {case_id!r} failed: {err}", file=sys.stderr)
-    print(f"wrote {len(out)} outputs to {args.out}" + (f"; {n_fail} case(s) failed (errors recorded in the "
-                                                      "outputs file)" if n_fail else ""))
+    for case_id, note in out.notes.items():
+        print(f"deepgemm-ref: replay: note: case {case_id!r}: {note}", file=sys.stderr)
+    print(f"wrote {count(len(out), 'output')} to {args.out}"
+          + (f"; {count(n_fail, 'case')} failed (errors recorded in the outputs file)" if n_fail else ""))
     code = 1 if n_fail else 0
     return _leave_world(code) if out.world > 1 else code
 
@@ -402,8 +474,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     result = export(args.bundle, args.out, args.format, outputs=args.outputs, cases=args.case or None,
                     force=args.force, max_memory=args.max_memory)
     what = "device outputs" if args.outputs else "goldens"
-    print(f"wrote the {what} of {len(result['cases'])} case(s) as {args.format} to {args.out} "
-          f"({result['files']} files)")
+    print(f"wrote the {what} of {count(len(result['cases']), 'case')} as {args.format} to {args.out} "
+          f"({count(result['files'], 'file')})")
     return 0
 
 
@@ -434,9 +506,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for p in result["problems"]:
         print(p)
     if args.regenerate:
-        print(f"regenerated {result['regenerated']} of {result['cases']} cases and compared every tensor with the "
-              "stored bytes")
-    print(f"{result['cases']} cases: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
+        print(f"regenerated {result['regenerated']} of {count(result['cases'], 'case')} and compared every tensor "
+              "with the stored bytes")
+    print(f"{count(result['cases'], 'case')}: {'OK' if result['ok'] else 'PROBLEMS FOUND'}")
     return 0 if result["ok"] else 1
 
 
@@ -500,8 +572,7 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bias-threshold", type=float, default=-12.0, metavar="LOG10P",
                    help="log10 p-value below which an output's errors lean too far one way and it fails "
                         "(default -12; docs/numerics.md)")
-    p.add_argument("--case", action="extend", nargs="+", metavar="ID",
-                   help="only these case ids (--case A B, or repeated: --case A --case B)")
+    _case_option(p)
     p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                    help="refuse files over SIZE (default: half of this machine's memory)")
 
@@ -522,7 +593,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="the golden presets and their cases")
     lst.add_argument("-v", "--verbose", action="store_true",
-                     help="every case with its real shape, and every family's specification keys")
+                     help="every case with its real shape, and every family's specification keys (lines "
+                          "wrapped to the terminal's width, or 100 columns)")
+    lst.add_argument("--json", action="store_true",
+                     help="everything -v shows, in full, as JSON (each case's specification, each key's text)")
     lst.set_defaults(func=_cmd_list)
 
     gen = sub.add_parser("golden", help="generate a golden bundle from a preset or a case specification")
@@ -530,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one of: " + ", ".join(_preset_names()) + " (deepgemm-ref list -v shows the cases)")
     gen.add_argument("--spec", help="a JSON or TOML file with a list of case tables")
     gen.add_argument("--out", required=True, help="bundle directory")
-    gen.add_argument("--case", action="append", help="only this case id (repeatable)")
+    _case_option(gen)
     gen.add_argument("--force", action="store_true", help="overwrite an existing bundle")
     gen.add_argument("--resume", action="store_true", help="keep the verified cases of an existing bundle")
     gen.add_argument("--jobs", type=_positive_int, default=1,
@@ -562,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--torch", dest="torch", action="store_true", default=None, help="pass torch tensors")
     rep.add_argument("--no-torch", dest="torch", action="store_false", help="pass NumPy arrays")
     rep.add_argument("--no-transforms", action="store_true", help="skip the manifest's layout transforms")
-    rep.add_argument("--case", action="append", help="only this case id (repeatable)")
+    _case_option(rep)
     rep.add_argument("--force", action="store_true", help="overwrite an existing outputs file")
     rep.add_argument("--accumulation", help="with --module deepgemm_ref: emulate a device accumulator, "
                      "e.g. 'limited(13, 128)' or 'fp32'")
@@ -608,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, metavar="DIR", help="the export directory")
     exp.add_argument("--outputs", default=None,
                      help="write these device outputs (safetensors or a dump directory) instead of the goldens")
-    exp.add_argument("--case", action="extend", nargs="+", metavar="ID", help="only these case ids")
+    _case_option(exp)
     exp.add_argument("--force", action="store_true", help="replace an earlier export in DIR")
     exp.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                      help="refuse files over SIZE (default: half of this machine's memory)")

@@ -14,7 +14,7 @@ defines (one rounding to the output dtype without ``c``; ``bf16(c + bf16(acc))``
 with ``c``; ``f32(c + acc)`` for float32 output with ``c``; ``alpha`` multiplies the accumulator
 and the product is rounded to float32, as DeepGEMM-Ascend's epilogue does).
 
-How the exact result is obtained (numerics.md section 5), per output element:
+How the exact result is obtained, per output element:
 
 1. One float64 GEMM of the operands with their scales folded in.  The values and their folded
    scales are exact in float64 (at most 8 + 24 significand bits).

@@ -3,7 +3,7 @@
 Every function is DeepGEMM's (or, under ``ascend950``, DeepGEMM-Ascend's) public function of the
 same name and signature; outputs are written in place, ``None`` is returned.  The expressions are
 batched GEMMs ``D[batch] = epilogue(A[batch] @ B[batch]^T)``: each batch is one
-:func:`core.scaled_matmul` call (spec 8; port 1.7, 2.3).  The accumulator follows the active
+:func:`core.scaled_matmul` call.  The accumulator follows the active
 accumulation model (``exact`` by default: one rounding of the exact sum, where the device may
 add partial sums in float32 atomics).
 
@@ -12,7 +12,7 @@ Accepted expressions
 ================  =========================  ===================  ======================
 expression        DeepGEMM einsum (bf16)     DeepGEMM fp8_einsum  DeepGEMM-Ascend (both)
 ================  =========================  ===================  ======================
-'bmk,bnk->mn'     yes (c rules of spec 8.1)  no                   no
+'bmk,bnk->mn'     yes (c as in bf16 GEMMs)   no                   no
 'bhr,hdr->bhd'    yes (no c)                 sm90 and sm100       yes (+ FP8 output)
 'bhd,hdr->bhr'    yes (no c)                 sm100                yes
 'bhd,bhr->hdr'    no                         sm100                yes
@@ -22,10 +22,10 @@ expression        DeepGEMM einsum (bf16)     DeepGEMM fp8_einsum  DeepGEMM-Ascen
 exact sum over its K split rounded once to float32.  ``conv`` is the tensor core's reading of the
 float32 ``b``:
 
-* DeepGEMM (sm90, sm100): TF32, the 13 low mantissa bits dropped (truncation toward zero,
-  spec 8.3 and trap 17), :func:`tf32_truncate`;
-* DeepGEMM-Ascend: HF32 with round-to-nearest-even (port 2.6 "rounded to HF32 nearest-even";
-  the width is not visible in the port).  We take HF32 as float32 with
+* DeepGEMM (sm90, sm100): TF32, the 13 low mantissa bits dropped (truncation toward zero: the
+  tensor core ignores them when it reads float32 operands from memory), :func:`tf32_truncate`;
+* DeepGEMM-Ascend: HF32 with round-to-nearest-even (DeepGEMM-Ascend's sources say "rounded to
+  HF32 nearest-even" and do not give the width).  We take HF32 as float32 with
   :data:`HF32_MANTISSA_BITS` = 11 stored mantissa bits, CANN's documented HF32 precision
   ("HF32 shares the same value range with float32, but its mantissa precision (11 bits) is
   close to FP16 (10 bits)": CANN ENABLE_HF32_EXECUTION), :func:`hf32_round`.
@@ -93,7 +93,7 @@ def tf32_truncate(x: Any) -> np.ndarray:
     """float32 -> float32 holding its TF32 reading: the 13 low mantissa bits cleared.
 
     x: float32 array, any shape.  Truncation toward zero of the significand (the tensor core
-    ignores those bits when it reads float32 operands from memory; spec trap 17).  Subnormals
+    ignores those bits when it reads float32 operands from memory).  Subnormals
     are truncated at the same bit position; +-inf unchanged; NaN stays NaN.
     """
     bits = _f32_bits(x, "tf32_truncate")
@@ -289,7 +289,7 @@ def _check_bmk_bnk_mn(profile: Profile, func: str, A: np.ndarray, B: np.ndarray,
 
 def _einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
                  use_cublaslt: bool = False) -> None:
-    """DeepGEMM's bf16 einsum (spec 8.1).
+    """DeepGEMM's bf16 einsum.
 
     'bmk,bnk->mn': a (S, M, K), b (S, N, K) bfloat16 contiguous; d (M, N): float32 with c = d
     (d += sum_s a[s] @ b[s]^T, one float32 rounding) or bfloat16 with c None (the sum rounded to
@@ -395,7 +395,7 @@ def _check_einsum_ascend(profile: Profile, func: str, expr: str, a: Any, b: Any,
 
 def _einsum_ascend(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None, use_cublaslt: bool = False,
                    epilogue: Any = None) -> None:
-    """DeepGEMM-Ascend's bf16 einsum (port 1.7): batched bf16 GEMMs with optional c and alpha.
+    """DeepGEMM-Ascend's bf16 einsum: batched bf16 GEMMs with optional c and alpha.
 
     'bhr,hdr->bhd': a (B, H, R), b (H, D, R) -> d (B, H, D); 'bhd,hdr->bhr': a (B, H, D),
     b (H, D, R) -> d (B, H, R); 'bhd,bhr->hdr': a (B, H, D), b (B, H, R) -> d (H, D, R) (the sum
@@ -464,7 +464,7 @@ def _check_fp8_einsum_cuda(profile: Profile, func: str, expr: str, a: Any, b: An
             raise arg_error(func, "recipe", f"a per-block SFB (gran_n 128) for {profile.name}'s 1D2D batched kernel",
                             repr(recipe))
         # Note: sm90 accepts c but its 1D2D batched kernel has no accumulating epilogue: d ends
-        # up bf16(A @ B^T) and c is discarded (spec 8.2); reproduced here rather than rejected.
+        # up bf16(A @ B^T) and c is discarded; reproduced here rather than rejected.
         req.c = None
     req.scales, req.gran_k = (scales_a, scales_b), (gka, gkb)
     return req
@@ -472,7 +472,7 @@ def _check_fp8_einsum_cuda(profile: Profile, func: str, expr: str, a: Any, b: An
 
 def _fp8_einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
                      recipe: tuple[int, int, int] = (1, 128, 128)) -> None:
-    """DeepGEMM's FP8 einsum (spec 8.2): a batched FP8 GEMM D[batch] = C[batch] + A[batch] @ B[batch]^T.
+    """DeepGEMM's FP8 einsum: a batched FP8 GEMM D[batch] = C[batch] + A[batch] @ B[batch]^T.
 
     'bhr,hdr->bhd' (sm90, sm100): a = (x (B, H, R) float8_e4m3fn, sfa (B, H, ceil(R / 128))),
     b = (y (H, D, R), sfb (H, ceil(D / 128), ceil(R / 128))), d (B, H, D).
@@ -487,7 +487,7 @@ def _fp8_einsum_cuda(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: 
 
 
 def _check_fp8_output(func: str, d3: np.ndarray, sfd: Any, n: int, m: int, batch: int) -> np.ndarray:
-    """FP8Quantization's host checks (port 3) on the permuted d and on sfd."""
+    """FP8Quantization's host checks on the permuted d and on sfd."""
     if not _row_major_last(d3) or (d3.size and batch > 1 and elem_stride(d3, 0) != n):
         raise arg_error(func, "d", f"an E4M3 d with stride(-1) == 1 and, after the permutation, stride(0) == N = {n}",
                         d3)
@@ -576,7 +576,7 @@ def _check_fp8_einsum_ascend(profile: Profile, func: str, expr: str, a: Any, b: 
 
 def _fp8_einsum_ascend(profile: Profile, /, expr: str, a: Any, b: Any, d: Any, c: Any = None,
                        recipe: tuple[int, int, int] = (1, 1, 32), epilogue: Any = None) -> None:
-    """DeepGEMM-Ascend's FP8 einsum (port 1.7, 2.3): MX-scaled batched FP8 GEMMs.
+    """DeepGEMM-Ascend's FP8 einsum: MX-scaled batched FP8 GEMMs.
 
     Expressions and shapes as DeepGEMM's sm100 fp8_einsum; scales per 32 along K (recipe
     default (1, 1, 32)): float32 powers of two or int16 UE8M0 pairs, permuted with the data.
@@ -609,7 +609,7 @@ fp8_einsum = profiled("fp8_einsum", deepgemm=_fp8_einsum_cuda, deepgemm_ascend=_
 # ----------------------------------------------------------------------------------------------
 
 def _split_ranges(k: int, block: int, splits: int) -> list[tuple[int, int]]:
-    """DeepGEMM's K split (spec 8.3): nb = K / block blocks, split s gets q + (s < r) blocks
+    """DeepGEMM's K split: nb = K / block blocks, split s gets q + (s < r) blocks
     starting at s * q + min(s, r), q = nb // S, r = nb % S."""
     nb = k // block
     q, r = divmod(nb, splits)
@@ -717,7 +717,7 @@ def _hc_prenorm(profile: Profile, a: Any, b: Any, d: Any, sqr_sum: Any, num_spli
 
 
 def _hc_prenorm_cuda(profile: Profile, /, a: Any, b: Any, d: Any, sqr_sum: Any, num_splits: int | None = None) -> None:
-    """DeepGEMM's hyper-connection prenorm GEMM (spec 8.3), split K.
+    """DeepGEMM's hyper-connection prenorm GEMM, split K.
 
     a (M, K) bfloat16 K-major; b (N, K) float32 K-major; d float32 N-major, (M, N) or (S, M, N)
     with num_splits = S; sqr_sum float32 contiguous, (M,) or (S, M).  sm90: N <= 32; sm100:
@@ -731,7 +731,7 @@ def _hc_prenorm_cuda(profile: Profile, /, a: Any, b: Any, d: Any, sqr_sum: Any, 
 
 def _hc_prenorm_ascend(profile: Profile, /, a: Any, b: Any, d: Any, sqr_sum: Any,
                        num_splits: int | None = None) -> None:
-    """DeepGEMM-Ascend's prenorm GEMM (port 1.9, 2.6): HF32 instead of TF32, no split output.
+    """DeepGEMM-Ascend's prenorm GEMM: HF32 instead of TF32, no split output.
 
     a (M, K) bfloat16; b (N, K) float32; d (M, N) float32 (or (1, M, N) with num_splits=1);
     sqr_sum (M,) (or (1, M)).  N <= 64, N % 8 == 0, K % 256 == 0.

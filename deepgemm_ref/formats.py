@@ -13,10 +13,10 @@ Policies are explicit (:class:`CastPolicy`): rounding (``"rne"`` = IEEE roundTie
 ``"ties_toward_zero"``, DeepGEMM's FP4 rule), saturation, NaN handling and negative zero.
 There is no implicit saturation anywhere.
 
-Float64 inputs are never narrowed with ``astype`` (numerics decision D1): they are first
+Float64 inputs are never narrowed with ``astype``: they are first
 rounded to float32 with round-to-odd, which keeps enough information for one correct
 rounding to any format of at most 22 significand bits, and only then cast.
-UE8M0 bytes are always built with integer bit operations (decision D5).
+UE8M0 bytes are always built with integer bit operations.
 
 The round-to-odd steps and the error-free transformations (``f64_to_f32_round_odd``,
 ``dd_to_f64_round_odd``, ``two_sum``, ``two_prod``) live in :mod:`deepgemm_ref.exact` and are
@@ -512,7 +512,7 @@ def cast(x: npt.ArrayLike, fmt: Format, policy: CastPolicy) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# UE8M0 scales: bit operations only (decision D5)
+# UE8M0 scales: bit operations only
 # ----------------------------------------------------------------------------------------------
 
 UE8M0Rounding = Literal["ceil", "floor", "nearest_ties_up"]

@@ -6,7 +6,7 @@ function of the same name: same parameters and defaults, output written in place
 
     d[m, n] = epilogue( sum_k A[m, k] * sfa[m, k // gran_k_a] * B[n, k] * sfb[n, k // gran_k_b] )
 
-with the epilogue roundings of spec 6.1 (``bf16(c + bf16(acc))`` for bf16 ``d`` with ``c``,
+with the epilogue's roundings (``bf16(c + bf16(acc))`` for bf16 ``d`` with ``c``,
 ``f32(c + acc)`` for float32 ``d`` with ``c``, one rounding otherwise) and DeepGEMM-Ascend's
 ``alpha`` (``f32(alpha * acc)`` before the output step).  The accumulator follows the active
 accumulation model (``exact`` by default: golden values).

@@ -22,7 +22,7 @@ __all__ = ["SignatureEntry", "reference_entries", "resolve", "implementation_sta
 
 # Names deliberately not provided, with the reason (shown by ``deepgemm-ref info``).
 NOT_PROVIDED: dict[str, str] = {
-    "deep_gemm.legacy": "Triton BF16 kernels for A100, outside DeepGEMM's main API (spec section 13)",
+    "deep_gemm.legacy": "Triton BF16 kernels for A100, outside DeepGEMM's main API",
 }
 
 

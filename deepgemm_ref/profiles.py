@@ -26,7 +26,7 @@ Target = Literal["deepgemm", "deepgemm-ascend"]
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleRules:
-    """The scale factors a target's FP8 / FP4 GEMM kernels read (spec 3-4; port 2.2).
+    """The scale factors a target's FP8 / FP4 GEMM kernels read.
 
     gran_k, gran_mn:   accepted K and MN granularities (gran_mn ``"pow2<=128"``: any power of two
                        up to 128; ``"any"``: any, rows broadcast);
@@ -85,7 +85,7 @@ class KernelRules:
                            its K sizes must be multiples of this (sm90: 128).
     einsum / hc prenorm
         fp8_einsum_exprs:  the expressions ``fp8_einsum`` accepts; hc_prenorm_n_max: N limit.
-    MQA logits (spec 9, port 2.5)
+    MQA logits
         mqa_heads, mqa_fp4, mqa_weight_dtypes, paged_block_kv: what the kernels accept;
         mqa_reduction / paged_schedule: the device reduction model and schedule of the target;
         varlen_indices:    paged calls may pass ``indices`` (varlen, next_n == 1).
@@ -197,7 +197,7 @@ _ASCEND950 = KernelRules(
 )
 
 PROFILES: dict[str, Profile] = {
-    # sm90 promotes the tensor-core partial sums every 128 K (spec 6.2); sm100 and Ascend 950
+    # sm90 promotes the tensor-core partial sums every 128 K; sm100 and Ascend 950
     # scale per 32-element block in the MMA.
     "sm90": Profile(name="sm90", target="deepgemm", arch_major=9, device_num_sms=132, default_mk_alignment=128,
                     description="DeepGEMM 2.6.1 on Hopper (H800/H100 SXM, 132 SMs)", fp32_block=128, rules=_SM90),

@@ -4,7 +4,7 @@ Same names, parameter order and defaults as DeepGEMM.  Inputs may be NumPy array
 float64, float16 or ml_dtypes bfloat16) or torch CPU tensors; outputs come back in the caller's
 kind, in DeepGEMM's dtypes (E4M3 values, float32 or packed int32 UE8M0 scales, int8 packed FP4).
 
-The float32 operation sequence is DeepGEMM's (``numerics.md`` 2.1, spec section 15):
+The float32 operation sequence is DeepGEMM's:
 
 1. ``amax = max|x|`` over the group, in float32, then clamped below at float32(1e-4);
 2. ``sf = amax / 448`` (or ``/ 6`` for FP4), evaluated as a multiply by float32(1/448) by

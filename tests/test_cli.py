@@ -88,7 +88,8 @@ def test_list_counts_every_preset(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for name in golden.PRESETS:
-        assert f"{name}: {len(golden.preset(name))} cases" in out
+        n = len(golden.preset(name))
+        assert f"{name}: {n} case{'' if n == 1 else 's'}\n" in out  # "ascend-headline: 1 case"
 
 
 def test_usage_errors_exit_2(capsys):

@@ -267,7 +267,7 @@ def test_the_plan_says_which_cases_take_rank_processes_and_counts_their_memory(t
     specs = [_spec("d2", "ep_dispatch", hidden=1024, tokens=64), _spec("g", "bf16_gemm_nt", m=8, n=16, k=64)]
     plan = golden.plan_generation(specs, tmp_path / "b", executor="processes")
     assert [c.ranks for c in plan.cases] == [2, 0] and [plan.in_rank_processes(c) for c in plan.cases] == [True, False]
-    assert "1 case(s) with one process per rank (2 processes over a gloo group)" in plan.summary()
+    assert "1 case with one process per rank (2 processes over a gloo group)" in plan.summary()
     peak = plan.cases[0].estimate.peak_bytes
     with pytest.raises(golden.ResourceError, match=r"case 'd2'.*\(2 rank processes, each building the whole case\)"):
         golden.plan_generation(specs, tmp_path / "b", executor="processes", max_memory=peak + 1)
@@ -308,7 +308,7 @@ def test_processes_executor_writes_the_bytes_of_one_process(tmp_path, capsys):
     assert main(["golden", "--spec", str(tmp_path / "s.json"), "--out", str(tmp_path / "procs"), "--executor",
                  "processes"]) == 0
     out = capsys.readouterr()
-    assert "3 case(s) with one process per rank (1, 2 processes over a gloo group)" in out.out
+    assert "3 cases with one process per rank (1, 2 processes over a gloo group)" in out.out
     assert "note:" not in out.err  # no case fell back to this process
     one, procs = _tensor_hashes(tmp_path / "one"), _tensor_hashes(tmp_path / "procs")
     assert len(one) > 20 and one == procs

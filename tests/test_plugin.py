@@ -231,7 +231,7 @@ def test_bundle_items_through_a_wrong_backend_fail_with_the_checkers_message(pyt
     result.assert_outcomes(passed=1, failed=2)
     out = result.stdout.str()
     assert "bf16_gemm_nt under sm100 does not match its golden values" in out
-    assert "1 of 128 checked elements fail" in out and "at (0, 1) (128x128 tile (0, 0))" in out and "ULPs 1" in out
+    assert "1 of 128 checked elements fails" in out and "at (0, 1) (128x128 tile (0, 0))" in out and "ULPs 1" in out
     assert "fp8_gemm_nt under sm90" in out and "the call failed: RuntimeError: no kernel for this recipe" in out
     assert "Traceback" not in out and "def runtest" not in out  # the message, not the plugin's code
     failures = {c.get("name"): c.find("failure") for c in ET.parse(xml).getroot().iter("testcase")}

@@ -329,7 +329,7 @@ def test_an_mqa_kernel_that_drops_the_kv_scale_fails_shrunk_to_one_query_and_one
     sizes = {} if full else _small(seq=4, seq_kv=24)
     msg, notes = _falsify(cases("fp8_fp4_mqa_logits", profile="sm100", fp4=False, **sizes), MQA_NO_KV_SCALE)
     assert "fp8_fp4_mqa_logits under sm100 does not match its golden values" in msg
-    assert "(seq=1 seq_kv=1 " in msg and "output 'logits' (1, 1) float32: 1 of 1 checked elements fail" in msg
+    assert "(seq=1 seq_kv=1 " in msg and "output 'logits' (1, 1) float32: 1 of 1 checked element fails" in msg
     assert "'seq': 1, 'seq_kv': 1" in notes
 
 

@@ -1,7 +1,7 @@
 """MQA logits for the lightning indexer: plain and paged, FP8 and FP4, DeepGEMM and DeepGEMM-Ascend.
 
-Every public function is DeepGEMM's (profiles ``sm90``, ``sm100``; spec section 9) or, under the
-``ascend950`` profile, DeepGEMM-Ascend's (port 1.8 and 2.5) function of the same name, with that
+Every public function is DeepGEMM's (profiles ``sm90``, ``sm100``) or, under the
+``ascend950`` profile, DeepGEMM-Ascend's function of the same name, with that
 target's parameters, defaults and accepted inputs.  The math, for query row ``i`` and key ``j``::
 
     logit[i, j] = s_j * sum_h  w[i, h] * relu( sum_d  q[i, h, d] * sq[i, h, d // 32] * k[j, d] * sk[j, d // 32] )

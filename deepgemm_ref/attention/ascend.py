@@ -1,4 +1,4 @@
-"""DeepGEMM-Ascend's MQA logits (profile ``ascend950``; port 1.8, 2.5): argument contracts and translation.
+"""DeepGEMM-Ascend's MQA logits (profile ``ascend950``): argument contracts and translation.
 
 ``fp8_fp4_mqa_logits`` (compressed logits, plain keys) and ``fp8_fp4_paged_mqa_logits`` (a paged
 KV cache in the default or the NZ layout) read check -> tasks -> execute: the check step
@@ -56,7 +56,7 @@ from .schedule import ascend_schedule_checked, runs
 
 def _fp8_fp4_mqa_logits_ascend(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
                                cu_seq_len_k_end: Any, max_seqlen_k: int) -> Any:
-    """Lightning-indexer logits on DeepGEMM-Ascend (port 1.8, 2.5): MX-scaled Q and KV, bf16 out.
+    """Lightning-indexer logits on DeepGEMM-Ascend: MX-scaled Q and KV, bf16 out.
 
     q = (float8_e4m3fn (T, H, D) or int8 packed E2M1 (T, H, D / 2), int16 UE8M0 pairs
     (T * H, D / 64) or (T, H, D / 64), any strides) - the Q scales are mandatory (byte 127 = 1.0).
@@ -126,7 +126,7 @@ def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any
 def _fp8_fp4_paged_mqa_logits_ascend(profile: Profile, /, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
                                      block_table: Any, schedule_meta: Any, max_context_len: int, indices: Any,
                                      use_ascend_kv_layout: bool = False) -> Any:
-    """Lightning-indexer logits against a paged KV cache on DeepGEMM-Ascend (port 1.8, 2.5).
+    """Lightning-indexer logits against a paged KV cache on DeepGEMM-Ascend.
 
     q = (float8_e4m3fn (B, 1, H, D) or int8 packed (B, 1, H, D / 2), int16 UE8M0 pairs (B * H, D / 64)
     or (B, 1, H, D / 64)); H a multiple of 4 in [4, 64]; D in {64, 128}.

@@ -1,4 +1,4 @@
-"""DeepGEMM's MQA logits (profiles ``sm90``, ``sm100``; spec 9): argument contracts and translation.
+"""DeepGEMM's MQA logits (profiles ``sm90``, ``sm100``): argument contracts and translation.
 
 ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits`` (plain keys) and ``fp8_fp4_paged_mqa_logits`` /
 ``fp8_paged_mqa_logits`` (a paged KV cache) read check -> tasks -> execute: the check step
@@ -128,7 +128,7 @@ def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any
         raise arg_error(func, "clean_logits", "False with compressed logits (max_seqlen_k > 0)", "True")
     check_ranges(func, ks, ke, seq_kv, max_k)
 
-    # Output allocation (spec 9.1): rows align(seq, 128 / H), row stride 1024-byte aligned.
+    # Output allocation: rows align(seq, 128 / H), row stride 1024-byte aligned.
     elem = 4 if out is fm.F32 else 2
     block_q = 128 // heads
     if max_k == 0:
@@ -164,7 +164,7 @@ def _check_mqa_logits(profile: Profile, func: str, q: Any, kv: Any, weights: Any
 def _fp8_fp4_mqa_logits_cuda(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
                              cu_seq_len_k_end: Any, clean_logits: bool = True, max_seqlen_k: int = 0,
                              logits_dtype: Any = TORCH_FLOAT32) -> Any:
-    """Lightning-indexer logits of FP8 or FP4 queries against contiguous keys (DeepGEMM, spec 9.1).
+    """Lightning-indexer logits of FP8 or FP4 queries against contiguous keys.
 
     q = (q_data, None): float8_e4m3fn (seq_len, H, D), unscaled, D in {32, 64, 128}; or (FP4,
     sm100) (int8 packed E2M1 (seq_len, H, D / 2), int32 (seq_len, H) packed UE8M0 per-32 scales).
@@ -189,7 +189,7 @@ def _fp8_fp4_mqa_logits_cuda(profile: Profile, /, q: Any, kv: Any, weights: Any,
 
 def _fp8_mqa_logits_cuda(profile: Profile, /, q: Any, kv: Any, weights: Any, cu_seq_len_k_start: Any,
                          cu_seq_len_k_end: Any, clean_logits: bool = True, max_seqlen_k: int = 0) -> Any:
-    """Legacy FP8 MQA logits (spec 9.2): ``fp8_fp4_mqa_logits((q, None), kv, ..., logits_dtype=float32)``.
+    """Legacy FP8 MQA logits: ``fp8_fp4_mqa_logits((q, None), kv, ..., logits_dtype=float32)``.
 
     q: bare float8_e4m3fn (seq_len, H, D); the rest as :func:`fp8_fp4_mqa_logits`.
     """
@@ -291,7 +291,7 @@ def _fp8_fp4_paged_mqa_logits_cuda(profile: Profile, /, q: Any, kv_cache: Any, w
                                    block_table: Any, schedule_meta: Any, max_context_len: int,
                                    clean_logits: bool = False, logits_dtype: Any = TORCH_FLOAT32,
                                    indices: Any = None) -> Any:
-    """Lightning-indexer logits against a paged KV cache (DeepGEMM, spec 9.4).
+    """Lightning-indexer logits against a paged KV cache.
 
     q = (float8_e4m3fn (B, N, H, D), None) or (FP4, sm100) (int8 (B, N, H, D / 2), int32 (B, N, H)).
     kv_cache: uint8 (num_blocks, block_kv, 1, D + 4) (FP8) or (..., D / 2 + 4) (FP4), stride(1) ==
@@ -316,7 +316,7 @@ def _fp8_fp4_paged_mqa_logits_cuda(profile: Profile, /, q: Any, kv_cache: Any, w
 def _fp8_paged_mqa_logits_cuda(profile: Profile, /, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
                                block_table: Any, schedule_meta: Any, max_context_len: int, clean_logits: bool = False,
                                indices: Any = None) -> Any:
-    """Legacy FP8 paged MQA logits (spec 9.5): bare float8_e4m3fn q, float32 logits; see
+    """Legacy FP8 paged MQA logits: bare float8_e4m3fn q, float32 logits; see
     :func:`fp8_fp4_paged_mqa_logits`."""
     return launch(_check_paged(profile, "fp8_paged_mqa_logits", (q, None), kv_cache, weights, context_lens,
                                block_table, schedule_meta, max_context_len, clean_logits, TORCH_FLOAT32, indices))

@@ -29,7 +29,7 @@ __all__ = ["ASCEND_BF16_MULA_FUSED", "REDUCTIONS", "model_logits", "DataFlowRoun
 #: ``acc += value * w``).  Modelled as fused: one rounding per step.  A bf16 x bf16 product is
 #: exact in any multiplier wider than 16 significand bits, so the only rounding the instruction
 #: needs is the write-back to its bf16 destination; DeepGEMM's own bf16 path (``__hfma2``) is fused
-#: too.  The port's source does not say (port 2.5); ``False`` selects multiply-then-add.
+#: too.  The port's source does not say; ``False`` selects multiply-then-add.
 ASCEND_BF16_MULA_FUSED = True
 
 
@@ -197,10 +197,10 @@ _BF16_HEADS = DataFlowRoundings(fm.BF16, fm.BF16)
 def data_flow_roundings(reduction: str, weights_dtype: np.dtype) -> DataFlowRoundings:
     """The data-flow roundings of a target's MQA logits.
 
-    * ascend950: the FIXPIPE converts ``ReLU(x_h)`` from the Cube's float32 to bf16 (port 2.5);
+    * ascend950: the FIXPIPE converts ``ReLU(x_h)`` from the Cube's float32 to bf16;
       there is no KV scale.
     * sm100 with bfloat16 weights: ``relu(x_h)`` is converted to bf16 (RN) for the bf16 FMA chain
-      and the KV scale to bf16 before the bf16 multiply (spec 9.1).
+      and the KV scale to bf16 before the bf16 multiply.
     * sm100 with float32 weights, sm90: the float32 accumulators feed float32 arithmetic: none.
     """
     if reduction == "ascend" or (reduction == "sm100" and weights_dtype == BF16):

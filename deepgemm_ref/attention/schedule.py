@@ -1,8 +1,8 @@
 """The paged MQA kernel's work partition over SMs / AI cores (``get_paged_mqa_logits_metadata``).
 
-DeepGEMM sm100 (spec 9.3): requests of ``next_n`` rows (or runs of equal ``indices``), work
+DeepGEMM sm100: requests of ``next_n`` rows (or runs of equal ``indices``), work
 ``ceil(ctx / 256) * rows`` per request split evenly over the SMs; sm90: segments times atoms with
-the remainder to the last SMs; DeepGEMM-Ascend (port 2.5): a cost model over 512-token splits,
+the remainder to the last SMs; DeepGEMM-Ascend: a cost model over 512-token splits,
 balanced over the AI cores.  The logits never depend on the schedule, but the paged kernels
 require the one these functions return.  The SM (AI-core) count is :func:`deepgemm_ref.runtime.num_sms` of the
 profile the dispatcher hands the call.
@@ -51,7 +51,7 @@ def requests(rows: int, next_n: int, indices: np.ndarray | None) -> tuple[np.nda
 
 
 def _sm100_schedule(ctx: np.ndarray, next_n: int, num_sms: int, indices: np.ndarray | None) -> np.ndarray:
-    """DeepGEMM sm100 (spec 9.3): work = ceil(ctx / 256) * rows per request, split evenly by units."""
+    """DeepGEMM sm100: work = ceil(ctx / 256) * rows per request, split evenly by units."""
     total_rows = ctx.size
     starts, counts = requests(total_rows, next_n, indices)
     req_ctx = ctx[starts + counts - 1] if starts.size else np.zeros(0, np.int64)
@@ -100,7 +100,7 @@ def _sm90_schedule(ctx: np.ndarray, batch: int, next_n: int, num_sms: int) -> np
 
 
 def _ascend_schedule(ctx: np.ndarray, indices: np.ndarray, heads: int, cores: int) -> np.ndarray:
-    """DeepGEMM-Ascend (port 2.5): requests = runs of ``indices``, cost-balanced over the cores."""
+    """DeepGEMM-Ascend: requests = runs of ``indices``, cost-balanced over the cores."""
     rows = ctx.size
     tile = 64 // heads  # queries per MMAD tile (MAD_M = 64 // H * H)
     starts, counts = runs(indices)
@@ -179,7 +179,7 @@ def cuda_schedule(profile: Profile, func: str, context_lens: Any, block_kv: Any,
 
 def _get_paged_mqa_logits_metadata_cuda(profile: Profile, /, context_lens: Any, block_kv: int, num_sms: int,
                                         indices: Any = None) -> Any:
-    """The paged kernel's work partition over SMs (DeepGEMM, spec 9.3): int32 (num_sms + 1, 2).
+    """The paged kernel's work partition over SMs: int32 (num_sms + 1, 2).
 
     context_lens: int32 (batch_size, next_n), contiguous (2-D only).  block_kv: 32 or 64 (sm100),
     64 (sm90).  indices (varlen, sm100, next_n == 1): int32 (batch_size,) - runs of equal values
@@ -217,7 +217,7 @@ def ascend_schedule_checked(profile: Profile, func: str, context_lens: Any, num_
 
 
 def _get_paged_mqa_logits_metadata_ascend(profile: Profile, /, context_lens: Any, num_heads: int, indices: Any) -> Any:
-    """The paged kernel's schedule on DeepGEMM-Ascend (port 2.5): int32 (get_num_sms() + 1, 2).
+    """The paged kernel's schedule on DeepGEMM-Ascend: int32 (get_num_sms() + 1, 2).
 
     context_lens int32 (B, 1) contiguous; num_heads a multiple of 4 in [4, 64]; indices int32 (B,)
     (required: runs of equal values are requests).  A request of nq rows and context L (its last

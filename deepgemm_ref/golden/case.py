@@ -46,6 +46,8 @@ from .check import (
 )
 from .emulator import emulator, is_emulator
 from .replay import _check_device, call_case
+from .text import class_mismatches
+from .text import failing as failing_text
 
 __all__ = ["Case", "Golden", "Comparison", "case_id_for"]
 
@@ -402,9 +404,10 @@ class Comparison:
             total = rep.checked
             bad = rep.failed + (rep.warned if self.strict else 0)
             share = f" ({100 * bad / total:.3g}%)" if total else ""
-            lines.append(f"output {name!r} {tuple(gold[name].shape)} {gold[name].dtype}: {bad} of {total} checked "
-                         f"elements fail{share}; {rep.special_mismatches} NaN/inf class mismatches; {rep.warned} "
-                         f"between the bounds (warn); {rep.undefined} undefined by the kernel's contract")
+            lines.append(f"output {name!r} {tuple(gold[name].shape)} {gold[name].dtype}: {failing_text(bad, total)}"
+                         f"{share}; {class_mismatches(rep.special_mismatches, 'NaN/inf')}"
+                         f"; {rep.warned} between the bounds (warn); {rep.undefined} undefined by the kernel's "
+                         "contract")
             lines.append("  " + _bound_text(rep.bound) + f"; {describe_options(rep.options)}")
             if rep.bias is not None and rep.bias.get("failed"):
                 lines.append("  the errors lean one way: " + describe_bias(rep.bias))

@@ -41,8 +41,9 @@ from .schema import (
     Schema,
     SpecError,
     as_int,
+    collect_params,
     did_you_mean,
-    validate_params,
+    spec_error,
 )
 from .values import (
     MAX_ROW_OFFSETS,
@@ -333,7 +334,9 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
     """Check one specification table against the common keys and its family's schema.
 
     Raises :class:`SpecError` naming the file (``source``), the case (its id, or its position
-    ``index`` in the file when it has none), the key, what is allowed and near misses.
+    ``index`` in the file when it has none), the key, what is allowed and near misses: every
+    problem of the case at once, one a line (``.problems`` holds the list; the family's keys are
+    checked once the kernel and profile are known).
     Returns the :class:`CaseSpec` with canonical values (``16.0`` -> ``16``)
     and every key the case reads resolved (``spec.resolved``).
     """
@@ -344,60 +347,82 @@ def validate_spec(d: Any, source: str = "", index: int | None = None) -> CaseSpe
     for key in d:
         if not isinstance(key, str):
             raise SpecError(f"{where}: keys are strings; got {key!r}")
+    problems: list[str] = []
+    case_id = ""
     if "id" not in d:
-        raise SpecError(f"{where}: missing key 'id'")
-    case_id = _check_id(d["id"], where)
-    where = f"{prefix}case {case_id!r}"
-    for key in ("kernel", "profile"):
-        if key not in d:
-            raise SpecError(f"{where}: missing key {key!r}")
-        if not isinstance(d[key], str):
-            raise SpecError(f"{where}: key {key!r}: expected a string; got {type(d[key]).__name__} {d[key]!r}"[:300])
-    kernel, profile = d["kernel"], d["profile"]
-    if profile not in PROFILES:
-        near = did_you_mean(profile, list(PROFILES))
-        raise SpecError(f"{where}: key 'profile': expected one of {', '.join(map(repr, PROFILES))}; got {profile!r}"
-                        + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
-    fam_name = d.get("family")
-    if fam_name is not None:
-        if not isinstance(fam_name, str) or fam_name not in FAMILIES:
-            raise SpecError(f"{where}: key 'family': expected one of {', '.join(map(repr, FAMILIES))}; got "
-                            f"{fam_name!r}")
-        fam = FAMILIES[fam_name]
-        if fam.schema is not None and kernel not in fam.kernels:
-            raise SpecError(f"{where}: key 'kernel': the {fam_name} family builds {', '.join(fam.kernels)}; "
-                            f"got {kernel!r}")
+        problems.append(f"{where}: missing key 'id'")
     else:
         try:
-            fam = FAMILIES[family_of(kernel)]
+            case_id = _check_id(d["id"], where)
+            where = f"{prefix}case {case_id!r}"
         except SpecError as e:
-            raise SpecError(f"{where}: {e}") from None
+            problems.append(str(e))
+    known = True  # kernel and profile known: the family's keys can be checked
+    for key in ("kernel", "profile"):
+        if key not in d:
+            problems.append(f"{where}: missing key {key!r}")
+            known = False
+        elif not isinstance(d[key], str):
+            problems.append(f"{where}: key {key!r}: expected a string; got {type(d[key]).__name__} {d[key]!r}"[:300])
+            known = False
+    kernel, profile = (d["kernel"], d["profile"]) if known else ("", "")
+    if known and profile not in PROFILES:
+        near = did_you_mean(profile, list(PROFILES))
+        problems.append(f"{where}: key 'profile': expected one of {', '.join(map(repr, PROFILES))}; got "
+                        f"{profile!r}" + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
+        known = False
+    fam_name = d.get("family")
+    fam: Family | None = None
+    if fam_name is not None:
+        if not isinstance(fam_name, str) or fam_name not in FAMILIES:
+            problems.append(f"{where}: key 'family': expected one of {', '.join(map(repr, FAMILIES))}; got "
+                            f"{fam_name!r}"[:300])
+        else:
+            fam = FAMILIES[fam_name]
+            if fam.schema is not None and isinstance(kernel, str) and kernel and kernel not in fam.kernels:
+                problems.append(f"{where}: key 'kernel': the {fam_name} family builds {', '.join(fam.kernels)}; "
+                                f"got {kernel!r}"[:300])
+                fam = None
+    elif isinstance(d.get("kernel"), str):
+        try:
+            fam = FAMILIES[family_of(d["kernel"])]
+        except SpecError as e:
+            problems.append(f"{where}: {e}")
     seed = d.get("seed", 0)
     seed_i = as_int(seed)
     if seed_i is None or not 0 <= seed_i <= MAX_SEED:
-        raise SpecError(f"{where}: key 'seed': expected an integer in [0, 2^63 - 1]; got {seed!r}"[:300])
+        problems.append(f"{where}: key 'seed': expected an integer in [0, 2^63 - 1]; got {seed!r}"[:300])
     values = d.get("values", VALUE_MODES[0])
     if not isinstance(values, str) or values not in VALUE_MODES:
         near = did_you_mean(values, list(VALUE_MODES)) if isinstance(values, str) else []
-        raise SpecError(f"{where}: key 'values': expected one of {', '.join(map(repr, VALUE_MODES))}; got "
+        problems.append(f"{where}: key 'values': expected one of {', '.join(map(repr, VALUE_MODES))}; got "
                         f"{values!r}"[:300] + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
     value_draw = d.get("value_draw", VALUE_DRAWS[0])
     if not isinstance(value_draw, str) or value_draw not in VALUE_DRAWS:
         near = did_you_mean(value_draw, list(VALUE_DRAWS)) if isinstance(value_draw, str) else []
-        raise SpecError(f"{where}: key 'value_draw': expected one of {', '.join(map(repr, VALUE_DRAWS))}; got "
+        problems.append(f"{where}: key 'value_draw': expected one of {', '.join(map(repr, VALUE_DRAWS))}; got "
                         f"{value_draw!r}"[:300] + (f"; did you mean {' or '.join(map(repr, near))}?" if near else ""))
-    row_offsets = _row_offsets(d.get("row_offsets", []), value_draw, where)
+        value_draw = VALUE_DRAWS[0]
+    row_offsets: list[int] = []
+    try:
+        row_offsets = _row_offsets(d.get("row_offsets", []), value_draw, where)
+    except SpecError as e:
+        problems.append(str(e))
     given = {k: v for k, v in d.items() if k not in COMMON_KEYS}
-    if fam.schema is None:
-        params = Params(kernel, profile, given)
-        canonical = dict(given)
-    else:
+    params = Params(kernel, profile, given)
+    canonical = dict(given)
+    if fam is not None and fam.schema is not None and known:
         allowed = fam.schema.kernels[kernel]
         if profile not in allowed:
             why = fam.schema.why_not.get(kernel, "")
-            raise SpecError(f"{where}: kernel {kernel} is not generated under profile {profile!r} (profiles: "
+            problems.append(f"{where}: kernel {kernel} is not generated under profile {profile!r} (profiles: "
                             f"{', '.join(allowed)}){': ' + why if why else ''}")
-        canonical, params = validate_params(fam.schema, kernel, profile, given, where)
+        else:
+            canonical, params, found = collect_params(fam.schema, kernel, profile, given, where)
+            problems += found
+    if problems:
+        raise spec_error(problems)
+    assert fam is not None and seed_i is not None
     if fam_name is not None:
         canonical["family"] = fam_name
     if values != VALUE_MODES[0]:

@@ -1,7 +1,7 @@
 """The checker: does a device's output agree with the golden value, element by element?
 
 For an output element with exact accumulator ``y`` and error scale ``S = sum |a_i b_i| * scales``
-(numerics.md 4.3), a device that accumulates in a ``u_acc`` precision along a path of ``n``
+(docs/numerics.md), a device that accumulates in a ``u_acc`` precision along a path of ``n``
 roundings lands within
 
     E      = lambda * sqrt(n) * u_acc * S + u_acc * (|c| + |y|) * c_epi     (probabilistic bound)
@@ -42,6 +42,7 @@ from .bundle import Bundle, BundleError, load_bundle
 from .call import entry_family
 from .progress import as_progress
 from .replay import read_replay_record
+from .text import class_mismatches, count, failing
 
 __all__ = ["CheckOptions", "CaseReport", "DEFAULT_OPTIONS", "describe_options", "options_differ", "apply_bias",
            "apply_model_null", "check_case", "format_report", "ULP_BINS", "load_outputs", "check_outputs",
@@ -209,6 +210,28 @@ def _histogram(d: np.ndarray) -> dict[str, int]:
             sel = (d >= lo) & (d < hi)
         out[label] = int(np.count_nonzero(sel))
     return out
+
+
+#: The histogram's bins of the checked elements where the device or the golden value is NaN or
+#: infinite (the ULP bins count the elements where both are finite): matched (the same class:
+#: NaN for NaN, the same infinity) or mismatched (a NaN on either side, else an infinity).
+NON_FINITE_BINS = ("NaN matched", "inf matched", "NaN mismatched", "inf mismatched")
+
+
+def _non_finite_bins(device: Any, golden: np.ndarray, where: np.ndarray) -> dict[str, int]:
+    """Counts of the :data:`NON_FINITE_BINS` among the elements ``where`` (bool, golden's shape)
+    selects; every such element is in exactly one bin."""
+    if not np.any(where):
+        return {}
+    d = np.asarray(device).reshape(golden.shape)[where].astype(np.float32)
+    g = np.asarray(golden)[where].astype(np.float32)
+    d_nan, g_nan = np.isnan(d), np.isnan(g)
+    nan_ok = d_nan & g_nan
+    inf_ok = np.isinf(d) & np.isinf(g) & (d == g)
+    bad = ~(nan_ok | inf_ok)
+    nan_bad = bad & (d_nan | g_nan)
+    return {"NaN matched": int(np.count_nonzero(nan_ok)), "inf matched": int(np.count_nonzero(inf_ok)),
+            "NaN mismatched": int(np.count_nonzero(nan_bad)), "inf mismatched": int(np.count_nonzero(bad & ~nan_bad))}
 
 
 def _interval_codes(
@@ -529,6 +552,8 @@ def classify_output(case_id: str, device: np.ndarray, golden: Mapping[str, np.nd
         rep.status = "fail"
     elif rep.warned:
         rep.status = "warn"
+    if floating:
+        hist.update(_non_finite_bins(device, gd, defined & ~finite))
     if hist:
         rep.ulp_histogram = hist
         # DeepGEMM's calc_diff, 1 - 2 sum(x y) / sum(x^2 + y^2), from the blocks' float64 sums
@@ -671,6 +696,7 @@ def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, sof
             w["note"] = "range: accumulator overflow allowed"
         elif ends is None:  # bitwise: any difference fails
             w["warn_above"] = w["fail_above"] = 0.0
+            w["warn_error"] = w["allowed_error"] = 0.0
         else:
             lo, hi, hlo, hhi, unit = (float(e[i]) for e in ends)
             up = d >= g
@@ -678,6 +704,7 @@ def _worst_elements(device: np.ndarray, gd: np.ndarray, defined: np.ndarray, sof
             allowed_hard = (hhi - g) if up else (g - hlo)
             w["warn_above"] = max(allowed_soft, 0.0) / unit
             w["fail_above"] = max(allowed_hard, 0.0) / unit
+            w["warn_error"] = max(allowed_soft, 0.0)
             w["allowed_error"] = max(allowed_hard, 0.0)
         w["error"] = abs(d - g) if math.isfinite(d) and math.isfinite(g) else math.inf
         out.append(w)
@@ -743,6 +770,13 @@ def _above(w: Mapping[str, Any], key: str) -> str:
     return f"{w[key]:.3g}" if key in w else "-"
 
 
+#: What the worst-elements tables' threshold columns mean (the text and HTML reports).
+WORST_THRESHOLDS_TEXT = ("|d - golden| is the element's absolute error; it warns above 'warns above' and fails "
+                         "above 'fails above', both absolute errors on the device value's side of the golden one "
+                         "(0: only the golden value passes); the normalised error |d - golden| / (E + ulp/2) ranks "
+                         "the elements")
+
+
 def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
     rows: list[tuple[str, ...]]
     if integer:
@@ -750,13 +784,14 @@ def _worst_table(worst: list[dict[str, Any]], integer: bool) -> list[str]:
         rows += [(str(tuple(w["index"])), _num(w["device"]), _num(w["golden"])) for w in worst]
         head = "  differing entries:"
     else:
-        rows = [("status", "index", "tile", "device", "golden", "norm. error", "warns above", "fails above")]
+        rows = [("status", "index", "tile", "device", "golden", "|d - golden|", "warns above", "fails above",
+                 "norm. error")]
         for w in worst:
             rows.append((w["status"], str(tuple(w["index"])), str(tuple(w["tile_128x128"])), _num(w["device"]),
-                         _num(w["golden"]), f"{w['normalised_error']:.3g}", _above(w, "warn_above"),
-                         _above(w, "fail_above") + (f"  {w['note']}" if w.get("note") else "")))
-        head = ("  worst elements, failures first (normalised error |d - golden| / (E + ulp/2) against the values "
-                "at which this element warns and fails):")
+                         _num(w["golden"]), _num(w.get("error", math.inf)), _above(w, "warn_error"),
+                         _above(w, "allowed_error"),
+                         f"{w['normalised_error']:.3g}" + (f"  {w['note']}" if w.get("note") else "")))
+        head = ("  worst elements, failures first: " + WORST_THRESHOLDS_TEXT + ":")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [head] + ["    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
@@ -818,7 +853,7 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
                              f"{r.max_normalised_error:.3g}")
             continue
         integer = np.dtype(r.dtype).kind in "iub" if r.dtype else False
-        special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
+        special = f" ({class_mismatches(r.special_mismatches)})" if r.special_mismatches else ""
         if r.status == "warn":  # not a failure: one line
             within = (f"{r.warned} beyond E (consistent with upstream rounding flips): {r.warned - r.stage_warned} "
                       f"within E_hard, {r.stage_warned} beyond E_hard (warn: within the stage-propagated bound)"
@@ -830,7 +865,7 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
             continue
         biased = r.bias is not None and r.bias.get("failed")
         lines.append(f"{r.id}: FAIL  " + ("the errors lean one way (bias test); " if biased else "")
-                     + f"{r.failed} of {r.checked} checked elements fail{special}, {r.warned} warn{rng}, "
+                     + f"{failing(r.failed, r.checked)}{special}, {r.warned} warn{rng}, "
                      f"{r.undefined} undefined (not checked)")
         lines.append(f"  bound: {describe_bound(r.bound)}; {describe_options(r.options)}")
         if r.bias is not None:
@@ -850,7 +885,8 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         if r.worst:
             lines += _worst_table(r.worst, integer)
     total = {s: sum(r.status == s for r in reports) for s in ("pass", "warn", "fail")}
-    summary = f"summary: {len(reports)} outputs: {total['pass']} pass, {total['warn']} warn, {total['fail']} fail"
+    summary = (f"summary: {count(len(reports), 'output')}: {total['pass']} pass, {total['warn']} warn, "
+               f"{total['fail']} fail")
     judged = [r.thresholds for r in reports if r.thresholds is not None]
     if judged:  # check --thresholds: the table's verdict beside the bound's
         shown = [f"  {r.id}: {r.thresholds.get('text', r.thresholds['status'])}" for r in reports
@@ -861,7 +897,8 @@ def format_report(reports: list[CaseReport], *, quiet: bool = False) -> str:
         summary += f"; thresholds: {len(judged) - t_fail} pass, {t_fail} fail"
     ranged = sum(r.range_allowed for r in reports)
     if ranged:
-        summary += (f"; {ranged} elements of {sum(r.range_allowed > 0 for r in reports)} outputs in the range class "
+        ranged_outputs = sum(r.range_allowed > 0 for r in reports)
+        summary += (f"; {count(ranged, 'element')} of {count(ranged_outputs, 'output')} in the range class "
                     "(accumulator overflow allowed)")
     lines.append(summary)
     return "\n".join(lines)

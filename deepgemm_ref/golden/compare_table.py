@@ -56,6 +56,7 @@ from .bias import describe_bias
 from .bundle import Bundle, atomic_write_text
 from .check import CaseReport, family_view, output_golden
 from .export import api_name, encode_name
+from .text import count, plural
 
 __all__ = ["msprobe_api_name", "torch_dtype_name", "msprobe_values",
            "msprobe_read", "msprobe_metrics", "check_accuracy", "tensor_statistics", "statistics_columns",
@@ -399,7 +400,8 @@ def describe_thresholds(t: Mapping[str, Any]) -> str:
     if t.get("error"):
         return f"thresholds {t['status'].upper()}: {t['error']}"
     r = t["rule"]
-    return (f"thresholds {t['status'].upper()}: {t['violating']} of {t['checked']} elements violate "
+    verb = plural(t["violating"], "violates", "violate")
+    return (f"thresholds {t['status'].upper()}: {t['violating']} of {count(t['checked'], 'element')} {verb} "
             f"({100 * t['share']:.3g} %; atol {r['atol']:g}, rtol {r['rtol']:g}, fails above "
             f"{100 * r['max_share']:g} %)")
 

@@ -132,6 +132,21 @@ def _sm90_recipe(p: Params) -> str | None:
     return None
 
 
+def _default_gran_n(p: Params) -> int:
+    """sm90's FP8 kernels come in two recipes: 1D1D (gran_n 1, out 'f32', with c) and 1D2D (gran_n 128,
+    out 'bf16', no c).  With neither out nor c given, a case is the 1D2D one; elsewhere gran_n is 1."""
+    if p.profile != "sm90" or not _quantised(p):
+        return 1
+    if p.kernel in _SKIP:
+        return 128
+    return 1 if (p.get("out", "bf16") == "f32" or p.get("c", "none") != "none") else 128
+
+
+def _sm90_1d1d(p: Params) -> bool:
+    """An sm90 FP8 case of the 1D1D recipe (gran_n 1), whose out and c defaults follow it."""
+    return p.profile == "sm90" and _quantised(p) and p.kernel not in _SKIP and p.get("gran_n") == 1
+
+
 def _skip_splits(p: Params) -> str | None:
     if p.kernel not in _SKIP:
         return None
@@ -222,15 +237,19 @@ GEMM_SCHEMA = Schema(
             lambda p: 32 if (p.ascend or p["b"] == "fp4") else 128, "32 under ascend950 or for an FP4 b, else 128",
             choices=(32, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
             only=_GRAN_K_ONLY),
-        Key("gran_n", "int", "N granularity of B's scales: 1 (per token) or 128 (per 128 x 128 block)", 1,
+        Key("gran_n", "int", "N granularity of B's scales: 1 (per token) or 128 (per 128 x 128 block)",
+            _default_gran_n, "sm90: 1 when out 'f32' or a c is given, else 128 (the 1D2D kernel); else 1",
             choices=(1, 128), when=_quantised, when_doc="FP8 / FP4 kernels",
             only=(Only((1,), "DeepGEMM-Ascend's per-block SFB is not generated", profiles=("ascend950",)),)),
         Key("ue8m0", "bool", "round the scales to powers of two (UE8M0)", lambda p: p.profile != "sm90",
             "false under sm90, else true", when=_quantised, when_doc="FP8 / FP4 kernels",
             only=(Only((True,), "the kernel takes UE8M0 scales", profiles=NOT_SM90),)),
-        Key("out", "str", "D's dtype", "bf16", choices=("bf16", "f32"),
+        Key("out", "str", "D's dtype", lambda p: "f32" if _sm90_1d1d(p) else "bf16",
+            "sm90 FP8 with gran_n 1 (the 1D1D kernel): 'f32'; else 'bf16'", choices=("bf16", "f32"),
             only=(Only(("bf16",), "sm90's skip_head_mid kernel writes bf16", profiles=("sm90",), kernels=_SKIP),)),
-        Key("c", "str", "the C input: none, a separate tensor, or D itself (accumulate in place)", "none",
+        Key("c", "str", "the C input: none, a separate tensor, or D itself (accumulate in place)",
+            lambda p: "is_d" if _sm90_1d1d(p) else "none",
+            "sm90 FP8 with gran_n 1 (the 1D1D kernel): 'is_d' (DeepGEMM's tests accumulate into D); else 'none'",
             choices=("none", "separate", "is_d"),
             only=(Only(("none",), "fp8_gemm_nt_skip_head_mid takes no c", kernels=_SKIP),
                   Only(("none", "is_d"), "DeepGEMM-Ascend's ACLNN addmm writes the result into c and gives d c's "

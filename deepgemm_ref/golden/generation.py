@@ -63,6 +63,7 @@ from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, sta
 from .progress import as_progress
 from .ranks import spec_ranks
 from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size
+from .text import count, plural
 
 __all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
            "EXECUTORS", "write_case"]
@@ -143,19 +144,19 @@ class Plan:
     def summary(self) -> str:
         files, peak, secs = self.totals()
         kept = len(self.cases) - len(self.todo)
-        what = {"new": "", "resume": f" ({kept} finished cases kept)",
+        what = {"new": "", "resume": f" ({kept} finished {plural(kept, 'case')} kept)",
                 "replace": " (built aside, then swapped in)"}[self.mode]
         jobs = f" with {self.jobs} jobs" if self.jobs > 1 and self.executor in ("local", "processes") else ""
         ranked = [c for c in self.todo if self.in_rank_processes(c)]
         counts = ", ".join(str(n) for n in sorted({c.ranks for c in ranked}))
-        procs = (f"; {len(ranked)} case(s) with one process per rank ({counts} processes over a gloo group)"
+        procs = (f"; {count(len(ranked), 'case')} with one process per rank ({counts} processes over a gloo group)"
                  if ranked else "")
         over = [c for c in self.cases if c.over]
-        refused = (f"; {len(over)} case{'' if len(over) == 1 else 's'} over the memory limit (marked OVER; a run "
+        refused = (f"; {count(len(over), 'case')} over the memory limit (marked OVER; a run "
                    "refuses them: raise --max-memory, use fewer --jobs, or leave them out with --case)"
                    if over else "")
-        return (f"plan: {len(self.todo)} of {len(self.cases)} cases to generate into {self.root}{what}; estimated "
-                f"size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
+        return (f"plan: {len(self.todo)} of {count(len(self.cases), 'case')} to generate into {self.root}{what}; "
+                f"estimated size {format_size(files)}, estimated time {format_seconds(secs)}{jobs}, peak memory about "
                 f"{format_size(peak)} per case (limit {format_size(self.case_limit)}){procs}{refused}"
                 + (f"\nnote: a run would be refused: {self.refusal}" if self.refusal else ""))
 
@@ -1139,17 +1140,17 @@ def _stopped(plan: Plan, work: Path, finished: dict[str, Any], ids: list[str], s
     if checkpoint is None:
         shutil.rmtree(work, ignore_errors=True)
         return (f"interrupted by {name}: {plan.root} left as it was (--force builds the new bundle aside; "
-                f"its {kept - len(plan.kept)} finished cases were discarded)")
+                f"its {kept - len(plan.kept)} finished {plural(kept - len(plan.kept), 'case')} were discarded)")
     checkpoint()
     _sweep_temporaries(work)
     # What is on disk: the manifest's cases, and the case files present (a worker may have written
     # one in the last moment without its entry reaching the manifest; --resume verifies it).
     on_disk = sum(os.path.isfile(work / c.file) for c in plan.cases)
-    files = (f"; {CASES_DIR}/ holds {on_disk} case file{'' if on_disk == 1 else 's'} of this run, "
+    files = (f"; {CASES_DIR}/ holds {count(on_disk, 'case file')} of this run, "
              f"{on_disk - kept} not in the manifest (--resume checks and regenerates them)"
              if on_disk > kept else
              f"; {CASES_DIR}/ holds {on_disk} of their files" if on_disk < kept else "")
-    return (f"interrupted by {name}: {kept} of {len(ids)} case{'' if len(ids) == 1 else 's'} finished and kept "
+    return (f"interrupted by {name}: {kept} of {count(len(ids), 'case')} finished and kept "
             f"in {plan.root} (in the manifest, marked incomplete){files}; run the same command with --resume to "
             "finish")
 
@@ -1158,7 +1159,7 @@ def _failures_error(plan: Plan, finished: dict[str, Any], failures: dict[str, di
                     missing: list[str]) -> CaseFailures:
     lines = [f"case {cid!r}: {f['message']}" for cid, f in list(failures.items())[:20]]
     kinds = {f["kind"] for f in failures.values()}
-    where = (f"{len(finished)} of {len(finished) + len(missing)} cases finished and kept in {plan.root}"
+    where = (f"{len(finished)} of {count(len(finished) + len(missing), 'case')} finished and kept in {plan.root}"
              if plan.mode != "replace" else f"{plan.root} left as it was (the new bundle was not complete)")
     advice = []
     if "input" in kinds:
@@ -1213,7 +1214,8 @@ def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: 
         prog.update(n, done_work, case_id)
     prog.finish()
     if b.incomplete:
-        problems.append(f"the bundle is incomplete: {len(b.incomplete)} cases were not generated "
+        n_left = len(b.incomplete)
+        problems.append(f"the bundle is incomplete: {count(n_left, 'case')} {plural(n_left, 'was')} not generated "
                         f"({', '.join(b.incomplete[:5])}{', ...' if len(b.incomplete) > 5 else ''}); "
                         "finish it with golden --resume")
     return {"cases": len(b.cases), "ok": not problems, "problems": problems, "incomplete": list(b.incomplete),

@@ -28,7 +28,8 @@ import numpy as np
 from .._version import __version__
 from .bias import describe_bias
 from .bundle import atomic_write_text
-from .check import CaseReport, describe_bound, describe_options, options_differ
+from .check import WORST_THRESHOLDS_TEXT, CaseReport, describe_bound, describe_options, options_differ
+from .text import class_mismatches, count, failing
 
 __all__ = ["html_report", "write_html"]
 
@@ -110,14 +111,27 @@ def _tile_table(r: CaseReport) -> str:
                     row.append('<td style="background:#d0d0d0" title="no checked element"></td>')
                     continue
                 share = failed[g, i, j] / checked[g, i, j]
+                # darker with the share (square-root scale); a tile with any failure is at least
+                # FAILING_TILE_LEVEL dark and outlined, so one failing element among 16,384 shows
                 level = int(255 - 200 * share ** 0.5)
+                style = f"background:rgb(255,{level},{level})"
+                if failed[g, i, j] > 0:
+                    level = min(level, FAILING_TILE_LEVEL)
+                    style = f"background:rgb(255,{level},{level});{FAILING_TILE_OUTLINE}"
                 mark = "&#x2716;" if special[g, i, j] else ""
-                row.append(f'<td style="background:rgb(255,{level},{level})" title="tile ({i}, {j}): '
+                row.append(f'<td style="{style}" title="tile ({i}, {j}): '
                            f'{int(failed[g, i, j])} of {int(checked[g, i, j])} failing">{mark}</td>')
             cells.append("<tr>" + "".join(row) + "</tr>")
         parts.append(head + '<table class="tiles">' + "".join(cells) + "</table>")
     return ('<p>Failure share per 128x128 tile (matplotlib is not installed; darker = more failing elements, '
-            '&#x2716; = a NaN / infinity class mismatch).</p>' + "".join(parts))
+            'every tile with a failure outlined in dark red, &#x2716; = a NaN / infinity class mismatch).</p>'
+            + "".join(parts))
+
+
+#: The tile table's palest red for a tile with any failure (its green and blue level, of 255) and
+#: its outline: a tile with a single failing element stands out from the passing (white) ones.
+FAILING_TILE_LEVEL = 170
+FAILING_TILE_OUTLINE = "outline:2px solid #8b0000;outline-offset:-2px"
 
 
 def _heatmap(r: CaseReport) -> str:
@@ -142,17 +156,24 @@ def _worst(r: CaseReport) -> str:
         rows = "".join(f"<tr><td>{_e(tuple(w['index']))}</td><td class=num>{_e(w['device'])}</td>"
                        f"<td class=num>{_e(w['golden'])}</td></tr>" for w in r.worst)
         return f"<h3>Differing entries</h3><table class=worst>{head}{rows}</table>"
-    head = ("<tr><th>status</th><th>index</th><th>tile</th><th>device</th><th>golden</th><th>normalised error</th>"
-            "<th>warns above</th><th>fails above</th><th>note</th></tr>")
+    head = ("<tr><th>status</th><th>index</th><th>tile</th><th>device</th><th>golden</th><th>|d - golden|</th>"
+            "<th>warns above</th><th>fails above</th><th>normalised error</th><th>note</th></tr>")
     rows = "".join(
         f"<tr class={_e(w['status'])}><td class=status-{_e(w['status'])}>{_e(w['status'])}</td>"
         f"<td>{_e(tuple(w['index']))}</td><td>{_e(tuple(w['tile_128x128']))}</td>"
         f"<td class=num>{_e(_num(w['device'], '.6g'))}</td><td class=num>{_e(_num(w['golden'], '.6g'))}</td>"
-        f"<td class=num>{_e(_num(w['normalised_error']))}</td><td class=num>{_e(_num(w.get('warn_above')))}</td>"
-        f"<td class=num>{_e(_num(w.get('fail_above')))}</td><td>{_e(w.get('note', ''))}</td></tr>"
+        f"<td class=num>{_e(_num(w.get('error'), '.3g'))}</td><td class=num>{_e(_threshold(w, 'warn_error'))}</td>"
+        f"<td class=num>{_e(_threshold(w, 'allowed_error'))}</td><td class=num>{_e(_num(w['normalised_error']))}</td>"
+        f"<td>{_e(w.get('note', ''))}</td></tr>"
         for w in r.worst)
-    return ("<h3>Worst elements (failures first)</h3><p>Normalised error |d - golden| / (E + ulp/2), against the "
-            f"values at which this element warns and fails.</p><table class=worst>{head}{rows}</table>")
+    return (f"<h3>Worst elements (failures first)</h3><p>{_e(WORST_THRESHOLDS_TEXT)}.</p>"
+            f"<table class=worst>{head}{rows}</table>")
+
+
+def _threshold(w: Mapping[str, Any], key: str) -> str:
+    """An absolute error threshold of a worst element, or "-" where none applies (a class mismatch,
+    an overflow the range allows)."""
+    return _num(w[key], ".3g") if key in w else "-"
 
 
 def _diagnosis(d: Any) -> str:
@@ -215,8 +236,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
            f'<p class=meta>bundle <code>{_e(bundle)}</code>, device outputs <code>{_e(outputs)}</code>; '
            f"deepgemm_ref {_e(__version__)}, {_e(datetime.datetime.now().isoformat(timespec='seconds'))}</p>",
            f'<p class="meta options" id=options>{_e(options_line)}</p>',
-           f'<p class=summary id=summary>{len(reports)} outputs: {counts["pass"]} pass, {counts["warn"]} warn, '
-           f'{counts["fail"]} fail</p>',
+           f'<p class=summary id=summary>{count(len(reports), "output")}: {counts["pass"]} pass, '
+           f'{counts["warn"]} warn, {counts["fail"]} fail</p>',
            '<p><label><input type="checkbox" id="failures-only"> failures only</label></p>',
            '<table id="outputs"><thead><tr><th>output</th><th>status</th><th>checked</th><th>failing</th>'
            "<th>warn</th><th>range: accumulator overflow allowed</th>"
@@ -240,8 +261,8 @@ def html_report(reports: list[CaseReport], *, bundle: str = "", outputs: str = "
         if r.error is not None:
             sec.append(f"<p>{_e(r.error)}</p>")
         else:
-            special = f" ({r.special_mismatches} NaN / infinity class mismatches)" if r.special_mismatches else ""
-            sec.append(f"<p>{r.failed} of {r.checked} checked elements fail{_e(special)}, {r.warned} warn, "
+            special = f" ({class_mismatches(r.special_mismatches)})" if r.special_mismatches else ""
+            sec.append(f"<p>{failing(r.failed, r.checked)}{_e(special)}, {r.warned} warn, "
                        f"{r.undefined} undefined (not checked).</p><p class=bound>Bound: {_e(describe_bound(r.bound))}"
                        "</p>")
             if r.bias is not None:

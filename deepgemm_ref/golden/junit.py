@@ -24,6 +24,7 @@ from typing import Any
 from .bias import describe_bias
 from .bundle import atomic_write_text
 from .check import CaseReport, format_report
+from .text import failing
 
 __all__ = ["junit_xml", "write_junit"]
 
@@ -69,7 +70,7 @@ def junit_xml(reports: list[CaseReport], *, suite: str = "deepgemm-ref check", b
             el = ET.SubElement(tc, "error", {"message": _clean(r.error)})
             el.text = _clean(detail)
         elif r.status == "fail":
-            msg = f"{r.failed} of {r.checked} checked elements fail"
+            msg = failing(r.failed, r.checked)
             if r.bias is not None and r.bias.get("failed"):
                 msg = f"the errors lean one way ({describe_bias(r.bias)}); " + msg
             d = verdicts.get(case_id)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import DGArgumentError
 from .check import CaseReport
+from .text import failing
 
 __all__ = ["plot_reports", "plot_report", "heatmap_png", "can_plot", "MAX_PANELS"]
 
@@ -110,8 +111,8 @@ def _figure(report: CaseReport) -> Any:
         ax_e.set_title(f"{where}worst normalised error {float(worst[g].max()):.3g}"
                        + (" (+ NaN/inf)" if n_special else ""), fontsize=9)
     shown = f" ({len(order)} of {lead} {label}s shown, those with failures first)" if len(order) < lead else ""
-    fig.suptitle(f"{report.id}: {report.status.upper()}, {report.failed} of {report.checked} checked elements "
-                 f"fail{shown}", fontsize=10)
+    fig.suptitle(f"{report.id}: {report.status.upper()}, {failing(report.failed, report.checked)}{shown}",
+                 fontsize=10)
     cb1 = fig.colorbar(im_share, ax=[r[0] for r in axes], shrink=0.9, location="bottom", aspect=30)
     cb1.set_label("share of the tile's elements that fail (square-root scale; outlined: any)", fontsize=8)
     cb2 = fig.colorbar(im_err, ax=[r[1] for r in axes], shrink=0.9, location="bottom", aspect=30)

@@ -1,4 +1,4 @@
-"""Device probes (numerics.md section 7): inputs whose outputs reveal how a device accumulates.
+"""Device probes: inputs whose outputs reveal how a device accumulates.
 
 The ``ascend-probes`` preset holds three MX FP8 GEMM cases (``fp8_gemm_nt``, per-32 UE8M0 scales,
 float32 or bf16 output) whose inputs are crafted, not random:
@@ -139,11 +139,11 @@ def build_probe(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
 
 PROBE_SCHEMA = Schema(
     "probe",
-    "Device probes (numerics.md section 7): crafted MX FP8 inputs of `fp8_gemm_nt` whose outputs reveal the "
+    "Device probes: crafted MX FP8 inputs of `fp8_gemm_nt` whose outputs reveal the "
     "accumulator width, promotion interval and rounding, the output rounding and the UE8M0 0x00 reading.  "
     "Chosen with `\"family\": \"probe\"`.",
     {"fp8_gemm_nt": ("ascend950", "sm100")},
-    (Key("probe", "str", "which probe", None, choices=("accumulator", "output_rounding", "ue8m0_zero")),),
+    (Key("probe", "str", "which probe", "accumulator", choices=("accumulator", "output_rounding", "ue8m0_zero")),),
     why_not={"fp8_gemm_nt": "the probes use per-32 UE8M0 scales"},
 )
 

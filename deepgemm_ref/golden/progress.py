@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
 from .resources import format_seconds
+from .text import count
 
 __all__ = ["Progress", "ProgressLike", "as_progress"]
 
@@ -127,7 +128,7 @@ class Progress:
     def line(self, what: str = "") -> str:
         elapsed = self.clock() - self.t0
         share = self.done_work / self.total_work if self.total_work > 0 else (1.0 if self.total == 0 else 0.0)
-        text = (f"{self.label}: {self.done}/{self.total} cases ({100 * share:.0f}% of the work), "
+        text = (f"{self.label}: {self.done}/{count(self.total, 'case')} ({100 * share:.0f}% of the work), "
                 f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(self.eta())}")
         return text + (f", {what}" if what else "")
 

@@ -66,7 +66,7 @@ from .progress import as_progress
 from .ranks import agree, entry_ranks, gather_to_root, pack, rank_scope, runs_ranks_in_process, torchrun_env, unpack
 from .resources import ResourceError, default_memory_limit, format_size
 
-__all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record", "call_case"]
+__all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record", "call_case", "module_profile"]
 
 #: Metadata key of the outputs file: JSON object case id -> error message.
 ERRORS_KEY = "deepgemm_ref.errors"
@@ -85,6 +85,9 @@ class ReplayOutputs(dict[str, np.ndarray]):
     written: bool = True
     rank: int = 0
     world: int = 1
+    #: case id -> a note for the cases that ran although the module reports another profile than
+    #: the one they were generated for (their outputs may differ from the goldens for that reason)
+    notes: dict[str, str] = {}  # (never mutated: each replay assigns its own dict)
 
 
 def _to_device(x: Any, use_torch: bool, device: str | None) -> Any:
@@ -212,6 +215,7 @@ class _Prepared:
     module: Any
     ours: bool
     use_torch: bool
+    profile: str | None = None  # the profile the module reports running (None: ours, or it does not say)
 
 
 def _prepare(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], module: str,
@@ -252,7 +256,56 @@ def _prepare(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str
             raise BundleError("replay: --accumulation emulates a device accumulator with --module deepgemm_ref only")
         with numerics(accumulation=accumulation):  # validated once, before any case
             pass
-    return _Prepared(b, ids, mod, ours, bool(use_torch))
+    return _Prepared(b, ids, mod, ours, bool(use_torch), None if ours else module_profile(mod, device))
+
+
+def module_profile(mod: Any, device: str | None = None) -> str | None:
+    """The profile a replayed module reports running, or None where it does not say.
+
+    Asked in this order: the module's ``get_arch()`` (this package's name of the active profile,
+    e.g. a wrapper of deepgemm_ref), its ``get_arch_major()`` (9: sm90, 10: sm100, as DeepGEMM's
+    ``testing.get_arch_major``), then the device itself: an ``npu`` device is an ascend950, a
+    ``cuda`` device's compute capability major 9 / 10 is an sm90 / sm100.  Nothing it raises
+    stops the replay (the answer is then None).
+    """
+    from ..profiles import PROFILES
+
+    majors = {9: "sm90", 10: "sm100"}
+    try:
+        get_arch = getattr(mod, "get_arch", None)
+        if callable(get_arch):
+            arch = get_arch()
+            if isinstance(arch, str) and arch in PROFILES:
+                return arch
+        get_major = getattr(mod, "get_arch_major", None)
+        if callable(get_major):
+            major = get_major()
+            if isinstance(major, int) and major in majors:
+                return majors[major]
+        kind = (device or "").split(":")[0]
+        if kind == "npu":
+            return "ascend950"
+        if kind == "cuda":
+            import sys
+
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                major = int(torch.cuda.get_device_capability(device)[0])
+                return majors.get(major)
+    except Exception:  # noqa: BLE001 - a module that cannot say: no profile note
+        return None
+    return None
+
+
+def _profile_note(case_profile: str, running: str | None) -> str:
+    """What a failed case's message says about profiles: the case's, and the module's where they
+    differ (a case generated for sm90 fails through an sm100 library for that reason alone)."""
+    if running is None:
+        return f" (this case was generated for {case_profile}; the module does not report its profile)"
+    if running != case_profile:
+        return (f" (this case is {case_profile}; the module reports {running}: replay it where the module runs "
+                f"{case_profile}, or generate the case for {running})")
+    return ""
 
 
 def _error_text(e: BaseException) -> str:
@@ -293,7 +346,7 @@ def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike
     for n, case_id in enumerate(ids, start=1):
         try:
             results.update(_replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation,
-                                        limit))
+                                        limit, p.profile))
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # one failing case must not stop the others
@@ -302,7 +355,19 @@ def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike
         prog.update(n, done_work, case_id)
     prog.finish()
     _save(results, errors, ids, bundle_dir, module, out_path, force)
+    results.notes = _profile_notes(b, ids, p.profile, errors)
     return results
+
+
+def _profile_notes(b: Bundle, ids: list[str], running: str | None, errors: dict[str, str]) -> dict[str, str]:
+    """For each case that ran without error through a module reporting another profile: a note."""
+    out: dict[str, str] = {}
+    for case_id in ids:
+        profile = b.cases[case_id].get("profile")
+        if running is not None and isinstance(profile, str) and profile != running and case_id not in errors:
+            out[case_id] = (f"this case is {profile}; the module reports {running}: its outputs may differ from the "
+                            f"goldens for that reason alone")
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,7 +509,8 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
         err: str | None = None
         try:
             with rank_scope(w.group, w.rank, w.size):
-                got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation, limit)
+                got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation, limit,
+                                   p.profile)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # one failing case must not stop the others
@@ -471,7 +537,7 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
             scope = rank_scope(one_rank, 0, 1) if ranked[case_id] == 1 else contextlib.nullcontext()
             with scope:
                 per_case[case_id] = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
-                                                 accumulation, limit)
+                                                 accumulation, limit, p.profile)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
@@ -484,11 +550,15 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
         results.update(per_case.get(case_id, {}))
     results.rank, results.world = w.rank, w.size
     _save(results, errors, ids, bundle_dir, module, out_path, force)
+    results.notes = _profile_notes(b, ids, p.profile, errors)
     return results
 
 
 def _replay_case(b: Any, case_id: str, mod: Any, ours: bool, use_torch: bool, device: str | None,
-                 transforms: bool, accumulation: str | None, limit: int) -> dict[str, np.ndarray]:
+                 transforms: bool, accumulation: str | None, limit: int,
+                 running: str | None = None) -> dict[str, np.ndarray]:
+    """One case through ``mod``; a failure of a foreign module's call names the profile the case
+    was generated for and the one the module reports (``running``, see :func:`module_profile`)."""
     case = b.case(case_id)
     if ours:
         from .cases import estimate_case
@@ -500,8 +570,14 @@ def _replay_case(b: Any, case_id: str, mod: Any, ours: bool, use_torch: bool, de
         if est is not None and est.peak_bytes > limit:
             raise ResourceError(f"case {case_id!r}: needs about {format_size(est.peak_bytes)} of memory; the limit "
                                 f"is {format_size(limit)} (--max-memory)")
-    got = call_case(case, mod, ours=ours, use_torch=use_torch, device=device, transforms=transforms,
-                    accumulation=accumulation)
+    try:
+        got = call_case(case, mod, ours=ours, use_torch=use_torch, device=device, transforms=transforms,
+                        accumulation=accumulation)
+    except Exception as e:
+        profile = case.entry.get("profile")
+        if ours or not isinstance(profile, str):
+            raise
+        raise BundleError(_error_text(e) + _profile_note(profile, running)) from e
     return {f"{case_id}/{name}": v for name, v in got.items()}
 
 

@@ -26,7 +26,8 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 
 __all__ = ["SpecError", "Key", "Only", "Rule", "Schema", "Params", "COMMON_KEYS", "MAX_ID_LENGTH", "did_you_mean",
-           "validate_params", "describe_key", "render_markdown", "normalise_value", "as_int", "expected_text"]
+           "validate_params", "collect_params", "spec_error",
+           "describe_key", "render_markdown", "normalise_value", "as_int", "expected_text"]
 
 #: Longest case id, in UTF-8 bytes (the case file name, its temporary name and the suffix fit in
 #: 255 bytes).
@@ -324,12 +325,36 @@ def validate_params(schema: Schema, kernel: str, profile: str, given: Mapping[st
     """Check ``given`` (the family keys of one case) against ``schema``.
 
     Returns (the given keys in canonical form, every key the case reads with its default filled
-    in).  Raises :class:`SpecError` (message prefixed by ``where``) on the first problem.
+    in).  Raises :class:`SpecError` listing every problem found, one a line, each prefixed by
+    ``where`` and naming its key (see :func:`collect_params`).
     """
+    canonical, params, problems = collect_params(schema, kernel, profile, given, where)
+    if problems:
+        raise spec_error(problems)
+    return canonical, params
+
+
+def spec_error(problems: Sequence[str]) -> SpecError:
+    """One :class:`SpecError` for a case's problems (one a line); ``.problems`` holds the list."""
+    err = SpecError("\n".join(problems))
+    err.problems = list(problems)  # type: ignore[attr-defined]
+    return err
+
+
+def collect_params(schema: Schema, kernel: str, profile: str, given: Mapping[str, Any],
+                   where: str) -> tuple[dict[str, Any], Params, list[str]]:
+    """:func:`validate_params` without raising: (canonical keys, resolved keys, every problem).
+
+    Every given key is checked on its own (unknown, not read, wrong type or range, a value the
+    kernel does not take under the profile); a key that is wrong takes its default for the checks
+    that follow, and the checks across keys (:class:`Rule`) run only when each key is right by
+    itself (so that one wrong value is not reported twice).
+    """
+    problems: list[str] = []
     names = [k.name for k in schema.keys]
     for name in given:
         if schema.key(name) is None:
-            raise SpecError(f"{where}: unknown key {name!r} for the {schema.family} family (keys: "
+            problems.append(f"{where}: unknown key {name!r} for the {schema.family} family (keys: "
                             f"{', '.join(names) or 'none'}){_suggest(name, names, schema.aliases)}")
     canonical: dict[str, Any] = {}
     params = Params(kernel, profile)
@@ -338,31 +363,55 @@ def validate_params(schema: Schema, kernel: str, profile: str, given: Mapping[st
     for key in schema.keys:
         if key.name not in given:
             continue
-        if not key.read_by(params):
-            raise SpecError(f"{where}: key {key.name!r} is not read by {kernel} under {profile} "
+        try:
+            reads = key.read_by(params)
+        except KeyError:  # a condition on a key already reported
+            if not problems:
+                raise
+            continue
+        if not reads:
+            problems.append(f"{where}: key {key.name!r} is not read by {kernel} under {profile} "
                             f"(it is read by {_readers(key, schema)}); remove it")
+            continue
         value, problem = normalise_value(key, given[key.name])
         if problem is not None:
-            raise SpecError(f"{where}: key {key.name!r}: {problem}")
+            problems.append(f"{where}: key {key.name!r}: {problem}")
+            continue
+        bad = False
         for only in key.only:
             if only.applies(kernel, profile) and value not in only.values:
                 allowed = ", ".join(_show(v) for v in only.values)
-                raise SpecError(f"{where}: key {key.name!r}: {kernel} under {profile} takes only {allowed} "
+                problems.append(f"{where}: key {key.name!r}: {kernel} under {profile} takes only {allowed} "
                                 f"({only.why}); got {_show(value)}")
+                bad = True
+                break
+        if bad:
+            continue
         canonical[key.name] = value
         params.set(key.name, value)
     for key in schema.keys:
-        if key.name not in given and key.read_by(params):
+        if key.name in params:
+            continue
+        try:
+            if not key.read_by(params):
+                continue
             if key.default is None and not key.nullable:
-                raise SpecError(f"{where}: missing key {key.name!r} ({expected_text(key)}: {key.doc})")
+                if key.name not in given:  # (a given wrong value is reported above)
+                    problems.append(f"{where}: missing key {key.name!r} ({expected_text(key)}: {key.doc})")
+                continue
             params.set(key.name, key.resolve_default(params))
+        except KeyError:  # a condition or default that depends on a key already reported
+            if not problems:
+                raise
     params = Params(kernel, profile, {k.name: params[k.name] for k in schema.keys if k.name in params})
+    if problems:
+        return canonical, params, problems
     for rule in schema.rules:
         problem = rule.check(params)
         if problem is not None:
             named = f"key{'s' if len(rule.keys) > 1 else ''} {', '.join(map(repr, rule.keys))}: " if rule.keys else ""
-            raise SpecError(f"{where}: {named}{problem}")
-    return canonical, params
+            problems.append(f"{where}: {named}{problem}")
+    return canonical, params, problems
 
 
 def describe_key(key: Key, schema: Schema) -> dict[str, str]:

@@ -48,8 +48,8 @@ default), fixed at 256 under DeepGEMM-Ascend.
 Rows outside the contract: ONE policy
 -------------------------------------
 The emulator writes exactly the rows the contract defines, plus +0.0 into the padding rows that
-the targets' tests require to read as zero (spec 16: "write zeros for m_indices == -1 rows and
-for psum padding rows when ensure_zero_padding=True"):
+the targets' tests require to read as zero (zeros for m_indices == -1 rows, and for psum padding rows when
+ensure_zero_padding=True):
 
 * m_indices == -1 rows: written with +0.0 (every target kernel stores over them);
 * psum gap rows [end_g, align(end_g, alignment)) (clipped to M) of a non-empty group: written

@@ -135,7 +135,7 @@ def _m_grouped_common(
     if psum:
         ends = int32_vector(func, "grouped_layout", grouped_layout, groups, "psum end offsets, one per group")
         # Note: sm100 with ensure_zero_padding=False stores A_gap @ B_g^T into the gap rows up to
-        # align(end_g, 16); here the whole gap keeps the caller's values (spec 16).
+        # align(end_g, 16); here the whole gap keeps the caller's values.
         zero_gaps = zero_pad if profile.rules.zero_psum_gaps is None else profile.rules.zero_psum_gaps
         return psum_layout(func, ends, m, alignment, ascend=profile.rules.psum_whole_blocks, zero_gaps=zero_gaps)
     gl = int32_vector(func, "grouped_layout", grouped_layout, m, "m_indices, one per row of a")

@@ -9,8 +9,8 @@ with the dense kernels' ``c`` rules (bf16 ``d``: ``bf16(c + bf16(acc))``; float3
 ``f32(c + acc)``) and DeepGEMM-Ascend's ``alpha``.  An empty group keeps ``c[g]`` bit for bit;
 an empty K (SUM_K == 0) gives ``d = c``.
 
-Kernels: DeepGEMM's FP8 TN (sm100, spec 7.3), its flat FP8 NT (sm90, spec 7.4), its BF16 TN (both
-arches), and DeepGEMM-Ascend's FP8 / FP4 and BF16 TN with the psum layout (port 1.5, 2.4; its NT
+Kernels: DeepGEMM's FP8 TN (sm100), its flat FP8 NT (sm90), its BF16 TN (both
+arches), and DeepGEMM-Ascend's FP8 / FP4 and BF16 TN with the psum layout (its NT
 name transposes and calls TN).  Every kernel reads check -> tasks -> execute: a ``_check_*`` step
 validates the call for the profile the dispatcher hands it and returns a :class:`KGroupedRequest`
 (the K groups, each side's data and scales as a :class:`KSide`, the snapshot of ``c``),
@@ -273,7 +273,7 @@ def _fp8_head(func: str, recipe: Any, compiled_dims: Any, use_psum_layout: Any) 
 
 def _check_fp8_tn_sm100(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
                         c: Any, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> KGroupedRequest:
-    """Validate DeepGEMM's FP8 TN k-grouped GEMM (sm100, spec 7.3)."""
+    """Validate DeepGEMM's FP8 TN k-grouped GEMM (sm100)."""
     r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     gran_k = r3[2]
     if gran_k not in (32, 128):
@@ -311,7 +311,7 @@ def _check_fp8_tn_sm100(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_
 
 def _check_fp8_nt_sm90(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any,
                        c: Any, recipe: Any, compiled_dims: Any, use_psum_layout: Any) -> KGroupedRequest:
-    """Validate DeepGEMM's flat FP8 NT k-grouped GEMM (sm90, spec 7.4)."""
+    """Validate DeepGEMM's flat FP8 NT k-grouped GEMM (sm90)."""
     r3, psum = _fp8_head(func, recipe, compiled_dims, use_psum_layout)
     if r3 != (1, 1, 128):
         raise arg_error(func, "recipe", "(1, 1, 128)", repr(recipe))
@@ -385,7 +385,7 @@ def _check_bf16_cuda(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu
 def _check_ascend(profile: Profile, func: str, a: Any, b: Any, d: Any, ks_cpu: Any, grouped_layout: Any, c: Any,
                   recipe: Any, compiled_dims: Any, use_psum_layout: Any, epilogue: Any, *,
                   fp8: bool) -> KGroupedRequest:
-    """Validate DeepGEMM-Ascend's k-grouped GEMMs (port 1.5, 2.4): a (K, M), b (K, N), psum only."""
+    """Validate DeepGEMM-Ascend's k-grouped GEMMs: a (K, M), b (K, N), psum only."""
     check_compiled_dims(func, compiled_dims)
     alignment = current_mk_alignment(profile)  # fixed: 256
     sfa = sfb = None

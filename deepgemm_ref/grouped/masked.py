@@ -62,7 +62,7 @@ def _tasks(req: MaskedRequest) -> list[Task | Fill]:
     """
     # Note: the kernels also store A_row @ B_g^T (sm90 FP8: zeros per 64-row chunk) into the
     # padding rows of each group's last visited block; here every row past masked_m[g] keeps
-    # the caller's value (spec 7.2: "the emulator should leave them untouched").
+    # the caller's value (the block size is a heuristic, so those rows are left untouched).
     tasks: list[Task | Fill] = []
     for g, rows in enumerate(req.masked_m.tolist()):
         if rows:

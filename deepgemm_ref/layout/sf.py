@@ -8,10 +8,10 @@ in elements.
 User form (both targets)
     float32 ``(G?, ceil(mn / gran_mn), SF_K)``, any strides.
 
-DeepGEMM layout 1 (spec 3.3): MN-major TMA-aligned float32 (sm90 SFA, sm90 1D1D SFB)
+DeepGEMM layout 1: MN-major TMA-aligned float32 (sm90 SFA, sm90 1D1D SFB)
     ``(G?, mn, SF_K)`` with strides ``(align(mn, 4) * SF_K, 1, align(mn, 4))``.
 
-DeepGEMM layout 2 (spec 3.3): MN-major TMA-aligned packed UE8M0 int32 (every sm100 kernel)
+DeepGEMM layout 2: MN-major TMA-aligned packed UE8M0 int32 (every sm100 kernel)
     ``(G?, mn, ceil(SF_K / 4))`` with strides ``(ceil(SF_K / 4) * align(mn, 4), 1, align(mn, 4))``;
     byte ``j`` (bits ``8j..8j+7``) of word ``[.., r, p]`` is the exponent byte of
     ``SF[.., r, 4p + j]``, 0 for ``4p + j >= SF_K``.
@@ -31,7 +31,7 @@ before the values are written, so padding rows (``mn .. align(mn, 4) - 1``), pad
 unused packed rows are zero.  DeepGEMM's CUDA kernels leave padding rows uninitialised; nothing
 reads them, so zero is one valid value of "unspecified".
 
-Aliasing (spec 4.2, trap 21): a function that finds its input already in the required layout
+Aliasing: a function that finds its input already in the required layout
 returns the input itself (same Python object, NumPy array or torch tensor) or, where DeepGEMM
 does, a view of it; writing into such a result writes into the input.
 
@@ -255,7 +255,7 @@ def _get_mn_major_tma_aligned_packed_ue8m0_tensor(profile: Profile, /, sf: Any, 
 def _check_sf_layout_cuda(
     func: str, sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None
 ) -> None:
-    """DeepGEMM's ``check_sf_layout`` shape checks (spec 3.2)."""
+    """DeepGEMM's ``check_sf_layout`` shape checks."""
     if sf.dtype not in (F32, I32):
         raise arg_error(func, "sf", "a float32 or int32 (packed UE8M0) array", sf)
     ndim = 2 + (num_groups is not None)
@@ -280,7 +280,7 @@ def _transform_cuda(
     disable_ue8m0_cast: bool = False,
     psum_layout: Any = None,
 ) -> Any:
-    """Turn user-form SFs into the layout DeepGEMM's kernels read (the per-arch rules of spec 4.5).
+    """Turn user-form SFs into the layout DeepGEMM's kernels read (each profile's own rules).
 
     sf: float32 (G?, ceil(mn / gran_mn), ceil(k / gran_k)), or on sm100 an already packed int32
     (G?, mn, ceil(k / (4 gran_k))) in layout 2 (gran_mn 1).  The 3-D forms need num_groups.

@@ -1,7 +1,7 @@
 """Mega MoE: the fused expert-parallel MoE layer, every EP rank emulated in one process.
 
-DeepGEMM's ``deep_gemm.mega`` (spec 10) under the ``sm100`` profile and DeepGEMM-Ascend's (port 1.10,
-2.7) under ``ascend950``, with golden values for every stage.
+DeepGEMM's ``deep_gemm.mega`` under the ``sm100`` profile and DeepGEMM-Ascend's under
+``ascend950``, with golden values for every stage.
 
 Quick start (DeepGEMM, 8 ranks)::
 
@@ -54,8 +54,7 @@ correctly rounded expf (and the reciprocal-then-multiply of DeepGEMM's fused ker
 same combine as ``exact``: given the same slot outputs both models give the same y; they differ
 only through the GEMMs' and SwiGLU's roundings).  ``limited(...)`` applies to the GEMMs; SwiGLU
 and the combine then follow ``fp32``.  The devices' ``__expf``, ``rcp.approx`` and
-Ascend vector exp/div, and their MMA accumulation orders, are not reproducible bit for bit
-(spec 16).
+Ascend vector exp/div, and their MMA accumulation orders, are not reproducible bit for bit.
 
 Stage goldens and the trace
 ---------------------------

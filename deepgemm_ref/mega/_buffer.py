@@ -36,7 +36,7 @@ __all__ = [
     "buffer_ptrs",
 ]
 
-_ASCEND_MISSING = "DeepGEMM-Ascend has no {what} (port 1.10: the ring size is derived internally)"
+_ASCEND_MISSING = "DeepGEMM-Ascend has no {what} (it derives the ring size internally)"
 _SIZE_ARGS = "num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden"
 _UPSTREAM_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "l1_acts", "l1_acts_sf", "l2_acts", "l2_acts_sf")
 _ASCEND_VIEWS = ("x", "x_sf", "topk_idx", "topk_weights", "shared_l1_acts", "shared_l1_acts_sf", "shared_l2_acts",
@@ -179,13 +179,13 @@ class SymmBuffer(metaclass=_SymmBufferType):
     intermediate_hidden, num_ring_tokens, mma_type='fp8xfp4', activation='swiglu')`` with views
     ``x`` (T, H) e4m3 / bf16, ``x_sf`` (T, H / 128) int32 (K-major packed per-32 UE8M0; None for
     bf16xbf16), ``topk_idx`` (T, K) int64, ``topk_weights`` (T, K) float32, and the internal ring
-    scratch ``l1_acts``, ``l1_acts_sf``, ``l2_acts``, ``l2_acts_sf`` (spec 10.2).
+    scratch ``l1_acts``, ``l1_acts_sf``, ``l2_acts``, ``l2_acts_sf``.
 
     DeepGEMM-Ascend: ``SymmBuffer(group, num_experts, num_max_tokens_per_rank, num_topk, hidden,
     intermediate_hidden, num_shared_experts=0, mma_type='fp8xfp4', activation='swiglu', base=None)``
     with ``x`` (T, H) e4m3, ``x_sf`` (T, H / 64) int16 UE8M0 pairs, ``topk_idx``, ``topk_weights``,
     the shared-expert views, the ring scratch, the ``expert_recv_count`` (R, E_l) int32 property and
-    ``num_bytes`` (port 1.10).
+    ``num_bytes``.
 
     ``group`` is an :class:`GroupRegistry` rank view, a ``torch.distributed`` process group (this
     process's rank; one rank per process) or any one-rank group.  Buffers above 64 MiB
@@ -370,7 +370,7 @@ def _get_symm_buffer_for_mega_moe(group: Any, num_experts: int, num_max_tokens_p
                            activation=activation)
 
 
-_C_ONLY_UPSTREAM = {"deepgemm-ascend": "DeepGEMM-Ascend derives the ring size internally (port 1.10)"}
+_C_ONLY_UPSTREAM = {"deepgemm-ascend": "DeepGEMM-Ascend derives the ring size internally"}
 
 get_symm_buffer_for_mega_moe = profiled(
     "get_symm_buffer_for_mega_moe",

@@ -1,6 +1,6 @@
 """Symmetric-buffer layouts of both targets, byte for byte, and lazy byte buffers.
 
-DeepGEMM (``csrc/apis/mega.hpp``, ``layout/mega_moe.cuh``; spec 10.1-10.2), with R ranks, E experts,
+DeepGEMM (``csrc/apis/mega.hpp``, ``layout/mega_moe.cuh``), with R ranks, E experts,
 ``E_l = E / R``, T tokens per rank, K top-k, H hidden, I intermediate, ``N_ring`` ring tokens and
 ``elem`` = 1 (fp8xfp4) or 2 (bf16xbf16)::
 
@@ -19,7 +19,7 @@ DeepGEMM (``csrc/apis/mega.hpp``, ``layout/mega_moe.cuh``; spec 10.1-10.2), with
 
 with ``N_sf = max over BLOCK_M in {8, ..., 192} of (N_ring / BLOCK_M) * align(BLOCK_M, 128) = 16 N_ring``.
 
-DeepGEMM-Ascend (``layout/mega_moe.hpp``, ``csrc/apis/mega_moe.hpp``; port 1.10): the ``Workspace``
+DeepGEMM-Ascend (``layout/mega_moe.hpp``, ``csrc/apis/mega_moe.hpp``): the ``Workspace``
 struct's fields in declaration order, each aligned as the struct aligns it (512-byte GM
 alignment for most, 128-byte L2 sectors for counters), total rounded up to 2 MiB.  Ring rows
 ``256 * min(Mb, W * 32)`` with ``Mb = ceil(R T K / 256) + E_l`` and ``W = 4`` if ``H / 256 <= 16``
@@ -108,7 +108,7 @@ def _wave_pool_tokens(func: str, num_ranks: int, num_topk: int, num_max_tokens_p
 
 def ring_limit(func: str, num_max_tokens_per_rank: int, num_experts_per_rank: int, num_topk: int,
                num_ranks: int) -> tuple[int, int]:
-    """(min, max) ring tokens (spec 10.1)."""
+    """(min, max) ring tokens."""
     return (_wave_pool_tokens(func, num_ranks, num_topk, num_max_tokens_per_rank, 1, TOKEN_ALIGNMENT),
             _wave_pool_tokens(func, num_ranks, num_topk, num_max_tokens_per_rank, num_experts_per_rank,
                               TOKEN_ALIGNMENT))

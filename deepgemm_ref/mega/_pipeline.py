@@ -240,7 +240,7 @@ def combine_order_specified(target: Target) -> bool:
 
     DeepGEMM does: its Mega MoE test asserts ``torch.equal`` between the fused kernel and DeepEP's
     ``allow_multiple_reduction=False`` expanded combine, a float32 running sum from +0 of the bf16
-    slot outputs in increasing top-k order, rounded once to bf16 (DeepEP spec 8.2, 16.9).  No
+    slot outputs in increasing top-k order, rounded once to bf16.  No
     DeepGEMM-Ascend source shows its combine order, so its golden keeps the exact sum.
     """
     # Note: the golden keeps DeepGEMM's float32 combine order (specified and tested bitwise), and

@@ -488,7 +488,7 @@ def _swiglu_apply_weight_to_fp8(profile: Profile, /, x: Any, topk_weights: Any, 
     op's data flow and how DeepGEMM's baseline calls it.
     """
     # Note: ``semantics`` is this package's keyword (the fused kernels and TileLang's op differ in
-    # the amax floor and the clamp precision, spec 10.7); the default mirrors the fused kernel.
+    # the amax floor and the clamp precision); the default mirrors the fused kernel.
     # Note: row-major float32 scales (use_col_major_scales=False) come back as (M, G); TileLang's
     # op returns the transpose of its (M, G) buffer cut to M rows there (DeepGEMM never asks for it).
     func = "swiglu_apply_weight_to_fp8"

@@ -12,7 +12,7 @@ Accumulation models
 output and the FP8 re-quantisation (or the bf16 rounding of the BF16 path); ``fast_math`` has
 no effect.
 
-``fp32`` (the kernels' float32 order, spec 10.5 step 4 and DeepGEMM-Ascend 2.7 step 4)::
+``fp32`` (the kernels' float32 order, step by step, on DeepGEMM and DeepGEMM-Ascend)::
 
     e = RN_f32(exp(-g))            correctly rounded expf (the devices' __expf / expf / vector exp
                                    are not reproducible; this is the canonical choice)

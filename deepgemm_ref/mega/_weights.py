@@ -4,14 +4,14 @@ the readers that turn transformed weights into canonical core operands.
 Canonical (un-transformed) form, per local expert ``i``: L1 ``(2I, H)`` with rows ``[0, I)`` gate
 and ``[I, 2I)`` up, L2 ``(H, I)``, each with one UE8M0 scale per row and 32 K-elements.
 
-DeepGEMM (spec 10.4)
+DeepGEMM
     L1 rows are interleaved by 8: transformed row ``16 b + 8 s + j`` is canonical row
     ``s I + 8 b + j`` (``s`` 0 = gate, 1 = up).  The SF tensors (layout 2: int32, MN-major,
     TMA-aligned) get the same interleave and then the UTCCP transposition inside every chunk of
     128 rows: output row ``4 j + i`` is input row ``32 i + j``.  Results are written into
     ``empty_like(input)``, so strides are preserved; W2 is returned unchanged (same object).
     BF16 mode: W1 interleaved, W2 unchanged.
-DeepGEMM-Ascend (port 1.10)
+DeepGEMM-Ascend
     L1 rows are grouped in 256-row blocks of 128 gate rows followed by the matching 128 up rows;
     L2 rows in plain 256-row blocks.  Data become ``(..., N / 256, 256, K')`` (FP4 ``K' = K / 2``);
     e4m3 data are additionally stored in 32-byte NZ fragments (for each 32-column fragment the 256

@@ -9,7 +9,8 @@ raised) and computes and writes nothing (:mod:`deepgemm_ref.dryrun`).
 ``torch`` below is looked up when a function runs (``None`` means ``sys.modules["torch"]``, if
 torch is imported); where it has ``torch.npu`` (the device's, or
 :mod:`deepgemm_ref.testing.npu_shim`'s), every worker runs on the caller's current device, as the
-newest DeepGEMM-Ascend does.  Without ``torch.npu`` the device steps are skipped.
+newest DeepGEMM-Ascend does.  Without ``torch.npu`` the device steps are skipped, and so is each
+step a ``torch.npu`` does not provide (another library's stand-in without ``current_stream``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ torch: Any = None
 def _npu() -> Any:
     t = torch if torch is not None else sys.modules.get("torch")
     return getattr(t, "npu", None)
+
+
+def _device_steps(npu: Any) -> tuple[Any, Any, Any]:
+    """``npu``'s ``current_device``, ``device`` and ``current_stream``, each None where ``npu`` (a
+    ``torch.npu``: the device's, the shim's or another library's stand-in) does not provide it
+    callable: a step it lacks is skipped, so par_compile works whatever ``torch.npu`` is."""
+    if npu is None:
+        return None, None, None
+    steps = [getattr(npu, name, None) for name in ("current_device", "device", "current_stream")]
+    return tuple(f if callable(f) else None for f in steps)  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -74,18 +85,18 @@ def par_compile(callables: Iterable[Callable[[], Any]], *, max_workers: int | No
     bar when tqdm is installed.
     """
     fns = list(callables)
-    npu = _npu()
-    device = npu.current_device() if npu is not None else None
+    current_device, device_scope, current_stream = _device_steps(_npu())
+    device = current_device() if current_device is not None else None
 
     def run(fn: Callable[[], Any]) -> Any:
-        if npu is None:
-            return fn()
-        with npu.device(device):
-            npu.current_stream()
+        scope = device_scope(device) if device_scope is not None and device is not None else contextlib.nullcontext()
+        with scope:
+            if current_stream is not None:
+                current_stream()
             return fn()
 
-    if npu is not None:
-        npu.current_stream()
+    if current_stream is not None:
+        current_stream()
     if max_workers is None:
         max_workers = int(os.environ.get("DG_TEST_MAX_WORKERS", os.cpu_count() or 1))
     bar = _progress_bar(len(fns), progress)

@@ -141,7 +141,7 @@ def ascend_gap_mask(ends: np.ndarray, extent: int, granularity: int, alignment: 
 # ----------------------------------------------------------------------------------------------
 
 def m_indices_layout(func: str, gl: np.ndarray, m: int, groups: int, alignment: int) -> RowGroups:
-    """DeepGEMM's m_indices layout (spec 7.1 layout A): ``gl`` int64 (M,) group ids, -1 padding."""
+    """DeepGEMM's m_indices layout: ``gl`` int64 (M,) group ids, -1 padding."""
     # Note: DeepGEMM does not check the layout's content (a misplaced group id or -1 row gives
     # wrong rows silently); ids outside [-1, G) and blocks mixing groups raise here.
     if ((gl < -1) | (gl >= groups)).any():
@@ -180,7 +180,7 @@ def m_indices_layout(func: str, gl: np.ndarray, m: int, groups: int, alignment: 
 
 
 def psum_layout(func: str, ends: np.ndarray, m: int, alignment: int, *, ascend: bool, zero_gaps: bool) -> RowGroups:
-    """m-grouped psum END offsets (spec 7.1 layout B; port 2.4), with the gap policy.
+    """m-grouped psum END offsets, with the gap policy.
 
     ``zero_gaps``: the gap rows of non-empty groups (clipped to M) receive +0.0.  DeepGEMM-Ascend
     also accepts an empty group after a non-aligned end, and computes whole blocks (the last
@@ -224,7 +224,7 @@ def masked_rows(func: str, mm: np.ndarray, max_m: int) -> np.ndarray:
 
 def k_groups_cuda(func: str, gl: np.ndarray, ks: list[int] | None, sum_k_rows: int, k_alignment: int,
                   psum: bool) -> KGroups:
-    """DeepGEMM's check_k_grouped_args plus the layout's own consistency (spec 7.3).
+    """DeepGEMM's check_k_grouped_args plus the layout's own consistency.
 
     gl: int64 (G,) K sizes or psum K END offsets; ks: ``ks_cpu`` (None or [] only with psum,
     then SUM_K is ``sum_k_rows``, the operands' K extent).
@@ -260,7 +260,7 @@ def k_groups_cuda(func: str, gl: np.ndarray, ks: list[int] | None, sum_k_rows: i
 
 
 def k_groups_ascend(func: str, gl: np.ndarray, ks: list[int] | None, sum_k: int, alignment: int) -> KGroups:
-    """DeepGEMM-Ascend: psum K END offsets, groups start on ``alignment``-aligned K rows (port 2.4);
+    """DeepGEMM-Ascend: psum K END offsets, groups start on ``alignment``-aligned K rows;
     an empty group may follow a non-aligned end."""
     ranges = psum_ranges(func, "grouped_layout", gl, alignment, sum_k,
                          extent_name=f"K = {sum_k} (the rows of a and b)", allow_empty=True, what="psum K end offsets")

@@ -171,7 +171,7 @@ def ue8m0_bytes_of_f32(func: str, arg: str, sf: np.ndarray) -> np.ndarray:
 
 
 def _check_cuda_int_sf_layout(func: str, arg: str, sf: np.ndarray, mn: int, groups: int | None) -> None:
-    """sm100 already-packed INT SFs must be in the MN-major TMA-aligned layout (spec 3.3 item 2)."""
+    """sm100 already-packed INT SFs must be in the MN-major TMA-aligned layout."""
     if groups is not None and sf.ndim == 3 and elem_stride(sf, -3) != elem_stride(sf, -1) * sf.shape[-1]:
         raise arg_error(func, arg, "packed SFs with stride(-3) == stride(-1) * size(-1)", sf)
     if not (elem_stride(sf, -2) == 1 or mn == 1) or (sf.shape[-1] > 1 and elem_stride(sf, -1) != align(mn, 4)):

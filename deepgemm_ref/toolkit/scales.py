@@ -83,7 +83,7 @@ def pack_le(b: np.ndarray, per: int) -> np.ndarray:
     b: uint8 (..., n); the last word is zero-padded.  Returns int32 / int16 (..., ceil(n / per)).
     Same result as :func:`formats.pack_ue8m0_int32` / ``pack_ue8m0_int16`` (tested equal); the
     bytes are reinterpreted through an explicitly little-endian dtype, so no host byte order
-    leaks in (trap 22).
+    leaks in.
     """
     n = b.shape[-1]
     if n % per or not b.flags.c_contiguous:

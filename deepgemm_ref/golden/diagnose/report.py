@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..text import count, failing
 from .engine import THRESHOLD
 from .run import CaseDiagnosis, Explanation
 
@@ -51,7 +52,7 @@ def format_diagnoses(diagnoses: list[CaseDiagnosis], *, quiet: bool = False) -> 
             lines.append(f"{d.id}: ERROR  {d.verdict}")
             continue
         sample = f" (screened on {d.sample})" if d.sample else ""
-        lines.append(f"{d.id}: FAIL  {d.failing} of {d.checked} checked elements fail; {d.verdict}; "
+        lines.append(f"{d.id}: FAIL  {failing(d.failing, d.checked)}; {d.verdict}; "
                      f"{d.candidates} candidates in {d.seconds:.1f} s{sample}")
         shown = [e for e in d.explanations if e.explains]
         rest = [e for e in d.explanations if not e.explains]
@@ -65,7 +66,7 @@ def format_diagnoses(diagnoses: list[CaseDiagnosis], *, quiet: bool = False) -> 
     fails = [d for d in diagnoses if d.status == "fail"]
     explained = sum(d.explained for d in fails)
     errors = sum(d.status == "error" for d in diagnoses)
-    lines.append(f"summary: {len(diagnoses)} cases: {len(fails)} failing ({explained} explained, "
+    lines.append(f"summary: {count(len(diagnoses), 'case')}: {len(fails)} failing ({explained} explained, "
                  f"{len(fails) - explained} not explained), {errors} could not be diagnosed; an explanation "
                  f"reproduces at least {_pct(THRESHOLD)} of a case's failing elements within the bound")
     return "\n".join(lines)
