@@ -103,17 +103,13 @@ _MAX_SPEC_BYTES = 64 << 20
 def _load_specs(path: str) -> list[Any]:
     """The case tables of a JSON or TOML specification file (strict: duplicate keys, NaN and
     unknown top-level keys are refused)."""
+    from .golden.reading import read_regular
     from .golden.safetensors import strict_json
 
-    try:
-        size = os.stat(path).st_size
-        if size > _MAX_SPEC_BYTES:
-            raise DGArgumentError(f"golden: --spec {path}: {size} bytes; a specification file is at most "
-                                  f"{_MAX_SPEC_BYTES >> 20} MiB")
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DGArgumentError(f"golden: --spec {path}: cannot read it: {e.strerror or e}") from None
+    try:  # a regular file of at most _MAX_SPEC_BYTES (never a FIFO or /dev/zero read without end)
+        raw = read_regular(path, "specification file", limit=_MAX_SPEC_BYTES)
+    except DGArgumentError as e:
+        raise DGArgumentError(f"golden: --spec {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
