@@ -546,7 +546,9 @@ def write_compare_table(path: str | os.PathLike[str], rows: list[dict[str, Any]]
     (needs openpyxl; non-finite numbers as text, Excel has none)."""
     out = Path(path)
     if out.suffix.lower() != ".xlsx":
-        atomic_write_text(out, compare_csv(rows))
+        from .reading import printable
+
+        atomic_write_text(out, printable(compare_csv(rows)))  # a lone surrogate as "\\ud800"
         return out
     import tempfile
 

@@ -10,6 +10,9 @@ an outputs file, a dump's files) goes through :func:`open_regular`:
   device such as ``/dev/zero``, directory) is refused naming the file and what it is;
 * its size is checked against a limit before a byte is read, and :func:`read_regular` reads at
   most ``limit + 1`` bytes, so a file that grows while it is read is refused too.
+
+What is read can hold any string JSON can: :func:`printable` makes one writable to any report
+(a lone surrogate such as ``"\\ud800"`` is valid JSON but cannot be encoded as UTF-8).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import BinaryIO
 
 from ..errors import DGArgumentError
 
-__all__ = ["describe_mode", "open_regular", "read_regular"]
+__all__ = ["describe_mode", "open_regular", "printable", "read_regular"]
 
 
 def describe_mode(mode: int) -> str:
@@ -95,3 +98,13 @@ def read_regular(path: str | os.PathLike[str], what: str, *, limit: int,
         raise error(f"{os.fspath(path)}: grew past {_size_text(limit)} while being read; a {what} is at most "
                     f"{_size_text(limit)}")
     return data
+
+
+def printable(text: str) -> str:
+    """``text`` with every character UTF-8 cannot encode (a lone surrogate, U+D800..U+DFFF) written
+    as its backslash escape (``"\\ud800"``): safe to write to any UTF-8 report or stream."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
