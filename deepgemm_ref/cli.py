@@ -711,8 +711,9 @@ def _report(e: BaseException, exiting: bool = False) -> int:
     if isinstance(e, KeyboardInterrupt):
         _err("interrupted")
         return 130
-    if isinstance(e, SystemExit):
-        raise e
+    if isinstance(e, SystemExit):  # never from this package's commands: code they ran (a --module's) ended early
+        _err(f"error: code the command ran called sys.exit({e.code!r}) before the command finished")
+        return 2
     if os.environ.get("DEEPGEMM_REF_TRACEBACK"):
         raise e
     if isinstance(e, DGArgumentError):

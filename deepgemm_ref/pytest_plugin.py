@@ -589,8 +589,11 @@ class BundleItem(pytest.Item):
         device = default_device(self.config) if real or _option(self.config, "--dg-device", "DG_DEVICE") else None
         try:
             outputs = case.call(module, device=device)
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
+        except SystemExit as e:  # the module's kernel ended the process: the case failed, the session goes on
+            raise _CaseFailed(f"{case.describe()}: the call failed: the module's code called sys.exit({e.code!r})") \
+                from None
         except Exception as e:
             what = str(e) if isinstance(e, DGArgumentError) else f"{type(e).__name__}: {e}"
             raise _CaseFailed(f"{case.describe()}: the call failed: {what}") from e
