@@ -494,7 +494,7 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", required=True,
                    help="safetensors with <case id>/<output> names, a .npy, or a dump directory (msprobe, or "
                         "<case id>/<output>.npy|.bin with .json sidecars; see export)")
-    p.add_argument("--lambda", dest="lam", type=_float_in(0.0, 1e6, "a finite number in (0, 1e6)"), default=8.0,
+    p.add_argument("--lambda", dest="lam", type=_float_in(0.0, None, "a finite number > 0"), default=8.0,
                    help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
     p.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
                    help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "

@@ -547,13 +547,16 @@ class BundleFile(pytest.File):
 
     def collect(self) -> Iterator[BundleItem]:
         from .golden.bundle import BundleError, load_bundle
+        from .golden.reading import printable
 
         try:
             self.bundle = load_bundle(self.path.parent)
         except BundleError as e:
             raise self.CollectError(f"--dg-bundle {self.path.parent}: {e}") from None
         for case_id in list(self.bundle.cases) + list(self.bundle.incomplete):
-            yield BundleItem.from_parent(self, name=case_id, case_id=case_id)
+            # the item's name (its node id, in JUnit XML and pytest's cache): a case id that holds
+            # a lone surrogate (valid JSON) with it escaped, "\\ud800"
+            yield BundleItem.from_parent(self, name=printable(case_id), case_id=case_id)
 
 
 class BundleItem(pytest.Item):
@@ -608,8 +611,10 @@ class BundleItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:
         if isinstance(excinfo.value, (CaseMismatch, _CaseFailed)):
-            return str(excinfo.value)
+            from .golden.reading import printable
+
+            return printable(str(excinfo.value))
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"golden case {self.case_id}"
+        return self.path, None, f"golden case {self.name}"
