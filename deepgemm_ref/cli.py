@@ -668,7 +668,8 @@ def _escape_unencodable() -> list[tuple[Any, str]]:
     as a backslash escape instead of raising UnicodeEncodeError.  Returns the streams and their
     previous error handlers, restored when the command ends."""
     saved = []
-    for stream in (sys.stdout, sys.stderr):
+    streams: tuple[Any, ...] = (sys.stdout, sys.stderr)
+    for stream in streams:
         errors = getattr(stream, "errors", None)
         if errors in (None, "backslashreplace"):
             continue
