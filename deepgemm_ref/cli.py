@@ -452,8 +452,8 @@ def _float_in(lo: float | None, hi: float | None, what: str) -> Callable[[str], 
     return parse
 
 
-def _int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
-    """An argparse type: an integer in [lo, hi]."""
+def _int_in(lo: int, hi: int, what: str, too_big: str | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi] (``too_big``: what a value over ``hi`` is told)."""
 
     def parse(text: str) -> int:
         try:
@@ -461,7 +461,7 @@ def _int_in(lo: int, hi: int, what: str) -> Callable[[str], int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
         if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {too_big if too_big and v > hi else what}; got {text!r}")
         return v
 
     return parse
@@ -479,7 +479,7 @@ def _size(text: str) -> int:
 #: The most worker processes (--jobs) and ranks per case (--ranks-per-case).
 _MAX_PROCESSES = 1024
 
-_positive_int = _int_in(1, _MAX_PROCESSES, f"a positive integer <= {_MAX_PROCESSES}")
+_positive_int = _int_in(1, _MAX_PROCESSES, "a positive integer", f"a positive integer <= {_MAX_PROCESSES}")
 
 
 def _preset_names() -> list[str]:

@@ -46,7 +46,7 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 from . import safetensors as st
 from .cases import FAMILIES, ArgRef, BuiltCase, SpecError, case_file_name, family_of
-from .reading import describe_mode
+from .reading import describe_mode, read_bounded
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "FORMAT_NAME", "manifest_digest",
@@ -613,7 +613,9 @@ class Bundle:
             if size > MAX_MANIFEST_BYTES:
                 raise BundleError(f"{path}: {format_size(size)}; a manifest is at most "
                                   f"{format_size(MAX_MANIFEST_BYTES)}")
-            raw = f.read()
+            raw = read_bounded(f, MAX_MANIFEST_BYTES)  # a file that grows while read is refused too
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{path}: grew past {format_size(MAX_MANIFEST_BYTES)} while being read")
         try:
             self.manifest = st.strict_json(raw.decode("utf-8"))
         except UnicodeDecodeError as e:

@@ -537,7 +537,12 @@ def _read_small(root: Path, rel: str, what: str, limit: int = MAX_JSON_BYTES) ->
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise BundleError(f"{root / rel}: {format_size(size)}; a {what} is at most {format_size(limit)}")
-        return f.read(limit + 1)
+        from .reading import read_bounded
+
+        raw = read_bounded(f, limit)
+        if len(raw) > limit:
+            raise BundleError(f"{root / rel}: grew past {format_size(limit)} while being read ({what})")
+        return raw
 
 
 def _json_file(root: Path, rel: str, what: str) -> Any:

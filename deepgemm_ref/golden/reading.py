@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from ..errors import DGArgumentError
 
-__all__ = ["describe_mode", "open_regular", "printable", "read_regular"]
+__all__ = ["describe_mode", "open_regular", "printable", "read_bounded", "read_regular"]
 
 
 def describe_mode(mode: int) -> str:
@@ -55,7 +55,7 @@ def open_regular(path: str | os.PathLike[str], what: str, *, limit: int | None =
         st = os.stat(p) if follow else os.lstat(p)
     except OSError as e:
         if e.errno == errno.ENOENT:
-            raise error(f"{p}: missing ({what})") from None
+            raise error(f"{p}: cannot read the {what}: missing") from None
         if e.errno == errno.ELOOP:
             raise error(f"{p}: a symlink loop ({what})") from None
         raise error(f"{p}: cannot read the {what}: {e.strerror or e}") from None
@@ -75,7 +75,7 @@ def open_regular(path: str | os.PathLike[str], what: str, *, limit: int | None =
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise error(f"{p}: not a regular file but {describe_mode(st.st_mode)} ({what})")
-        if limit is not None and st.st_size > limit:
+        if limit is not None and st.st_size > limit:  # refused by size, before a byte is read
             raise error(f"{p}: {_size_text(st.st_size)}; a {what} is at most {_size_text(limit)}")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
@@ -85,13 +85,29 @@ def open_regular(path: str | os.PathLike[str], what: str, *, limit: int | None =
         raise
 
 
+def read_bounded(f: BinaryIO, limit: int) -> bytes:
+    """The rest of the open regular file ``f``, at most ``limit + 1`` bytes (more than ``limit``:
+    it grew while being read).  Memory is taken as the file's size says, never ``limit`` up front."""
+    chunks: list[bytes] = []
+    total = 0
+    want = max(0, os.fstat(f.fileno()).st_size - f.tell()) + 1
+    while total <= limit:
+        chunk = f.read(min(want, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        want = 1 << 16
+    return b"".join(chunks)
+
+
 def read_regular(path: str | os.PathLike[str], what: str, *, limit: int,
                  error: type[DGArgumentError] = DGArgumentError, follow: bool = True) -> bytes:
     """The bytes of the regular file ``path`` (see :func:`open_regular`), at most ``limit`` of
     them: a file over ``limit`` bytes, or one that grew past it while being read, is refused."""
     with open_regular(path, what, limit=limit, error=error, follow=follow) as f:
         try:
-            data = f.read(limit + 1)
+            data = read_bounded(f, limit)
         except OSError as e:
             raise error(f"{os.fspath(path)}: cannot read the {what}: {e.strerror or e}") from None
     if len(data) > limit:
