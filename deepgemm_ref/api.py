@@ -85,15 +85,42 @@ class ProfiledFunction:
             + "; switch profiles with deepgemm_ref.set_arch(...) or deepgemm_ref.numerics(arch=...)"
         )
 
+    def alias(self, name: str) -> ProfiledFunction:
+        """The same function under another public name: its argument errors name ``name``."""
+        # Note: DeepGEMM registers an FP8 name (fp8_gemm_nt, ...) as the very object of its
+        # fp8_fp4 name; here it is a second object sharing the implementations, so an argument
+        # error names the function the caller called.
+        twin = ProfiledFunction(name, self._impls, self._missing, self.__module__)
+        twin._canonical = self._canonical or self.__name__
+        return twin
+
+    _canonical: str | None = None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         p = get_profile()
         impl = self.impl_for(p)
         if impl is None:
             raise self._unavailable(p)
         log = _log.get()
-        if log is not None and not log.depth:
-            return log.timed(self.__name__, self._call, impl, p, args, kwargs)
-        return self._call(impl, p, args, kwargs)
+        try:
+            if log is not None and not log.depth:
+                return log.timed(self.__name__, self._call, impl, p, args, kwargs)
+            return self._call(impl, p, args, kwargs)
+        except DGArgumentError as e:
+            self._retell(e, args, kwargs)
+            raise
+
+    def _retell(self, e: DGArgumentError, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An argument error as the caller sees it: it names the function called (an alias's own
+        name), and describes the caller's torch tensors as tensors (the checks see NumPy views)."""
+        if len(e.args) != 1 or not isinstance(e.args[0], str):
+            return
+        msg = e.args[0]
+        if self._canonical and msg.startswith(f"{self._canonical}:"):
+            msg = self.__name__ + msg[len(self._canonical):]
+        if "array of dtype" in msg and _any_tensor(args, kwargs):
+            msg = msg.replace("array of dtype", "tensor of dtype")
+        e.args = (msg,)
 
     def _call(self, impl: Callable[..., Any], p: Profile, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if dryrun.enabled() and p.is_ascend:
@@ -120,6 +147,16 @@ class ProfiledFunction:
 
     def __repr__(self) -> str:
         return f"<deepgemm_ref function {self.__name__} ({', '.join(self._impls)})>"
+
+
+def _any_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a torch tensor is among the arguments (or inside a tuple / list of them)."""
+    from .interop import is_tensor
+
+    for x in (*args, *kwargs.values()):
+        if is_tensor(x) or (isinstance(x, (tuple, list)) and any(is_tensor(y) for y in x)):
+            return True
+    return False
 
 
 class CallLog:

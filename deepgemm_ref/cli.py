@@ -10,11 +10,12 @@ interrupted by SIGINT / SIGTERM (finished cases kept, see ``golden --resume``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -123,17 +124,13 @@ _MAX_SPEC_BYTES = 64 << 20
 def _load_specs(path: str) -> list[Any]:
     """The case tables of a JSON or TOML specification file (strict: duplicate keys, NaN and
     unknown top-level keys are refused)."""
+    from .golden.reading import read_regular
     from .golden.safetensors import strict_json
 
-    try:
-        size = os.stat(path).st_size
-        if size > _MAX_SPEC_BYTES:
-            raise DGArgumentError(f"golden: --spec {path}: {size} bytes; a specification file is at most "
-                                  f"{_MAX_SPEC_BYTES >> 20} MiB")
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DGArgumentError(f"golden: --spec {path}: cannot read it: {e.strerror or e}") from None
+    try:  # a regular file of at most _MAX_SPEC_BYTES (never a FIFO or /dev/zero read without end)
+        raw = read_regular(path, "specification file", limit=_MAX_SPEC_BYTES)
+    except DGArgumentError as e:
+        raise DGArgumentError(f"golden: --spec {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -513,17 +510,58 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _power_or_float(text: str) -> float:
-    """A float, or a power of two written 2^e or 2**e (e.g. --u-acc 2^-13)."""
+    """A unit roundoff in (0, 1): a float, or a power of two written 2^e or 2**e (e.g. --u-acc
+    2^-13); range-checked before use (2^5000 or 1e999 is refused, not an overflow)."""
     t = text.strip().replace("**", "^")
+    value: float | None = None
     if t.startswith("2^"):
         try:
-            return 2.0 ** int(t[2:])
+            e = int(t[2:])
         except ValueError:
             pass
-    try:
-        return float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 2^e; got {text!r}") from None
+        else:
+            if not -1074 <= e < 0:
+                raise argparse.ArgumentTypeError(f"expected a unit roundoff in (0, 1): 2^e with -1074 <= e < 0; "
+                                                 f"got {text!r}")
+            value = 2.0 ** e
+    if value is None:
+        try:
+            value = float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number or 2^e; got {text!r}") from None
+    if not (math.isfinite(value) and 0.0 < value < 1.0):
+        raise argparse.ArgumentTypeError(f"expected a unit roundoff in (0, 1); got {text!r}")
+    return value
+
+
+def _float_in(lo: float | None, hi: float | None, what: str) -> Callable[[str], float]:
+    """An argparse type: a finite float strictly between ``lo`` and ``hi`` (None: unbounded)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+        if not math.isfinite(v) or (lo is not None and v <= lo) or (hi is not None and v >= hi):
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+        return v
+
+    return parse
+
+
+def _int_in(lo: int, hi: int, what: str, too_big: str | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi] (``too_big``: what a value over ``hi`` is told)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {too_big if too_big and v > hi else what}; got {text!r}")
+        return v
+
+    return parse
 
 
 def _size(text: str) -> int:
@@ -535,14 +573,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
-    return v
+#: The most worker processes (--jobs) and ranks per case (--ranks-per-case).
+_MAX_PROCESSES = 1024
+
+_positive_int = _int_in(1, _MAX_PROCESSES, "a positive integer", f"a positive integer <= {_MAX_PROCESSES}")
 
 
 def _preset_names() -> list[str]:
@@ -557,19 +591,21 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", required=True,
                    help="safetensors with <case id>/<output> names, a .npy, or a dump directory (msprobe, or "
                         "<case id>/<output>.npy|.bin with .json sidecars; see export)")
-    p.add_argument("--lambda", dest="lam", type=float, default=8.0,
+    p.add_argument("--lambda", dest="lam", type=_float_in(0.0, None, "a finite number > 0"), default=8.0,
                    help="lambda of the probabilistic bound lambda*sqrt(n)*u_acc*S (default 8)")
     p.add_argument("--u-acc", dest="u_acc", type=_power_or_float, default=None,
                    help="unit roundoff of the device accumulator, e.g. 2^-13 or 1.2e-4 (default: the "
                         "case's, 2^-24 for float32)")
-    p.add_argument("--n", type=int, default=None, help="rounding-path length (default: the case's K)")
+    p.add_argument("--n", type=_int_in(1, 2**53, "a rounding-path length in [1, 2^53]"), default=None,
+                    help="rounding-path length (default: the case's K)")
     p.add_argument("--accumulation", default=None, metavar="MODEL",
                    help="the device's accumulator model: fp32 (default: float32 in any order) or "
                         "'limited(bits, interval)' (docs/numerics.md); sets u_acc 2^-bits unless --u-acc is given, "
                         "and is the bias test's null")
     p.add_argument("--no-bias-test", action="store_true",
                    help="skip the systematic-error test (do the errors lean one way?)")
-    p.add_argument("--bias-threshold", type=float, default=-12.0, metavar="LOG10P",
+    p.add_argument("--bias-threshold", type=_float_in(None, 0.0, "a finite log10 p-value < 0"), default=-12.0,
+                   metavar="LOG10P",
                    help="log10 p-value below which an output's errors lean too far one way and it fails "
                         "(default -12; docs/numerics.md)")
     _case_option(p)
@@ -585,10 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-v", "--verbose", action="store_true", help="also list the implemented names")
     info.set_defaults(func=_cmd_info)
     demo = sub.add_parser("demo", help="quantise a random matrix with DeepGEMM's utilities")
-    demo.add_argument("--m", type=int, default=4)
-    demo.add_argument("--n", type=int, default=512)
-    demo.add_argument("--gran-k", type=int, default=128)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--m", type=_int_in(1, 4096, "rows in [1, 4096]"), default=4)
+    demo.add_argument("--n", type=_int_in(1, 65536, "columns in [1, 65536]"), default=512)
+    demo.add_argument("--gran-k", type=_int_in(1, 65536, "a granularity in [1, 65536]"), default=128)
+    demo.add_argument("--seed", type=_int_in(0, 2**64 - 1, "a seed in [0, 2^64)"), default=0)
     demo.set_defaults(func=_cmd_demo)
 
     lst = sub.add_parser("list", help="the golden presets and their cases")
@@ -712,13 +748,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     saved = _terminate_like_ctrl_c()
+    streams = _escape_unencodable()
     try:
         return int(args.func(args))
     except BaseException as e:  # noqa: B036 - every outcome becomes an exit code and one message
         return _report(e, exiting=argv is None)
     finally:
+        for stream, errors in streams:
+            try:
+                stream.reconfigure(errors=errors)
+            except (AttributeError, ValueError, OSError):
+                pass
         if saved is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, saved)
+
+
+def _escape_unencodable() -> list[tuple[Any, str]]:
+    """Reports print any string: what stdout / stderr cannot encode (a lone surrogate such as
+    ``"\\ud800"`` from a JSON file, a character outside a narrow locale's charset) is written
+    as a backslash escape instead of raising UnicodeEncodeError.  Returns the streams and their
+    previous error handlers, restored when the command ends."""
+    saved = []
+    streams: tuple[Any, ...] = (sys.stdout, sys.stderr)
+    for stream in streams:
+        errors = getattr(stream, "errors", None)
+        if errors in (None, "backslashreplace"):
+            continue
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper
+            continue
+        saved.append((stream, errors))
+    return saved
 
 
 def _terminate_like_ctrl_c() -> Any:
@@ -752,8 +813,9 @@ def _report(e: BaseException, exiting: bool = False) -> int:
     if isinstance(e, KeyboardInterrupt):
         _err("interrupted")
         return 130
-    if isinstance(e, SystemExit):
-        raise e
+    if isinstance(e, SystemExit):  # never from this package's commands: code they ran (a --module's) ended early
+        _err(f"error: code the command ran called sys.exit({e.code!r}) before the command finished")
+        return 2
     if os.environ.get("DEEPGEMM_REF_TRACEBACK"):
         raise e
     if isinstance(e, DGArgumentError):

@@ -234,11 +234,12 @@ fp8_fp4_gemm_nt = _profiled_fp8("nt")
 fp8_fp4_gemm_nn = _profiled_fp8("nn")
 fp8_fp4_gemm_tn = _profiled_fp8("tn")
 fp8_fp4_gemm_tt = _profiled_fp8("tt")
-# DeepGEMM registers the FP8 names as the same Python objects.
-fp8_gemm_nt = fp8_fp4_gemm_nt
-fp8_gemm_nn = fp8_fp4_gemm_nn
-fp8_gemm_tn = fp8_fp4_gemm_tn
-fp8_gemm_tt = fp8_fp4_gemm_tt
+# DeepGEMM registers the FP8 names as the same Python objects; here they are aliases sharing the
+# implementations (ProfiledFunction.alias), so an argument error names the function called.
+fp8_gemm_nt = fp8_fp4_gemm_nt.alias("fp8_gemm_nt")
+fp8_gemm_nn = fp8_fp4_gemm_nn.alias("fp8_gemm_nn")
+fp8_gemm_tn = fp8_fp4_gemm_tn.alias("fp8_gemm_tn")
+fp8_gemm_tt = fp8_fp4_gemm_tt.alias("fp8_gemm_tt")
 
 
 def _check_skip_head_mid(profile: Profile, func: str, a: Any, b: Any, d: Any, head_splits: Any, recipe: Any,

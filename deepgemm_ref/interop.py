@@ -73,9 +73,11 @@ def to_numpy(x: Any, func: str = "deepgemm_ref", arg: str = "x") -> Any:
     """
     if not is_tensor(x):
         return x
+    torch = _torch()
+    if x.layout != torch.strided:  # sparse (COO, CSR, ...) or mkldnn: no strided memory to view
+        raise DGArgumentError(f"{func}: {arg}: expected a dense (strided) tensor; got a tensor of layout {x.layout}")
     t = x.detach()
     name = torch_dtype_name(t.dtype)
-    torch = _torch()
     if x.device.type == "meta":
         np_dtype = TORCH_TO_NUMPY[name][1] if name in TORCH_TO_NUMPY else _numpy_dtype_of(t, func, arg)
         storage = t.untyped_storage()

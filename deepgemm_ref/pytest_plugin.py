@@ -414,6 +414,7 @@ def dg_npu(deep_gemm: Any, dg_backend: str) -> Iterator[Any]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "dg_bundle_case: a case of a golden bundle (--dg-bundle)")
+    _check_options(config)  # a bad value is a usage error (exit 4), before any test runs
     if _option(config, "--dg-ranks", "DG_RANKS") == "processes":
         _same_examples_on_every_rank()
     manifests: dict[str, Path] = {}
@@ -431,6 +432,76 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.extend(str(m) for m in manifests.values())
     else:  # only the bundles' items
         config.args[:] = [str(m) for m in manifests.values()]
+
+
+_CHECKER = pytest.StashKey[dict[str, Any]]()
+
+
+def _check_options(config: pytest.Config) -> None:
+    """Every ``--dg-*`` option and ``DG_*`` variable checked once, up front: a value out of its
+    range or set is a :class:`pytest.UsageError` naming the option (pytest exits 4), never a
+    failed or erroring test."""
+    import re
+
+    _backend(config)
+    _ranks_form(config)
+    for opt, env in (("--dg-module", "DG_MODULE"), ("--dg-ep-module", "DG_EP_MODULE")):
+        name = _option(config, opt, env)
+        if name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+            raise pytest.UsageError(f"{opt} / {env}: expected a Python module name; got {name!r}")
+    device = _option(config, "--dg-device", "DG_DEVICE")
+    if device is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?", device):
+        raise pytest.UsageError(f"--dg-device / DG_DEVICE: expected a torch device such as cpu, cuda:0 or npu; "
+                                f"got {device!r}")
+    arch = _option(config, "--dg-arch", "DG_ARCH")
+    if arch is not None:
+        from .profiles import PROFILES
+
+        if arch not in PROFILES:
+            raise pytest.UsageError(f"--dg-arch / DG_ARCH: expected one of {', '.join(PROFILES)}; got {arch!r}")
+    config.stash[_CHECKER] = _checker_options_of(config)
+
+
+def _checker_options_of(config: pytest.Config) -> dict[str, Any]:
+    """The checker options of ``--dg-bundle`` items, each range-checked (:class:`pytest.UsageError`
+    naming the option)."""
+    import math
+
+    opts: dict[str, Any] = {"strict": bool(config.getoption("--dg-strict", default=False))}
+    lam = config.getoption("--dg-lambda", default=None)
+    if lam is not None:
+        if not (math.isfinite(lam) and lam > 0):
+            raise pytest.UsageError(f"--dg-lambda: expected a finite number > 0; got {lam!r}")
+        opts["lam"] = lam
+    u = config.getoption("--dg-u-acc", default=None)
+    if u is not None:
+        text = str(u).strip().replace("**", "^")
+        try:
+            value = 2.0 ** int(text[2:]) if text.startswith("2^") else float(text)
+        except (ValueError, OverflowError):
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value < 1):
+            raise pytest.UsageError(f"--dg-u-acc: expected a unit roundoff in (0, 1), a number or 2^e (e < 0); "
+                                    f"got {u!r}")
+        opts["u_acc"] = value
+    acc = config.getoption("--dg-accumulation", default=None)
+    if acc is not None:
+        from .config import parse_accumulation
+        from .errors import DGArgumentError
+
+        try:
+            parse_accumulation(acc)
+        except DGArgumentError as e:
+            raise pytest.UsageError(f"--dg-accumulation: {e}") from None
+        opts["accumulation"] = acc
+    if config.getoption("--dg-no-bias-test", default=False):
+        opts["bias_test"] = False
+    threshold = config.getoption("--dg-bias-threshold", default=None)
+    if threshold is not None:
+        if not (math.isfinite(threshold) and threshold < 0):
+            raise pytest.UsageError(f"--dg-bias-threshold: expected a finite log10 p-value < 0; got {threshold!r}")
+        opts["bias_threshold"] = threshold
+    return opts
 
 
 def _same_examples_on_every_rank() -> None:
@@ -476,13 +547,16 @@ class BundleFile(pytest.File):
 
     def collect(self) -> Iterator[BundleItem]:
         from .golden.bundle import BundleError, load_bundle
+        from .golden.reading import printable
 
         try:
             self.bundle = load_bundle(self.path.parent)
         except BundleError as e:
             raise self.CollectError(f"--dg-bundle {self.path.parent}: {e}") from None
         for case_id in list(self.bundle.cases) + list(self.bundle.incomplete):
-            yield BundleItem.from_parent(self, name=case_id, case_id=case_id)
+            # the item's name (its node id, in JUnit XML and pytest's cache): a case id that holds
+            # a lone surrogate (valid JSON) with it escaped, "\\ud800"
+            yield BundleItem.from_parent(self, name=printable(case_id), case_id=case_id)
 
 
 class BundleItem(pytest.Item):
@@ -518,8 +592,11 @@ class BundleItem(pytest.Item):
         device = default_device(self.config) if real or _option(self.config, "--dg-device", "DG_DEVICE") else None
         try:
             outputs = case.call(module, device=device)
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
+        except SystemExit as e:  # the module's kernel ended the process: the case failed, the session goes on
+            raise _CaseFailed(f"{case.describe()}: the call failed: the module's code called sys.exit({e.code!r})") \
+                from None
         except Exception as e:
             what = str(e) if isinstance(e, DGArgumentError) else f"{type(e).__name__}: {e}"
             raise _CaseFailed(f"{case.describe()}: the call failed: {what}") from e
@@ -528,32 +605,16 @@ class BundleItem(pytest.Item):
             raise CaseMismatch(result.message())
 
     def _checker_options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"strict": bool(self.config.getoption("--dg-strict", default=False))}
-        lam = self.config.getoption("--dg-lambda", default=None)
-        if lam is not None:
-            opts["lam"] = lam
-        u = self.config.getoption("--dg-u-acc", default=None)
-        if u is not None:
-            text = str(u).replace("**", "^")
-            try:
-                opts["u_acc"] = 2.0 ** float(text[2:]) if text.startswith("2^") else float(text)
-            except ValueError:
-                raise pytest.UsageError(f"--dg-u-acc: expected a number or 2^e; got {u!r}") from None
-        acc = self.config.getoption("--dg-accumulation", default=None)
-        if acc is not None:
-            opts["accumulation"] = acc
-        if self.config.getoption("--dg-no-bias-test", default=False):
-            opts["bias_test"] = False
-        threshold = self.config.getoption("--dg-bias-threshold", default=None)
-        if threshold is not None:
-            opts["bias_threshold"] = threshold
-        return opts
+        opts = self.config.stash.get(_CHECKER, None)
+        return dict(opts) if opts is not None else _checker_options_of(self.config)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style: Any = None) -> str | Any:
         if isinstance(excinfo.value, (CaseMismatch, _CaseFailed)):
-            return str(excinfo.value)
+            from .golden.reading import printable
+
+            return printable(str(excinfo.value))
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"golden case {self.case_id}"
+        return self.path, None, f"golden case {self.name}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import ml_dtypes
@@ -106,12 +107,17 @@ def _quant(arch, x, w, fp4_b=False):
 
 
 
-def test_aliases_are_the_same_objects():
-    assert G.m_grouped_fp8_gemm_nt_contiguous is G.m_grouped_fp8_fp4_gemm_nt_contiguous
-    assert G.m_grouped_fp8_gemm_nn_contiguous is G.m_grouped_fp8_fp4_gemm_nn_contiguous
-    assert G.m_grouped_fp8_gemm_nt_masked is G.m_grouped_fp8_fp4_gemm_nt_masked
-    assert G.fp8_m_grouped_gemm_nt_masked is G.m_grouped_fp8_fp4_gemm_nt_masked
-    assert G.bf16_m_grouped_gemm_nt_masked is G.m_grouped_bf16_gemm_nt_masked
+def test_aliases_share_the_implementations_and_name_themselves():
+    # (issue 29: DeepGEMM registers one object under both names; here an alias shares the
+    # implementations, so an argument error names the function the caller called)
+    pairs = [(G.m_grouped_fp8_gemm_nt_contiguous, G.m_grouped_fp8_fp4_gemm_nt_contiguous),
+             (G.m_grouped_fp8_gemm_nn_contiguous, G.m_grouped_fp8_fp4_gemm_nn_contiguous),
+             (G.m_grouped_fp8_gemm_nt_masked, G.m_grouped_fp8_fp4_gemm_nt_masked),
+             (G.fp8_m_grouped_gemm_nt_masked, G.m_grouped_fp8_fp4_gemm_nt_masked),
+             (G.bf16_m_grouped_gemm_nt_masked, G.m_grouped_bf16_gemm_nt_masked)]
+    for alias, target in pairs:
+        assert alias._impls == target._impls and alias.__name__ != target.__name__
+        assert str(inspect.signature(alias)) == str(inspect.signature(target))
 
 
 def test_profile_matrix():

@@ -250,9 +250,9 @@ def test_bundle_items_with_test_paths_and_checker_options(pytester, bundle):
     # a huge lambda widens the allowed interval past the one-ulp error: the option reaches the checker
     pytester.runpytest(*args, "--dg-lambda", "1e9").assert_outcomes(passed=2)
     pytester.runpytest(*args, "--dg-u-acc", "2^-2").assert_outcomes(passed=2)
-    result = pytester.runpytest(*args, "--dg-u-acc", "lots")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*--dg-u-acc: expected a number or 2^e; got 'lots'*"])
+    result = pytester.runpytest(*args, "--dg-u-acc", "lots")  # a usage error before any test (issue 29)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dg-u-acc: expected a unit roundoff in (0, 1)*got 'lots'*"])
 
 
 def test_not_a_bundle_is_a_usage_error(pytester, tmp_path):

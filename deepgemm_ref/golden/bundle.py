@@ -46,6 +46,7 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 from . import safetensors as st
 from .cases import FAMILIES, ArgRef, BuiltCase, SpecError, case_file_name, family_of
+from .reading import describe_mode, read_bounded
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "FORMAT_NAME", "manifest_digest",
@@ -525,10 +526,16 @@ def open_confined(root: Path, rel: str, what: str) -> BinaryIO:
             raise BundleError(f"{parent}: cannot read the {what}'s directory: {e.strerror}") from None
         if stat.S_ISLNK(st_parent.st_mode) or not stat.S_ISDIR(st_parent.st_mode):
             raise BundleError(f"{parent}: is a symlink or not a directory (refused: bundle files stay in the bundle)")
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    # O_NONBLOCK: a FIFO in a file's place cannot block the open (it is refused below, by lstat
+    # before the open and by fstat after it)
+    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+             | getattr(os, "O_NONBLOCK", 0))
     try:
-        if os.path.islink(path):
+        st_file = os.lstat(path)
+        if stat.S_ISLNK(st_file.st_mode):
             raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)")
+        if not stat.S_ISREG(st_file.st_mode):
+            raise BundleError(f"{path}: not a regular file but {describe_mode(st_file.st_mode)} ({what})")
         fd = os.open(path, flags)
     except BundleError:
         raise
@@ -538,11 +545,13 @@ def open_confined(root: Path, rel: str, what: str) -> BinaryIO:
         if e.errno == errno.ENOENT:
             raise BundleError(f"{path}: missing ({what})") from None
         raise BundleError(f"{path}: cannot read the {what}: {e.strerror}") from None
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
-        raise BundleError(f"{path}: not a regular file ({what})")
-    return f
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BundleError(f"{path}: not a regular file but {describe_mode(mode)} ({what})")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _sha256_of(f: BinaryIO) -> str:
@@ -595,7 +604,9 @@ class Bundle:
             if size > MAX_MANIFEST_BYTES:
                 raise BundleError(f"{path}: {format_size(size)}; a manifest is at most "
                                   f"{format_size(MAX_MANIFEST_BYTES)}")
-            raw = f.read()
+            raw = read_bounded(f, MAX_MANIFEST_BYTES)  # a file that grows while read is refused too
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{path}: grew past {format_size(MAX_MANIFEST_BYTES)} while being read")
         try:
             self.manifest = st.strict_json(raw.decode("utf-8"))
         except UnicodeDecodeError as e:

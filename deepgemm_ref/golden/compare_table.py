@@ -333,16 +333,12 @@ def load_thresholds(path: str | os.PathLike[str]) -> ThresholdTable:
     Strict: unknown keys, numbers that are not finite, negative tolerances, shares above 1 and
     unknown dtype names are refused (:class:`DGArgumentError` naming the file and the key)."""
     p = os.fspath(path)
-    try:
-        if not os.path.isfile(p):
-            raise DGArgumentError(f"check: --thresholds {p}: not a regular file")
-        size = os.stat(p).st_size
-        if size > _MAX_TABLE_BYTES:
-            raise DGArgumentError(f"check: --thresholds {p}: {size} bytes; a threshold table is at most 1 MiB")
-        with open(p, "rb") as f:
-            raw = f.read(_MAX_TABLE_BYTES + 1)
-    except OSError as e:
-        raise DGArgumentError(f"check: --thresholds {p}: cannot read it: {e.strerror or e}") from None
+    from .reading import read_regular
+
+    try:  # a regular file of at most 1 MiB: never a FIFO or a device read without end
+        raw = read_regular(p, "threshold table", limit=_MAX_TABLE_BYTES)
+    except DGArgumentError as e:
+        raise DGArgumentError(f"check: --thresholds {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -552,7 +548,9 @@ def write_compare_table(path: str | os.PathLike[str], rows: list[dict[str, Any]]
     (needs openpyxl; non-finite numbers as text, Excel has none)."""
     out = Path(path)
     if out.suffix.lower() != ".xlsx":
-        atomic_write_text(out, compare_csv(rows))
+        from .reading import printable
+
+        atomic_write_text(out, printable(compare_csv(rows)))  # a lone surrogate as "\\ud800"
         return out
     import openpyxl
 

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
 import stat
@@ -383,14 +384,16 @@ def read_outputs(path: str, max_memory: int | None, *, single_npy: bool = False)
     if path.endswith(".npy") and not single_npy:
         raise BundleError(f"export: --outputs {path}: a single .npy names no case; export needs <case id>/<output> "
                           "names (a safetensors outputs file or a dump directory)")
-    try:
-        size = os.stat(path).st_size
-    except OSError as e:
-        raise BundleError(f"{path}: cannot read the outputs: {e.strerror}") from None
-    if size > limit:
-        raise BundleError(f"{path}: {format_size(size)}, over the memory limit {format_size(limit)} (--max-memory)")
-    if path.endswith(".npy"):
-        return {"": _load_npy(path, path, "the .npy outputs")}
+    from .reading import open_regular
+
+    # a regular file (never a FIFO or a device), its size checked before a byte is read
+    with open_regular(path, "outputs file", error=BundleError) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise BundleError(f"{path}: {format_size(size)}, over the memory limit {format_size(limit)} "
+                              "(--max-memory)")
+        if path.endswith(".npy"):
+            return {"": _load_npy(f, path, "the .npy outputs")}
     try:
         raw = st.load_file(path)
     except (OSError, st.SafetensorsError) as e:
@@ -546,7 +549,12 @@ def _read_small(root: Path, rel: str, what: str, limit: int = MAX_JSON_BYTES) ->
         size = os.fstat(f.fileno()).st_size
         if size > limit:
             raise BundleError(f"{root / rel}: {format_size(size)}; a {what} is at most {format_size(limit)}")
-        return f.read(limit + 1)
+        from .reading import read_bounded
+
+        raw = read_bounded(f, limit)
+        if len(raw) > limit:
+            raise BundleError(f"{root / rel}: grew past {format_size(limit)} while being read ({what})")
+        return raw
 
 
 def _json_file(root: Path, rel: str, what: str) -> Any:
@@ -561,6 +569,10 @@ def _shape_of(v: Any, where: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**62
                                           for d in v) or len(v) > 64:
         raise BundleError(f"{where}: 'shape': expected a list of non-negative integers; got {str(v)[:80]}")
+    if len(v) > st.MAX_DIMS or math.prod(max(d, 1) for d in v) * 8 > st.MAX_EXTENT_BYTES:
+        # checked before anything is allocated: NumPy refuses such a shape even for an empty array
+        raise BundleError(f"{where}: 'shape': {str(v)[:80]} is too large for an array (at most {st.MAX_DIMS} "
+                          "dimensions spanning at most 2^62 bytes, zeros counted as 1)")
     return tuple(v)
 
 

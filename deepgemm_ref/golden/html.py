@@ -29,6 +29,7 @@ from .._version import __version__
 from .bias import describe_bias
 from .bundle import atomic_write_text
 from .check import WORST_THRESHOLDS_TEXT, CaseReport, describe_bound, describe_options, options_differ
+from .reading import printable
 from .text import class_mismatches, count, failing
 
 __all__ = ["html_report", "write_html"]
@@ -289,5 +290,5 @@ def write_html(path: str | os.PathLike[str], reports: list[CaseReport], **kwargs
     out = Path(path)
     if not out.parent.is_dir():
         out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, html_report(reports, **kwargs))
+    atomic_write_text(out, printable(html_report(reports, **kwargs)))  # a lone surrogate as "\\ud800"
     return out

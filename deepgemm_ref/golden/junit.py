@@ -30,8 +30,11 @@ __all__ = ["junit_xml", "write_junit"]
 
 
 def _clean(text: str) -> str:
-    """XML 1.0 allows no control characters but tab, newline and carriage return."""
-    return "".join(ch if ch in "\t\n\r" or ord(ch) >= 0x20 else f"\\x{ord(ch):02x}" for ch in text)
+    """XML 1.0 allows no control characters but tab, newline and carriage return, and no lone
+    surrogates (U+D800..U+DFFF) or U+FFFE / U+FFFF: each is written as its backslash escape."""
+    return "".join(ch if ch in "\t\n\r" or (0x20 <= ord(ch) < 0xD800 or 0xE000 <= ord(ch) < 0xFFFE
+                                              or ord(ch) > 0xFFFF) else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}") for ch in text)
 
 
 def _case_of(report_id: str, cases: Mapping[str, Any]) -> str:

@@ -242,6 +242,8 @@ def _prepare(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike[str
         raise BundleError(f"replay: cannot import module {module!r}: {e}") from None
     except Exception as e:  # a module that fails while importing
         raise BundleError(f"replay: importing module {module!r} failed: {type(e).__name__}: {e}") from None
+    except SystemExit as e:  # the module's own code ended the import with sys.exit(): a failure, never an exit
+        raise BundleError(f"replay: importing module {module!r} failed: its code called sys.exit({e.code!r})") from None
     ours = module == "deepgemm_ref" or module.startswith("deepgemm_ref.")
     if use_torch is None:
         use_torch = not ours
@@ -308,6 +310,10 @@ def _profile_note(case_profile: str, running: str | None) -> str:
     return ""
 
 
+def _exit_text(e: SystemExit) -> str:
+    return f"the module's code called sys.exit({e.code!r})"
+
+
 def _error_text(e: BaseException) -> str:
     return str(e) if isinstance(e, DGArgumentError) else f"{type(e).__name__}: {e}"
 
@@ -347,8 +353,10 @@ def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike
         try:
             results.update(_replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation,
                                         limit, p.profile))
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
+        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+            errors[case_id] = _exit_text(e)
         except Exception as e:  # one failing case must not stop the others
             errors[case_id] = _error_text(e)
         done_work += costs[case_id]
@@ -511,8 +519,10 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
             with rank_scope(w.group, w.rank, w.size):
                 got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation, limit,
                                    p.profile)
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
+        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+            err = _exit_text(e)
         except Exception as e:  # one failing case must not stop the others
             err = _error_text(e)
         statuses = agree(w.tr, {"error": err})
@@ -538,8 +548,10 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
             with scope:
                 per_case[case_id] = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
                                                  accumulation, limit, p.profile)
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt:
             raise
+        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+            errors[case_id] = _exit_text(e)
         except Exception as e:
             errors[case_id] = _error_text(e)
         done, done_work = done + 1, done_work + costs[case_id]

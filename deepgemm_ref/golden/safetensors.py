@@ -408,6 +408,27 @@ def _expected_nbytes(dtype: str, shape: tuple[int, ...], name: str, where: str) 
     return count * SAFETENSORS_TO_NUMPY[dtype].itemsize
 
 
+#: The most dimensions of a tensor read (NumPy 1.x's limit; NumPy 2's is 64).
+MAX_DIMS = 32
+#: The largest extent, counting each zero dimension as 1, in bytes, of a tensor read: NumPy
+#: refuses ``arr.size * itemsize`` over ``2**63 - 1`` counted that way, even for an empty array.
+MAX_EXTENT_BYTES = 1 << 62
+
+
+def _check_dims(shape: list[int], dtype: str, name: str, where: str) -> None:
+    """Refuse a shape no array can have (too many dimensions, or an extent over
+    :data:`MAX_EXTENT_BYTES`, zero-size tensors included) before anything is allocated."""
+    if len(shape) > MAX_DIMS:
+        raise SafetensorsError(f"{where}: tensor {name!r}: {len(shape)} dimensions; at most {MAX_DIMS}")
+    itemsize = 1 if dtype == F4 else SAFETENSORS_TO_NUMPY[dtype].itemsize
+    extent = itemsize
+    for d in shape:
+        extent *= max(d, 1)
+        if extent > MAX_EXTENT_BYTES:
+            raise SafetensorsError(f"{where}: tensor {name!r}: shape {list(shape)} is too large for an array "
+                                   f"(its dimensions, zeros counted as 1, span over 2^62 bytes)")
+
+
 def _check_entry(name: str, entry: object, where: str) -> _Entry:
     if not name:
         raise SafetensorsError(f"{where}: header has a tensor with an empty name")
@@ -431,6 +452,7 @@ def _check_entry(name: str, entry: object, where: str) -> _Entry:
         raise SafetensorsError(
             f"{where}: tensor {name!r}: shape must be a list of non-negative integers; got {shape!r}"
         )
+    _check_dims(shape, dtype, name, where)
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and o >= 0 for o in offsets)):
         raise SafetensorsError(
             f"{where}: tensor {name!r}: data_offsets must be two non-negative integers [begin, end]; got {offsets!r}"
@@ -544,13 +566,21 @@ def _open_and_parse(f: BinaryIO, where: str) -> tuple[dict[str, Any], list[_Entr
     return header, entries, size - 8 - n
 
 
+def _open_file(path: PathLike) -> BinaryIO:
+    """``path`` opened for reading: a regular file, never blocking on a FIFO or reading a device
+    (:class:`SafetensorsError` naming the file otherwise)."""
+    from .reading import open_regular
+
+    return open_regular(path, "safetensors file", error=SafetensorsError)
+
+
 def read_header(path: PathLike) -> dict[str, Any]:
     """The validated JSON header of ``path``: name -> ``{"dtype", "shape", "data_offsets"}`` plus ``"__metadata__"``.
 
     Only the header is read, but it is checked against the file size (offsets must tile the buffer).
     """
     where = _where(path)
-    with open(path, "rb") as f:
+    with _open_file(path) as f:
         header, _, _ = _open_and_parse(f, where)
     return header
 
@@ -567,7 +597,7 @@ def load_file(path: PathLike) -> dict[str, np.ndarray | PackedFP4]:
     Arrays have the dtype of :data:`SAFETENSORS_TO_NUMPY` and are independent, writable, C-contiguous
     copies.  Raises :class:`SafetensorsError` for any violation of the format (see the module docstring).
     """
-    with open(path, "rb") as f:
+    with _open_file(path) as f:
         return load_fileobj(f, _where(path))
 
 
@@ -602,7 +632,7 @@ def tensor_sha256(x: np.ndarray | PackedFP4) -> str:
 def file_sha256(path: PathLike) -> str:
     """Hex SHA-256 of the bytes of the file ``path``."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open_file(path) as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()

@@ -361,9 +361,9 @@ m_grouped_fp8_fp4_gemm_nt_contiguous = profiled(
 m_grouped_fp8_fp4_gemm_nn_contiguous = profiled(
     "m_grouped_fp8_fp4_gemm_nn_contiguous", deepgemm=_make_m_grouped_fp8("nn", False),
     deepgemm_ascend=_make_m_grouped_fp8("nn", True))
-# Both libraries register the FP8 names as the same Python objects.
-m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
-m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
+# Both libraries register the FP8 names as the same Python objects; here aliases (ProfiledFunction.alias).
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous.alias("m_grouped_fp8_gemm_nt_contiguous")
+m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous.alias("m_grouped_fp8_gemm_nn_contiguous")
 m_grouped_bf16_gemm_nt_contiguous = profiled(
     "m_grouped_bf16_gemm_nt_contiguous", deepgemm=_make_m_grouped_bf16("nt", False),
     deepgemm_ascend=_make_m_grouped_bf16("nt", True))

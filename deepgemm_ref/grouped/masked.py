@@ -181,10 +181,10 @@ def _m_grouped_bf16_masked(profile: Profile, /, a: Any, b: Any, d: Any, masked_m
 _MASKED_MISSING = {"deepgemm-ascend": "DeepGEMM-Ascend provides no masked grouped GEMM"}
 m_grouped_fp8_fp4_gemm_nt_masked = profiled("m_grouped_fp8_fp4_gemm_nt_masked", _MASKED_MISSING,
                                             deepgemm=_m_grouped_fp8_masked)
-# DeepGEMM registers the FP8 name as the same object; the fp8_m_grouped / bf16_m_grouped names
-# are its legacy Python aliases.
-m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
-fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+# DeepGEMM registers the FP8 name as the same object (here an alias sharing the implementations,
+# ProfiledFunction.alias); the fp8_m_grouped / bf16_m_grouped names are its legacy Python aliases.
+m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked.alias("m_grouped_fp8_gemm_nt_masked")
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked.alias("fp8_m_grouped_gemm_nt_masked")
 m_grouped_bf16_gemm_nt_masked = profiled("m_grouped_bf16_gemm_nt_masked", _MASKED_MISSING,
                                          deepgemm=_m_grouped_bf16_masked)
-bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked.alias("bf16_m_grouped_gemm_nt_masked")

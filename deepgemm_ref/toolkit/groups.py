@@ -160,11 +160,17 @@ def m_indices_layout(func: str, gl: np.ndarray, m: int, groups: int, alignment: 
     if mixed.any() or tail.any():
         blk = int(np.flatnonzero(mixed.any(axis=1) | tail.any(axis=1))[0])
         r0 = blk * alignment
+        # the offending row itself: the first in the block of another group, or after a -1 row
+        j_mixed = np.flatnonzero(mixed[blk])
+        j_tail = np.flatnonzero(tail[blk]) + 1
+        row = r0 + int(min(j_mixed[0] if j_mixed.size else alignment, j_tail[0] if j_tail.size else alignment))
+        why = ("after a -1 padding row of the block" if j_tail.size and (not j_mixed.size or j_tail[0] <= j_mixed[0])
+               else f"in the block of group {int(blocks[blk, 0])}")
         raise arg_error(
             func, "grouped_layout",
             f"groups aligned to the contiguous-layout alignment ({alignment}): every block of {alignment} rows "
             "holds rows of one group followed by -1 padding rows",
-            f"rows [{r0}, {min(m, r0 + alignment)}) = {gl[r0:r0 + alignment].tolist()[:16]}...",
+            f"grouped_layout[{row}] = {int(gl[row])} {why} (rows [{r0}, {min(m, r0 + alignment)}))",
         )
     defined = np.asarray(gl >= 0)
     runs: list[tuple[int, int, int]] = []

@@ -274,13 +274,17 @@ def cuda_recipes(
         sfb_t = None if sfb is None else sfb.dtype
         packed = profile.rules.scales.packed
         if packed is None:
-            if sfa_t != F32 or sfb_t != F32:
-                raise arg_error(func, "b", f"float32 SFA and SFB for the {profile.name} default recipe",
-                                f"{sfa_t} and {sfb_t}")
+            if sfa_t != F32:  # the argument at fault named: a's scales (sfa), then b's (sfb)
+                raise arg_error(func, "sfa (a[1])", f"float32 SFA for the {profile.name} default recipe",
+                                f"SFA of dtype {sfa_t} (SFB {sfb_t})")
+            if sfb_t != F32:
+                raise arg_error(func, "sfb (b[1])", f"float32 SFB for the {profile.name} default recipe",
+                                f"SFB of dtype {sfb_t} (SFA {sfa_t})")
             r3 = (1, 128, 128)
         else:
             if sfb_t not in (F32, packed):
-                raise arg_error(func, "b", f"float32 or {packed} SFB for the {profile.name} default recipe", f"{sfb_t}")
+                raise arg_error(func, "sfb (b[1])", f"float32 or {packed} SFB for the {profile.name} default recipe",
+                                f"{sfb_t}")
             r3 = (1, 128, 128) if sfb_t == F32 else (1, 1, 128)
     if (ra is None) != (rb is None):
         raise arg_error(func, "recipe_a", "recipe_a and recipe_b given together", f"recipe_a={ra}, recipe_b={rb}")
