@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import DGArgumentError
+from .reading import describe_mode
 
 __all__ = ["name_max", "temp_name", "temp_path", "create_temp", "atomic_write_bytes", "atomic_write_text",
            "refuse_special", "check_output_file", "check_output_dir", "check_distinct", "enclosing_bundle",
@@ -142,22 +143,6 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 # checks, before any work
 # ----------------------------------------------------------------------------------------------
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "not a regular file"
-
-
 def refuse_special(path: PathLike, flag: str = "") -> None:
     """The safety net of every writer: an existing ``path`` that is not a regular file (a device,
     FIFO, socket, directory or symlink) is never replaced (a :class:`DGArgumentError`)."""
@@ -167,7 +152,7 @@ def refuse_special(path: PathLike, flag: str = "") -> None:
     except OSError:
         return
     if not stat.S_ISREG(st.st_mode):
-        raise DGArgumentError(f"{flag + ' ' if flag else ''}{p}: is {_kind(st.st_mode)}, not a regular file "
+        raise DGArgumentError(f"{flag + ' ' if flag else ''}{p}: is {describe_mode(st.st_mode)}, not a regular file "
                               "(refused: never replaced)")
 
 
@@ -239,7 +224,7 @@ def check_output_file(flag: str, path: PathLike, inputs: Sequence[tuple[str, Pat
         extra = ""
         if stat.S_ISLNK(st.st_mode):
             extra = " (refused: write to the file it names instead)"
-        raise DGArgumentError(f"{flag} {p}: is {_kind(st.st_mode)}, not a regular file{extra}")
+        raise DGArgumentError(f"{flag} {p}: is {describe_mode(st.st_mode)}, not a regular file{extra}")
     _parent_ok(flag, p)
     _same_as_input(flag, p, inputs)
     _not_in_bundle(flag, p, own_bundle, include_self=False)
@@ -265,7 +250,7 @@ def check_output_dir(flag: str, path: PathLike, inputs: Sequence[tuple[str, Path
     except OSError as e:
         raise DGArgumentError(f"{flag} {p}: {e.strerror}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
-        kind = "a regular file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else describe_mode(st.st_mode)
         raise DGArgumentError(f"{flag} {p}: is {kind}, not a directory")
     if need_parent:
         _parent_ok(flag, p)
