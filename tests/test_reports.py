@@ -296,6 +296,7 @@ def html_file(files, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # a real browser takes seconds to start; the HTML itself is checked above
 @needs_chromium
 def test_html_report_renders_in_chromium(html_file, files):
     bundle, _, bad = files
@@ -322,6 +323,7 @@ def test_html_report_renders_in_chromium(html_file, files):
     assert dict(re.findall(r'([\w-]+)="([^"]*)"', body))["data-visible-rows"] == str(failing)
 
 
+@pytest.mark.slow  # a real browser takes seconds to start; the HTML itself is checked above
 @needs_chromium
 def test_html_report_screenshot_shows_the_page(html_file, tmp_path):
     shot = tmp_path / "shot.png"
