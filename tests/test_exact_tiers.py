@@ -139,6 +139,37 @@ def test_margin_certificate_never_certifies_a_straddling_interval(fmt):
     assert ok.mean() > 0.6  # it decides most: the test is not vacuous
 
 
+def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
+    """A plain bf16 output stage takes core._bf16_margin (float32 -> bf16 casts, the half gap from
+    the exponent's bits): the codes of formats.round_f64 and exactly the elements the generic
+    margin test (certified.within_half_gap) decides, so the elements left to the exact tiers are
+    the same.  Random bit patterns (every exponent, NaN, inf), values on and next to bf16
+    midpoints and float32 ties (the double rounding), zeros, subnormals and powers of two."""
+    rng = np.random.default_rng(41)
+    shape = (24, 257)
+    xs = [rng.integers(0, 2**64, size=shape, dtype=np.uint64).view(np.float64),
+          rng.standard_normal(shape) * np.exp2(rng.integers(-150, 130, shape).astype(float))]
+    mid = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    xs.append(mid.view(np.float32).astype(np.float64)
+              + rng.choice([-1.0, 0.0, 1.0], shape) * np.exp2(rng.integers(-80, -20, shape).astype(float)))
+    pw = np.exp2(rng.integers(-140, 128, shape).astype(float)) * rng.choice([-1.0, 1.0], shape)
+    xs.append(pw * (1 + rng.choice([-1.0, 0.0, 1.0], shape) * np.exp2(rng.integers(-12, -7, shape).astype(float))))
+    z = rng.standard_normal(shape)
+    z[::3], z[1::5] = 0.0, -0.0
+    z[2, :6] = [np.inf, -np.inf, np.nan, 3.4e38, -3.39e38, 2.0**-126]
+    xs.append(z)
+    ep = core.OutputStage(fm.BF16)
+    with np.errstate(all="ignore"):
+        for x in xs:
+            for scale in (0.0, 2.0**-40, 2.0**-12, 2.0**-9, 2.0**-7):
+                err = np.where(np.isfinite(x), np.abs(x), 0.0).max(axis=1, keepdims=True) * scale
+                codes, ok = ep.margin(x, 0, x.shape[0], err)
+                want = fm.round_f64(x, fm.BF16).view(np.uint16)
+                assert np.array_equal(codes, want)
+                assert np.array_equal(ok, certified.within_half_gap(x, None, certified.decode_codes(want, fm.BF16),
+                                                                    err, fm.BF16))
+
+
 @pytest.mark.parametrize("out", [fm.BF16, fm.F32])
 @pytest.mark.parametrize("alpha", [None, 0.75, -3.0])
 @pytest.mark.parametrize("c_mode", [None, "kernel", "fused", "rounded"])
