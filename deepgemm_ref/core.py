@@ -751,10 +751,16 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
     xa, xb = sa.parts[s], sb.parts[t]
     ua, ia = _index_set(pa)
     ub, ib = _index_set(pb)
-    dense_cols = cols.size == xa.shape[1]
+    # Most columns: whole rows (the other columns hold a zero in one of the parts, and the GEMM
+    # is exact over all K columns), which saves gathering the columns; all rows: no gather.
+    dense_cols = 2 * cols.size >= xa.shape[1]
     if ua.size * ub.size <= 16 * f:
-        x = xa[ua] if dense_cols else xa[np.ix_(ua, cols)]
-        y = xb[ub] if dense_cols else xb[np.ix_(ub, cols)]
+        if dense_cols:
+            x = xa if ua.size == xa.shape[0] else xa[ua]
+            y = xb if ub.size == xb.shape[0] else xb[ub]
+        else:
+            x = np.take(xa, cols, axis=1) if ua.size == xa.shape[0] else xa[np.ix_(ua, cols)]
+            y = np.take(xb, cols, axis=1) if ub.size == xb.shape[0] else xb[np.ix_(ub, cols)]
         return np.asarray(x @ y.T)[ia, ib]
     out = np.empty(f)
     per = max(1, (16 << 20) // (16 * cols.size))
@@ -817,7 +823,15 @@ def _sliced_tier(
 def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
                   cols: np.ndarray, full: bool, stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_sliced_tier` on one group: (codes, hi, lo) of the points (pa[i], pb[i]) of the
-    slices' rows (absolute output positions rows, cols)."""
+    slices' rows (absolute output positions rows, cols).
+
+    The pair values (exact) are added as they come, level by level, into a running double-double
+    ``(s, e)`` with TwoSum (``s, r = TwoSum(s, v)``, ``e, q = TwoSum(e, r)``): the sum of the
+    terms so far is exactly ``s + e + sum(q)``, and ``sum |q|`` (rounded up: ``tail``) bounds
+    what the pair leaves out; ``(s, e)`` is renormalised (TwoSum) before each test.  With
+    ``tail = 0`` the renormalised pair is the exact sum's canonical double-double (``s`` its
+    nearest float64), as stored accumulators need; otherwise they are recomputed with Fractions.
+    """
     f = pa.size
     wa, wb = len(sa.parts), len(sb.parts)
     codes = np.zeros(f, ep.out.code_dtype)
@@ -825,52 +839,70 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
     lo = np.zeros(f)
     live = np.arange(f)
     terms: list[np.ndarray] = []
+    run_s, run_e, tail = np.zeros(f), np.zeros(f), np.zeros(f)
     last = max(wa + wb - 2, 0)
     pairs = [(s, t) for s in range(wa) for t in range(wb)]
-    for level in range(last + 1):
-        terms += [_pair_values(sa, s, sb, t, pa[live], pb[live]) for s, t in pairs if s + t == level]
-        if level < last and full:
-            continue
-        tt = np.stack(terms, axis=1) if terms else np.zeros((live.size, 1))
-        with np.errstate(over="ignore", invalid="ignore"):
-            s_, e_, bound = dd_sum(tt)
-            s_ += 0.0  # an exact zero sum is +0
-        pr, pc = rows[live], cols[live]
-        if level < last:
-            rest = np.zeros(live.size)
+    rest_factor = 1 + 2 * gamma(len(pairs) + 2)
+    norms_a: list[np.ndarray] = []  # the parts' row norms at the live points (norms_at of them)
+    norms_b: list[np.ndarray] = []
+    norms_at = -1
+    with np.errstate(over="ignore", invalid="ignore"):
+        for level in range(last + 1):
             for s, t in pairs:
-                if s + t > level:
-                    rest += sa.norms[s][pa[live]] * sb.norms[t][pb[live]]
-            with np.errstate(over="ignore", invalid="ignore"):
-                err = (np.abs(e_) + bound + rest * (1 + 2 * gamma(len(pairs) + 2))) * (1 + 2.0**-50)
+                if s + t == level:
+                    v = _pair_values(sa, s, sb, t, pa[live], pb[live])
+                    terms.append(v)
+                    run_s, r = two_sum(run_s, v)
+                    run_e, q = two_sum(run_e, r)
+                    np.abs(q, out=q)
+                    tail += q
+            if level < last and full:
+                continue
+            s_, e_ = two_sum(run_s, run_e)
+            s_ += 0.0  # an exact zero sum is +0
+            bound = tail * (1 + 2 * gamma(len(terms) + 2)) if tail.any() else tail
+            pr, pc = rows[live], cols[live]
+            if level < last:
+                if norms_at != live.size:
+                    norms_at = live.size
+                    norms_a = [sa.norms[s][pa[live]] for s in range(wa)]
+                    norms_b = [sb.norms[t][pb[live]] for t in range(wb)]
+                rest = np.zeros(live.size)
+                for s, t in pairs:
+                    if s + t > level:
+                        rest += norms_a[s] * norms_b[t]
+                err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
                 c, ok = ep.margin_points(s_, pr, pc, err)
-            codes[live[ok]] = c[ok]
-            stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
-            keep = ~ok
-            live = live[keep]
-            terms = [v[keep] for v in terms]
-            if live.size == 0:
-                break
-            continue
-        # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
-        e_lo, e_hi = dd_interval(s_, e_, bound)
-        with np.errstate(over="ignore", invalid="ignore"):
+                codes[live[ok]] = c[ok]
+                stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+                if ok.any():
+                    keep = ~ok
+                    live = live[keep]
+                    terms = [v[keep] for v in terms]
+                    run_s, run_e, tail = s_[keep], e_[keep], tail[keep]
+                else:
+                    run_s, run_e = s_, e_
+                if live.size == 0:
+                    break
+                continue
+            # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
+            e_lo, e_hi = dd_interval(s_, e_, bound)
             c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
             c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
-        ok = c_lo == c_hi
-        codes[live[ok]] = c_lo[ok]
-        hi[live], lo[live] = s_, e_
-        stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
-        for j in np.flatnonzero(~ok | ((bound != 0) & full)):
-            # undecided, or a stored accumulator that must be the exact sum's nearest float64
-            ex = fraction_sum(tt[j])
-            p = live[j]
-            if not ok[j]:
-                codes[p] = ep.apply_exact(ex, int(rows[p]), int(cols[p]))
-            hi[p] = float(ex) + 0.0
-            lo[p] = float(ex - Fraction(hi[p]))
-        if not ok.all():
-            stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
+            ok = c_lo == c_hi
+            codes[live[ok]] = c_lo[ok]
+            hi[live], lo[live] = s_, e_
+            stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+            for j in np.flatnonzero(~ok | ((bound != 0) & full)):
+                # undecided, or a stored accumulator that must be the exact sum's nearest float64
+                ex = fraction_sum(v[j] for v in terms)
+                p = live[j]
+                if not ok[j]:
+                    codes[p] = ep.apply_exact(ex, int(rows[p]), int(cols[p]))
+                hi[p] = float(ex) + 0.0
+                lo[p] = float(ex - Fraction(hi[p]))
+            if not ok.all():
+                stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
     return codes, hi, lo
 
 

@@ -611,3 +611,26 @@ def test_error_scale_long_k_wide_scales_against_fractions():
         for j in range(n):
             s = ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
             assert s <= F(float(S[i, j])) <= s * F(_S_factor(k)) + F(2.0**-999), (i, j)
+
+
+@pytest.mark.parametrize("zero_side", ["a", "b"])
+def test_sliced_tier_with_one_operand_zero_and_many_slices_on_the_other(zero_side):
+    """One operand's rows all zero (no slices) and the other's split into several windows (the
+    levels then have no pairs): every point is decided, as an exact +0, with or without the
+    stored accumulator."""
+    rng = np.random.default_rng(13)
+    k = 200
+    wide = (rng.standard_normal((6, k)) * np.exp2(rng.integers(-80, 80, (6, k)))).astype(BF16).astype(np.float64)
+    zero = np.zeros((5, k))
+    av, bv = (zero, wide) if zero_side == "a" else (wide, zero)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    rows, cols = np.nonzero(np.ones((av.shape[0], bv.shape[0]), bool))
+    for out in (fm.BF16, fm.F32):
+        for full in (False, True):
+            acc = np.full((av.shape[0], bv.shape[0]), np.nan) if full else None
+            acc_lo = np.full_like(acc, np.nan) if full else None
+            stats: dict[str, int] = {}
+            codes, done = core._sliced_tier(a, b, core.OutputStage(out), rows, cols, acc, acc_lo, stats)
+            assert done.all() and not codes.any() and stats == {"sliced": rows.size}
+            if full:
+                assert not np.signbit(acc).any() and not acc.any() and not acc_lo.any()
