@@ -737,20 +737,37 @@ def _index_set(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, where[idx]
 
 
-def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+class _PointSet:
+    """Points (pa[i], pb[i]) with their index sets (:func:`_index_set`) and whether they are the
+    whole grid ua x ub in row-major order (a GEMM's result is then their values as it stands)."""
+
+    def __init__(self, pa: np.ndarray, pb: np.ndarray) -> None:
+        self.pa, self.pb = pa, pb
+        self.ua, self.ia = _index_set(pa)
+        self.ub, self.ib = _index_set(pb)
+        nu, nv = self.ua.size, self.ub.size
+        self.grid = bool(nu * nv == pa.size and pa.size
+                         and (self.ia.reshape(nu, nv) == np.arange(nu)[:, None]).all()
+                         and (self.ib.reshape(nu, nv) == np.arange(nv)[None, :]).all())
+
+
+def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray,
+                 points: _PointSet | None = None) -> np.ndarray:
     """The exact dot products of part ``s`` of rows ``pa`` with part ``t`` of rows ``pb`` (F,).
 
     Only the columns where both parts have values take part; a dense block of rows goes
     through one GEMM (exact: :class:`~deepgemm_ref.exact.Slices`), scattered points through
-    per-point dot products (exact for the same reason, in any order).
+    per-point dot products (exact for the same reason, in any order).  ``points``: the same
+    points' :class:`_PointSet`, when the caller has it.
     """
     cols = np.flatnonzero(sa.columns[s] & sb.columns[t])
     f = pa.size
     if cols.size == 0 or f == 0:
         return np.zeros(f)
     xa, xb = sa.parts[s], sb.parts[t]
-    ua, ia = _index_set(pa)
-    ub, ib = _index_set(pb)
+    if points is None:
+        points = _PointSet(pa, pb)
+    ua, ia, ub, ib = points.ua, points.ia, points.ub, points.ib
     # Most columns: whole rows (the other columns hold a zero in one of the parts, and the GEMM
     # is exact over all K columns), which saves gathering the columns; all rows: no gather.
     dense_cols = 2 * cols.size >= xa.shape[1]
@@ -761,7 +778,8 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
         else:
             x = np.take(xa, cols, axis=1) if ua.size == xa.shape[0] else xa[np.ix_(ua, cols)]
             y = np.take(xb, cols, axis=1) if ub.size == xb.shape[0] else xb[np.ix_(ub, cols)]
-        return np.asarray(x @ y.T)[ia, ib]
+        prod = np.asarray(x @ y.T)
+        return prod.reshape(-1) if points.grid else prod[ia, ib]
     out = np.empty(f)
     per = max(1, (16 << 20) // (16 * cols.size))
     for i0 in range(0, f, per):
@@ -847,10 +865,13 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
     norms_b: list[np.ndarray] = []
     norms_at = -1
     with np.errstate(over="ignore", invalid="ignore"):
+        points: _PointSet | None = None
         for level in range(last + 1):
             for s, t in pairs:
                 if s + t == level:
-                    v = _pair_values(sa, s, sb, t, pa[live], pb[live])
+                    if points is None or points.pa.size != live.size:
+                        points = _PointSet(pa[live], pb[live])
+                    v = _pair_values(sa, s, sb, t, points.pa, points.pb, points)
                     terms.append(v)
                     run_s, r = two_sum(run_s, v)
                     run_e, q = two_sum(run_e, r)
