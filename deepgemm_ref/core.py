@@ -576,17 +576,26 @@ def _scale_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
 
 
 def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True,
-             scaled_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
+             scaled_norms: bool = True, want_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Rows [r0, r1) of ``op`` as float64 into ``out`` (C-contiguous (rows, K)), tile by tile on the
     package's pool, with the rows' norms from the values just written (no second conversion).
 
     Returns (upper bounds of the 2-norms of the *scaled* rows, whether each row is finite).
     ``scaled=False`` writes the unscaled elements (their scaled norms are still returned unless
-    ``scaled_norms`` is False).
+    ``scaled_norms`` is False).  ``want_norms=False``: the values alone (two empty arrays returned).
     """
     rows, k = out.shape
     sumsq = np.empty(rows)
     with_scales = op.scales is not None and scaled_norms and not scaled
+    if not want_norms:
+        def values(t0: int, t1: int) -> None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                _decode_into(op, r0 + t0, r0 + t1, out[t0:t1])
+                if scaled:
+                    _scale_into(op, r0 + t0, r0 + t1, out[t0:t1])
+
+        parallel_chunks(rows, _tile_rows(k), values)
+        return np.empty(0), np.empty(0, bool)
 
     def tile(t0: int, t1: int) -> None:
         o = out[t0:t1]
@@ -617,7 +626,7 @@ def _gather(op: Operand, idx: np.ndarray) -> np.ndarray:
     """Scaled float64 values (exact) of the rows ``idx`` of ``op``."""
     sub = Operand(op.values[idx], None if op.scales is None else op.scales[idx], op.block, op.codes_fmt, op._pow2)
     out = np.empty((idx.size, op.shape[1]))
-    _convert(sub, 0, idx.size, out, scaled_norms=False)
+    _convert(sub, 0, idx.size, out, want_norms=False)
     return out
 
 
@@ -1525,7 +1534,7 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int, wan
     acc_all = _scratch_take((m, n), np.float32)
     a_s = _scratch_take((min(step, m), k))
     try:
-        _convert(b, 0, n, b_s, scaled_norms=False)  # NaN / inf elements follow IEEE through the GEMM, as on the device
+        _convert(b, 0, n, b_s, want_norms=False)  # NaN / inf elements follow IEEE through the GEMM, as on the device
         _fp32_prescaled_run(a, ep, blk, b_s, a_s, acc_all, out_codes, step)
         acc64 = acc_all.astype(np.float64) if want_acc else None
     finally:
@@ -1540,11 +1549,12 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
     m, k = a.shape
     n = b_s.shape[0]
     nb = ceil_div(k, blk)
+    plain_bf16 = ep.out is fm.BF16 and ep.c is None and ep.alpha is None and ep.via is None
     with single_threaded_blas(), np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             rows = r1 - r0
-            _convert(a, r0, r1, a_s[:rows], scaled_norms=False)
+            _convert(a, r0, r1, a_s[:rows], want_norms=False)
             # Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
             # GEMM has about the same work whatever the block), and the tiles stay in the cache.
             tile = _FP32_TILE * max(1, min(blk // 32, 4))
@@ -1579,7 +1589,10 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             acc = acc_all[r0:r1]
 
             def epi(t0: int, t1: int, r0: int = r0, acc: np.ndarray = acc) -> None:
-                out_codes[r0 + t0:r0 + t1] = ep.apply(acc[t0:t1].astype(np.float64), r0 + t0, r0 + t1)
+                if plain_bf16:  # float32 -> bf16 (RNE) is the rounding of the (exact) float64 value
+                    out_codes[r0 + t0:r0 + t1] = acc[t0:t1].astype(ml_dtypes.bfloat16).view(np.uint16)
+                else:
+                    out_codes[r0 + t0:r0 + t1] = ep.apply(acc[t0:t1].astype(np.float64), r0 + t0, r0 + t1)
 
             parallel_chunks(rows, _tile_rows(n), epi)
 
