@@ -339,6 +339,8 @@ class OutputStage:
         return codes, ok
 
     def _apply(self, x: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+        if self.out is fm.BF16 and c is None and self.alpha is None and self.via is None and x.dtype == np.float64:
+            return _bf16_codes(x)
         z = x
         if self.alpha is not None:
             p, e = two_prod(np.float64(self.alpha), z)
@@ -384,17 +386,10 @@ _HALF_GAP_BF16_SUB = 2.0**-134 * (1 - 2.0**-40)
 _F64_EXP = np.uint64(0x7FF0000000000000)
 
 
-def _bf16_margin(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`OutputStage.margin` of a plain bf16 output (no alpha, c or via), in a few passes.
-
-    Codes: float64 -> float32 (RNE) -> bf16 (RNE) is the correct rounding of ``x`` except where
-    the float32 value is exactly a bf16 midpoint that ``x`` is not (a double rounding); those
-    elements, and only those, take :func:`formats.round_f64`.  The certificate is the margin test
-    of :func:`certified.within_half_gap` with the half gap replaced by its lower bound
-    ``|r| 2^-9`` (bf16 values have 8 significant bits; at a power of two it is the half gap
-    below): it decides a subset of what that test decides, so the elements left open, and
-    everything computed from them, are the same.
-    """
+def _bf16_codes(x: np.ndarray) -> np.ndarray:
+    """bf16 codes (uint16) of float64 ``x``, correctly rounded (RNE), as :func:`formats.round_f64`
+    gives them: float64 -> float32 -> bf16, except where the float32 value is exactly a bf16
+    midpoint that ``x`` is not (a double rounding); those elements take :func:`formats.round_f64`."""
     x32 = x.astype(np.float32)
     codes = x32.astype(ml_dtypes.bfloat16).view(np.uint16)
     tie = (x32.view(np.uint32) & np.uint32(0xFFFF)) == _BF16_TIE
@@ -402,6 +397,19 @@ def _bf16_margin(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np
         at = np.flatnonzero(tie.reshape(-1) & (x.reshape(-1) != x32.reshape(-1)))
         if at.size:
             codes.reshape(-1)[at] = fm.round_f64(x.reshape(-1)[at], fm.BF16).view(np.uint16)
+    return codes
+
+
+def _bf16_margin(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`OutputStage.margin` of a plain bf16 output (no alpha, c or via), in a few passes.
+
+    Codes: :func:`_bf16_codes`.  The certificate is the margin test
+    of :func:`certified.within_half_gap` with the half gap replaced by its lower bound
+    ``|r| 2^-9`` (bf16 values have 8 significant bits; at a power of two it is the half gap
+    below): it decides a subset of what that test decides, so the elements left open, and
+    everything computed from them, are the same.
+    """
+    codes = _bf16_codes(x)
     r = np.left_shift(codes, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
     d = x - r
     # The half gap around r: 2^(e - 8) for r in [2^e, 2^(e + 1)), half that below a power of two

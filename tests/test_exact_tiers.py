@@ -140,7 +140,7 @@ def test_margin_certificate_never_certifies_a_straddling_interval(fmt):
 
 
 def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
-    """A plain bf16 output stage takes core._bf16_margin (float32 -> bf16 casts, the half gap from
+    """A plain bf16 output stage takes core._bf16_margin / _bf16_codes (float32 -> bf16 casts, the half gap from
     the exponent's bits): the codes of formats.round_f64 and exactly the elements the generic
     margin test (certified.within_half_gap) decides, so the elements left to the exact tiers are
     the same.  Random bit patterns (every exponent, NaN, inf), values on and next to bf16
@@ -166,6 +166,7 @@ def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
                 codes, ok = ep.margin(x, 0, x.shape[0], err)
                 want = fm.round_f64(x, fm.BF16).view(np.uint16)
                 assert np.array_equal(codes, want)
+                assert np.array_equal(ep.apply(x, 0, x.shape[0]), want)  # the same casts without the margin
                 assert np.array_equal(ok, certified.within_half_gap(x, None, certified.decode_codes(want, fm.BF16),
                                                                     err, fm.BF16))
 
