@@ -307,6 +307,8 @@ class OutputStage:
         """:meth:`_apply` and the half-gap test of its first rounding (alpha's float32 product;
         without alpha the output rounding of ``x``, or of ``c + x`` for a one-rounding ``c``):
         once that rounding is the same over the interval, so is everything after it."""
+        if self.out is fm.BF16 and c is None and self.alpha is None and self.via is None and x.dtype == np.float64:
+            return _bf16_margin(x, err)
         ok: np.ndarray | None = None
         z = x
         code_dtype = self.out.code_dtype
@@ -337,6 +339,8 @@ class OutputStage:
         return codes, ok
 
     def _apply(self, x: np.ndarray, c: np.ndarray | None) -> np.ndarray:
+        if self.out is fm.BF16 and c is None and self.alpha is None and self.via is None and x.dtype == np.float64:
+            return _bf16_codes(x)
         z = x
         if self.alpha is not None:
             p, e = two_prod(np.float64(self.alpha), z)
@@ -374,6 +378,52 @@ class OutputStage:
         if _nonfinite(v) or (isinstance(v, float) and v == 0):
             return fm.encode(np.array([float(v)]), self.out, fm.IEEE_RNE)[0]
         return fm.encode_scalar(Fraction(v), self.out, fm.IEEE_RNE)
+
+
+_BF16_TIE = np.uint32(0x8000)
+_HALF_GAP_BF16 = 2.0**-8 * (1 - 2.0**-40)  # 2^-8 2^e: the half gap of a bf16 r in [2^e, 2^(e + 1)), less the slack
+_HALF_GAP_BF16_SUB = 2.0**-134 * (1 - 2.0**-40)
+_F64_EXP = np.uint64(0x7FF0000000000000)
+
+
+def _bf16_codes(x: np.ndarray) -> np.ndarray:
+    """bf16 codes (uint16) of float64 ``x``, correctly rounded (RNE), as :func:`formats.round_f64`
+    gives them: float64 -> float32 -> bf16, except where the float32 value is exactly a bf16
+    midpoint that ``x`` is not (a double rounding); those elements take :func:`formats.round_f64`."""
+    x32 = x.astype(np.float32)
+    codes = x32.astype(ml_dtypes.bfloat16).view(np.uint16)
+    tie = (x32.view(np.uint32) & np.uint32(0xFFFF)) == _BF16_TIE
+    if tie.any():
+        at = np.flatnonzero(tie.reshape(-1) & (x.reshape(-1) != x32.reshape(-1)))
+        if at.size:
+            codes.reshape(-1)[at] = fm.round_f64(x.reshape(-1)[at], fm.BF16).view(np.uint16)
+    return codes
+
+
+def _bf16_margin(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`OutputStage.margin` of a plain bf16 output (no alpha, c or via), in a few passes.
+
+    Codes: :func:`_bf16_codes`.  The certificate is the margin test
+    of :func:`certified.within_half_gap` with the half gap replaced by its lower bound
+    ``|r| 2^-9`` (bf16 values have 8 significant bits; at a power of two it is the half gap
+    below): it decides a subset of what that test decides, so the elements left open, and
+    everything computed from them, are the same.
+    """
+    codes = _bf16_codes(x)
+    r = np.left_shift(codes, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
+    d = x - r
+    # The half gap around r: 2^(e - 8) for r in [2^e, 2^(e + 1)), half that below a power of two
+    # when x lies toward zero from it, and 2^-134 at and below the smallest normal (the
+    # exponent's bits alone give 2^e: 0 for r = 0, inf for inf).
+    gap = (r.view(np.uint64) & _F64_EXP).view(np.float64)
+    gap *= _HALF_GAP_BF16
+    pow2 = (codes & np.uint16(0x7F)) == 0
+    pow2 &= (d < 0) != (r < 0)
+    np.multiply(gap, 0.5, out=gap, where=pow2)
+    np.maximum(gap, _HALF_GAP_BF16_SUB, out=gap)  # zero, subnormals and the smallest normal: 2^-134
+    np.abs(d, out=d)
+    d += np.multiply(err, 1 + 2.0**-40)
+    return codes, d < gap
 
 
 def _rn_signed(v: Fraction | float, fmt: fm.Format) -> float:
@@ -426,6 +476,59 @@ class MatmulResult:
 #: enough that a tile and its temporaries stay in the core's cache, large enough that NumPy's
 #: per-call overhead is small.  Tiles run on the package's thread pool.
 _TILE = 1 << 15
+
+
+#: Bytes of scratch memory the core keeps between calls (float64 copies of the operands, GEMM
+#: chunks): a fresh allocation of that size costs its page faults (and, with transparent huge
+#: pages, sometimes a compaction stall) on every call, as much as a tenth of the GEMM itself.
+_SCRATCH_KEEP = 512 << 20
+_scratch: list[np.ndarray] = []
+_scratch_lock = threading.Lock()
+
+
+def _scratch_take(shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
+    """An uninitialised C-contiguous array, in memory a previous call gave back when one is
+    large enough (the smallest such); otherwise a fresh one, and then everything kept is
+    released first (the kept memory never adds to a call's peak)."""
+    dt = np.dtype(dtype)
+    need = dt.itemsize * math.prod(shape)
+    with _scratch_lock:
+        fits = [i for i, buf in enumerate(_scratch) if buf.nbytes >= need]
+        if fits:
+            buf = _scratch.pop(min(fits, key=lambda i: _scratch[i].nbytes))
+            return buf[:need].view(dt).reshape(shape)
+        _scratch.clear()
+    return np.empty(max(need, 1), np.uint8)[:need].view(dt).reshape(shape)
+
+
+def _scratch_give(*arrays: np.ndarray | None) -> None:
+    """Give arrays from :func:`_scratch_take` back (their memory is reused by later calls; the
+    caller must hold no view of them).  At most ``_SCRATCH_KEEP`` bytes are kept, the largest
+    buffers first."""
+    with _scratch_lock:
+        for x in arrays:
+            if x is None:
+                continue
+            base = x
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if base.dtype != np.uint8 or base.ndim != 1:
+                continue  # not from _scratch_take
+            if base.nbytes >= (1 << 20) and not any(b is base for b in _scratch):
+                _scratch.append(base)
+        _scratch.sort(key=lambda b: -b.nbytes)
+        total = 0
+        for i, b in enumerate(_scratch):
+            total += b.nbytes
+            if total > _SCRATCH_KEEP:
+                del _scratch[i:]
+                break
+
+
+def release_scratch() -> None:
+    """Release the scratch memory the core keeps between calls."""
+    with _scratch_lock:
+        _scratch.clear()
 
 
 def _tile_rows(width: int) -> int:
@@ -481,17 +584,26 @@ def _scale_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
 
 
 def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True,
-             scaled_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
+             scaled_norms: bool = True, want_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Rows [r0, r1) of ``op`` as float64 into ``out`` (C-contiguous (rows, K)), tile by tile on the
     package's pool, with the rows' norms from the values just written (no second conversion).
 
     Returns (upper bounds of the 2-norms of the *scaled* rows, whether each row is finite).
     ``scaled=False`` writes the unscaled elements (their scaled norms are still returned unless
-    ``scaled_norms`` is False).
+    ``scaled_norms`` is False).  ``want_norms=False``: the values alone (two empty arrays returned).
     """
     rows, k = out.shape
     sumsq = np.empty(rows)
     with_scales = op.scales is not None and scaled_norms and not scaled
+    if not want_norms:
+        def values(t0: int, t1: int) -> None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                _decode_into(op, r0 + t0, r0 + t1, out[t0:t1])
+                if scaled:
+                    _scale_into(op, r0 + t0, r0 + t1, out[t0:t1])
+
+        parallel_chunks(rows, _tile_rows(k), values)
+        return np.empty(0), np.empty(0, bool)
 
     def tile(t0: int, t1: int) -> None:
         o = out[t0:t1]
@@ -522,7 +634,7 @@ def _gather(op: Operand, idx: np.ndarray) -> np.ndarray:
     """Scaled float64 values (exact) of the rows ``idx`` of ``op``."""
     sub = Operand(op.values[idx], None if op.scales is None else op.scales[idx], op.block, op.codes_fmt, op._pow2)
     out = np.empty((idx.size, op.shape[1]))
-    _convert(sub, 0, idx.size, out, scaled_norms=False)
+    _convert(sub, 0, idx.size, out, want_norms=False)
     return out
 
 
@@ -642,25 +754,49 @@ def _index_set(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, where[idx]
 
 
-def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+class _PointSet:
+    """Points (pa[i], pb[i]) with their index sets (:func:`_index_set`) and whether they are the
+    whole grid ua x ub in row-major order (a GEMM's result is then their values as it stands)."""
+
+    def __init__(self, pa: np.ndarray, pb: np.ndarray) -> None:
+        self.pa, self.pb = pa, pb
+        self.ua, self.ia = _index_set(pa)
+        self.ub, self.ib = _index_set(pb)
+        nu, nv = self.ua.size, self.ub.size
+        self.grid = bool(nu * nv == pa.size and pa.size
+                         and (self.ia.reshape(nu, nv) == np.arange(nu)[:, None]).all()
+                         and (self.ib.reshape(nu, nv) == np.arange(nv)[None, :]).all())
+
+
+def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.ndarray,
+                 points: _PointSet | None = None) -> np.ndarray:
     """The exact dot products of part ``s`` of rows ``pa`` with part ``t`` of rows ``pb`` (F,).
 
     Only the columns where both parts have values take part; a dense block of rows goes
     through one GEMM (exact: :class:`~deepgemm_ref.exact.Slices`), scattered points through
-    per-point dot products (exact for the same reason, in any order).
+    per-point dot products (exact for the same reason, in any order).  ``points``: the same
+    points' :class:`_PointSet`, when the caller has it.
     """
     cols = np.flatnonzero(sa.columns[s] & sb.columns[t])
     f = pa.size
     if cols.size == 0 or f == 0:
         return np.zeros(f)
     xa, xb = sa.parts[s], sb.parts[t]
-    ua, ia = _index_set(pa)
-    ub, ib = _index_set(pb)
-    dense_cols = cols.size == xa.shape[1]
+    if points is None:
+        points = _PointSet(pa, pb)
+    ua, ia, ub, ib = points.ua, points.ia, points.ub, points.ib
+    # Most columns: whole rows (the other columns hold a zero in one of the parts, and the GEMM
+    # is exact over all K columns), which saves gathering the columns; all rows: no gather.
+    dense_cols = 2 * cols.size >= xa.shape[1]
     if ua.size * ub.size <= 16 * f:
-        x = xa[ua] if dense_cols else xa[np.ix_(ua, cols)]
-        y = xb[ub] if dense_cols else xb[np.ix_(ub, cols)]
-        return np.asarray(x @ y.T)[ia, ib]
+        if dense_cols:
+            x = xa if ua.size == xa.shape[0] else xa[ua]
+            y = xb if ub.size == xb.shape[0] else xb[ub]
+        else:
+            x = np.take(xa, cols, axis=1) if ua.size == xa.shape[0] else xa[np.ix_(ua, cols)]
+            y = np.take(xb, cols, axis=1) if ub.size == xb.shape[0] else xb[np.ix_(ub, cols)]
+        prod = np.asarray(x @ y.T)
+        return prod.reshape(-1) if points.grid else prod[ia, ib]
     out = np.empty(f)
     per = max(1, (16 << 20) // (16 * cols.size))
     for i0 in range(0, f, per):
@@ -722,7 +858,15 @@ def _sliced_tier(
 def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
                   cols: np.ndarray, full: bool, stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_sliced_tier` on one group: (codes, hi, lo) of the points (pa[i], pb[i]) of the
-    slices' rows (absolute output positions rows, cols)."""
+    slices' rows (absolute output positions rows, cols).
+
+    The pair values (exact) are added as they come, level by level, into a running double-double
+    ``(s, e)`` with TwoSum (``s, r = TwoSum(s, v)``, ``e, q = TwoSum(e, r)``): the sum of the
+    terms so far is exactly ``s + e + sum(q)``, and ``sum |q|`` (rounded up: ``tail``) bounds
+    what the pair leaves out; ``(s, e)`` is renormalised (TwoSum) before each test.  With
+    ``tail = 0`` the renormalised pair is the exact sum's canonical double-double (``s`` its
+    nearest float64), as stored accumulators need; otherwise they are recomputed with Fractions.
+    """
     f = pa.size
     wa, wb = len(sa.parts), len(sb.parts)
     codes = np.zeros(f, ep.out.code_dtype)
@@ -730,52 +874,73 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
     lo = np.zeros(f)
     live = np.arange(f)
     terms: list[np.ndarray] = []
+    run_s, run_e, tail = np.zeros(f), np.zeros(f), np.zeros(f)
     last = max(wa + wb - 2, 0)
     pairs = [(s, t) for s in range(wa) for t in range(wb)]
-    for level in range(last + 1):
-        terms += [_pair_values(sa, s, sb, t, pa[live], pb[live]) for s, t in pairs if s + t == level]
-        if level < last and full:
-            continue
-        tt = np.stack(terms, axis=1) if terms else np.zeros((live.size, 1))
-        with np.errstate(over="ignore", invalid="ignore"):
-            s_, e_, bound = dd_sum(tt)
-            s_ += 0.0  # an exact zero sum is +0
-        pr, pc = rows[live], cols[live]
-        if level < last:
-            rest = np.zeros(live.size)
+    rest_factor = 1 + 2 * gamma(len(pairs) + 2)
+    norms_a: list[np.ndarray] = []  # the parts' row norms at the live points (norms_at of them)
+    norms_b: list[np.ndarray] = []
+    norms_at = -1
+    with np.errstate(over="ignore", invalid="ignore"):
+        points: _PointSet | None = None
+        for level in range(last + 1):
             for s, t in pairs:
-                if s + t > level:
-                    rest += sa.norms[s][pa[live]] * sb.norms[t][pb[live]]
-            with np.errstate(over="ignore", invalid="ignore"):
-                err = (np.abs(e_) + bound + rest * (1 + 2 * gamma(len(pairs) + 2))) * (1 + 2.0**-50)
+                if s + t == level:
+                    if points is None or points.pa.size != live.size:
+                        points = _PointSet(pa[live], pb[live])
+                    v = _pair_values(sa, s, sb, t, points.pa, points.pb, points)
+                    terms.append(v)
+                    run_s, r = two_sum(run_s, v)
+                    run_e, q = two_sum(run_e, r)
+                    np.abs(q, out=q)
+                    tail += q
+            if level < last and full:
+                continue
+            s_, e_ = two_sum(run_s, run_e)
+            s_ += 0.0  # an exact zero sum is +0
+            bound = tail * (1 + 2 * gamma(len(terms) + 2)) if tail.any() else tail
+            pr, pc = rows[live], cols[live]
+            if level < last:
+                if norms_at != live.size:
+                    norms_at = live.size
+                    norms_a = [sa.norms[s][pa[live]] for s in range(wa)]
+                    norms_b = [sb.norms[t][pb[live]] for t in range(wb)]
+                rest = np.zeros(live.size)
+                for s, t in pairs:
+                    if s + t > level:
+                        rest += norms_a[s] * norms_b[t]
+                err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
                 c, ok = ep.margin_points(s_, pr, pc, err)
-            codes[live[ok]] = c[ok]
-            stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
-            keep = ~ok
-            live = live[keep]
-            terms = [v[keep] for v in terms]
-            if live.size == 0:
-                break
-            continue
-        # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
-        e_lo, e_hi = dd_interval(s_, e_, bound)
-        with np.errstate(over="ignore", invalid="ignore"):
+                codes[live[ok]] = c[ok]
+                stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+                if ok.any():
+                    keep = ~ok
+                    live = live[keep]
+                    terms = [v[keep] for v in terms]
+                    run_s, run_e, tail = s_[keep], e_[keep], tail[keep]
+                else:
+                    run_s, run_e = s_, e_
+                if live.size == 0:
+                    break
+                continue
+            # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
+            e_lo, e_hi = dd_interval(s_, e_, bound)
             c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
             c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
-        ok = c_lo == c_hi
-        codes[live[ok]] = c_lo[ok]
-        hi[live], lo[live] = s_, e_
-        stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
-        for j in np.flatnonzero(~ok | ((bound != 0) & full)):
-            # undecided, or a stored accumulator that must be the exact sum's nearest float64
-            ex = fraction_sum(tt[j])
-            p = live[j]
-            if not ok[j]:
-                codes[p] = ep.apply_exact(ex, int(rows[p]), int(cols[p]))
-            hi[p] = float(ex) + 0.0
-            lo[p] = float(ex - Fraction(hi[p]))
-        if not ok.all():
-            stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
+            ok = c_lo == c_hi
+            codes[live[ok]] = c_lo[ok]
+            hi[live], lo[live] = s_, e_
+            stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
+            for j in np.flatnonzero(~ok | ((bound != 0) & full)):
+                # undecided, or a stored accumulator that must be the exact sum's nearest float64
+                ex = fraction_sum(v[j] for v in terms)
+                p = live[j]
+                if not ok[j]:
+                    codes[p] = ep.apply_exact(ex, int(rows[p]), int(cols[p]))
+                hi[p] = float(ex) + 0.0
+                lo[p] = float(ex - Fraction(hi[p]))
+            if not ok.all():
+                stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
     return codes, hi, lo
 
 
@@ -885,7 +1050,7 @@ class _Gemm:
         n = b.shape[0]
         self.pow2 = a.pow2_scales and b.pow2_scales
         self.blk = math.gcd(a.block or k, b.block or k) if blocked else 0
-        self.b64 = np.empty((n, k))
+        self.b64 = self._b_buf = _scratch_take((n, k))
         self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked)
         finite_norms = self.b_norm[self.b_finite]
         self.b_max = float(finite_norms.max()) if finite_norms.size else 0.0
@@ -893,6 +1058,13 @@ class _Gemm:
         self.qa, self.qb = _Quanta(a), _Quanta(b)
         self._buffers: list[tuple[np.ndarray, np.ndarray]] = []
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Give the float64 copy of ``b`` and the chunk buffers back to the scratch memory."""
+        with self._lock:
+            bufs, self._buffers = self._buffers, []
+        _scratch_give(self._b_buf, *(x for pair in bufs for x in pair))
+        self.b64 = self._b_buf = np.empty((0, self.b.shape[1]))
 
     # -- chunks --------------------------------------------------------------------------------
 
@@ -921,7 +1093,8 @@ class _Gemm:
         n = self.b.shape[0]
         r1 = min(a.shape[0], r0 + self.step)
         with self._lock:
-            bufs = self._buffers.pop() if self._buffers else (np.empty((self.step, k)), np.empty((self.step, n)))
+            bufs = self._buffers.pop() if self._buffers else (_scratch_take((self.step, k)),
+                                                              _scratch_take((self.step, n)))
         try:
             a64, y = bufs[0][:r1 - r0], bufs[1][:r1 - r0]
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
@@ -1028,8 +1201,14 @@ class _Gemm:
         wide_rows: list[np.ndarray] = []
 
         def rows(i0: int, i1: int) -> None:
-            a32 = np.empty((self.step, k), np.float32)
-            s32 = np.empty((self.step, n), np.float32)
+            a32 = _scratch_take((self.step, k), np.float32)
+            s32 = _scratch_take((self.step, n), np.float32)
+            try:
+                rows_into(i0, i1, a32, s32)
+            finally:
+                _scratch_give(a32, s32)
+
+        def rows_into(i0: int, i1: int, a32: np.ndarray, s32: np.ndarray) -> None:
             for r0 in starts[i0:i1]:
                 r1 = min(m, r0 + self.step)
                 ea, a_wide = _normalised_magnitudes(a, r0, r1, a32[:r1 - r0])
@@ -1121,8 +1300,12 @@ def error_scale(a: Operand, b: Operand) -> np.ndarray:
     if k == 0:
         out[...] = 0.0
         return out
-    with single_threaded_blas():
-        _ErrorScaleOnly(a, b, _chunk_rows(m, n, k)).error_scale(out)
+    gemm = _ErrorScaleOnly(a, b, _chunk_rows(m, n, k))
+    try:
+        with single_threaded_blas():
+            gemm.error_scale(out)
+    finally:
+        gemm.close()
     return out
 
 
@@ -1132,7 +1315,8 @@ class _ErrorScaleOnly(_Gemm):
     def __init__(self, a: Operand, b: Operand, step: int) -> None:  # noqa: D107 - no float64 conversion
         self.a, self.b, self.step = a, b, step
         n, k = b.shape
-        self.b64 = np.empty((n, (k + 1) // 2))  # room for the float32 copy
+        self.b64 = self._b_buf = _scratch_take((n, (k + 1) // 2))  # room for the float32 copy
+        self._buffers = []
         self._lock = threading.Lock()
 
 
@@ -1187,12 +1371,15 @@ def exact_accumulator(a: Operand, b: Operand, *, want_S: bool = False) -> Accumu
 
         parallel_chunks(ch.r1 - ch.r0, _tile_rows(n), tile)
 
-    gemm.for_each(process)
     S = None
-    if want_S:
-        S = np.empty((m, n))
-        with single_threaded_blas():  # a stored S must not depend on the BLAS thread count
-            gemm.error_scale(S)
+    try:
+        gemm.for_each(process)
+        if want_S:
+            S = np.empty((m, n))
+            with single_threaded_blas():  # a stored S must not depend on the BLAS thread count
+                gemm.error_scale(S)
+    finally:
+        gemm.close()
     return Accumulator(acc, err, fin, S, flags["all_exact"])
 
 
@@ -1272,13 +1459,16 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
             for key, v in st.items():
                 stats[key] = stats.get(key, 0) + v
 
-    gemm.for_each(process)
-    if open_rows:
-        rows, cols = np.concatenate(open_rows), np.concatenate(open_cols)
-        stats["bounded"] -= rows.size
-        out_codes[rows, cols] = _exact_points(a, b, ep, rows, cols, acc, acc_lo, stats)
-    if S_all is not None:
-        gemm.error_scale(S_all)
+    try:
+        gemm.for_each(process)
+        if open_rows:
+            rows, cols = np.concatenate(open_rows), np.concatenate(open_cols)
+            stats["bounded"] -= rows.size
+            out_codes[rows, cols] = _exact_points(a, b, ep, rows, cols, acc, acc_lo, stats)
+        if S_all is not None:
+            gemm.error_scale(S_all)
+    finally:
+        gemm.close()
 
 
 _BF16_LSB: np.ndarray | None = None
@@ -1333,7 +1523,7 @@ def _prescaled_fp32_ok(a: Operand, b: Operand) -> bool:
     return in_f32 and lo_a + lo_b + qa + qb >= -126 and hi_a + hi_b <= 127
 
 
-def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> MatmulResult:
+def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int, want_acc: bool = True) -> MatmulResult:
     """The fp32 model on pre-scaled operands: per K block one float64 GEMM of the scaled values
     (exact: FP8 / FP4 elements times powers of two stay far inside float64's range), one rounding
     to float32, one float32 add.  This is the model itself under MMA block scaling, and equals
@@ -1347,28 +1537,52 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> 
     m, k = a.shape
     n = b.shape[0]
     out_codes = np.empty((m, n), ep.out.code_dtype)
-    b_s = np.empty((n, k))
-    _convert(b, 0, n, b_s, scaled_norms=False)  # NaN / inf elements follow IEEE through the GEMM, as on the device
+    b_s = _scratch_take((n, k))
     step = _chunk_rows(m, n, k)
-    acc_all = np.empty((m, n), np.float32)
-    nb = ceil_div(k, blk) if k else 0
-    a_s = np.empty((min(step, m), k))
+    acc_all = _scratch_take((m, n), np.float32)
+    a_s = _scratch_take((min(step, m), k))
+    try:
+        _convert(b, 0, n, b_s, want_norms=False)  # NaN / inf elements follow IEEE through the GEMM, as on the device
+        _fp32_prescaled_run(a, ep, blk, b_s, a_s, acc_all, out_codes, step)
+        acc64 = acc_all.astype(np.float64) if want_acc else None
+    finally:
+        _scratch_give(b_s, a_s, acc_all)
+    return MatmulResult(out_codes.view(ep.out.storage), acc64, None, None, {"fp32": m * n})
+
+
+def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, a_s: np.ndarray,
+                        acc_all: np.ndarray, out_codes: np.ndarray, step: int) -> None:
+    """:func:`_fp32_model_prescaled` into its buffers: ``b_s`` the scaled ``b`` (N, K), ``a_s``
+    room for ``step`` scaled rows of ``a``, ``acc_all`` the float32 accumulators (M, N)."""
+    m, k = a.shape
+    n = b_s.shape[0]
+    nb = ceil_div(k, blk)
+    plain_bf16 = ep.out is fm.BF16 and ep.c is None and ep.alpha is None and ep.via is None
     with single_threaded_blas(), np.errstate(over="ignore", under="ignore", invalid="ignore"):
         for r0 in range(0, m, step):
             r1 = min(m, r0 + step)
             rows = r1 - r0
-            _convert(a, r0, r1, a_s[:rows], scaled_norms=False)
-            tr = min(rows, 256)
-            tc = max(16, _FP32_TILE // tr)
+            _convert(a, r0, r1, a_s[:rows], want_norms=False)
+            # Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
+            # GEMM has about the same work whatever the block), and the tiles stay in the cache.
+            tile = _FP32_TILE * max(1, min(blk // 32, 4))
+            tr = min(rows, _FP32_TILE_ROWS * (2 if tile > 2 * _FP32_TILE else 1))
+            tc = max(16, tile // tr)
             tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
 
             def run(t0: int, t1: int, r0: int = r0, rows: int = rows, tr: int = tr, tc: int = tc,
                     tiles: list[tuple[int, int]] = tiles) -> None:
-                y = np.empty((tr, tc))
+                # The block sum and the accumulator of a tile are contiguous arrays of their own
+                # (a strided view into the (M, N) result halves the speed of the per-block add);
+                # the accumulator is copied into the result once, after the last block.
+                y_buf = np.empty(tr * tc)
+                acc_buf = np.empty(tr * tc, np.float32)
                 for i0, j0 in tiles[t0:t1]:
                     i1, j1 = min(rows, i0 + tr), min(n, j0 + tc)
-                    acc = acc_all[r0 + i0:r0 + i1, j0:j1]
-                    yt = y[:i1 - i0, :j1 - j0]
+                    shape = (i1 - i0, j1 - j0)
+                    size = shape[0] * shape[1]
+                    yt = y_buf[:size].reshape(shape)
+                    acc = acc_buf[:size].reshape(shape)
                     for j in range(nb):
                         ks = slice(j * blk, min(k, (j + 1) * blk))
                         np.matmul(a_s[i0:i1, ks], b_s[j0:j1, ks].T, out=yt)  # exact block sum
@@ -1377,19 +1591,22 @@ def _fp32_model_prescaled(a: Operand, b: Operand, ep: OutputStage, blk: int) -> 
                             acc += np.float32(0.0)
                         else:
                             np.add(acc, yt, out=acc, dtype=np.float32)  # one rounding of y, one of the sum
+                    acc_all[r0 + i0:r0 + i1, j0:j1] = acc
 
             parallel_chunks(len(tiles), 1, run)
             acc = acc_all[r0:r1]
 
             def epi(t0: int, t1: int, r0: int = r0, acc: np.ndarray = acc) -> None:
-                out_codes[r0 + t0:r0 + t1] = ep.apply(acc[t0:t1].astype(np.float64), r0 + t0, r0 + t1)
+                if plain_bf16:  # float32 -> bf16 (RNE) is the rounding of the (exact) float64 value
+                    out_codes[r0 + t0:r0 + t1] = acc[t0:t1].astype(ml_dtypes.bfloat16).view(np.uint16)
+                else:
+                    out_codes[r0 + t0:r0 + t1] = ep.apply(acc[t0:t1].astype(np.float64), r0 + t0, r0 + t1)
 
             parallel_chunks(rows, _tile_rows(n), epi)
-    return MatmulResult(out_codes.view(ep.out.storage), acc_all.astype(np.float64), None, None,
-                        {"fp32": m * n})
 
 
-_FP32_TILE = 1 << 15  # output elements per tile of the fp32 model (a float64 block sum and a float32 accumulator)
+_FP32_TILE = 1 << 16  # output elements per tile of the fp32 model (a float64 block sum and a float32 accumulator)
+_FP32_TILE_ROWS = 256  # rows per tile of the fp32 model
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
@@ -1423,7 +1640,7 @@ def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.nd
 
 
 def _fp32_model(a: Operand, b: Operand, ep: OutputStage, block: int, mma_block_scaling: bool,
-                prescale: bool = True) -> MatmulResult:
+                prescale: bool = True, want_acc: bool = True) -> MatmulResult:
     """Per K block: partial = RN_f32(exact block sum); acc = f32(acc + f32(f32(sa * sb) * partial))."""
     m, k = a.shape
     n = b.shape[0]
@@ -1435,7 +1652,7 @@ def _fp32_model(a: Operand, b: Operand, ep: OutputStage, block: int, mma_block_s
     exact_ok = a.fixed_quantum is not None and b.fixed_quantum is not None
     out_codes = np.empty((m, n), ep.out.code_dtype)
     if prescale and exact_ok and a.pow2_scales and b.pow2_scales and (mma_block_scaling or _prescaled_fp32_ok(a, b)):
-        return _fp32_model_prescaled(a, b, ep, blk)
+        return _fp32_model_prescaled(a, b, ep, blk, want_acc)
     b_el = b.element_rows(0, n)
     sb = b.block_scales(0, n, blk).astype(np.float32) if b.scales is not None else None
     step = _chunk_rows(m, n, k)
@@ -1581,7 +1798,7 @@ def scaled_matmul(
         with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
-        res = _fp32_model(a, b, output, fp32_block, mma_block_scaling)
+        res = _fp32_model(a, b, output, fp32_block, mma_block_scaling, want_acc=want_acc)
     elif isinstance(model, Limited):
         res = _limited_model(a, b, output, model)
     else:  # pragma: no cover - validated by config

@@ -291,6 +291,59 @@ def test_fp32_model_with_mma_block_scaling_against_rationals(arch):
     assert not np.isnan(res.acc).any()  # a float32 scale product inf times a zero block gave NaN
 
 
+@pytest.mark.parametrize("blk", [32, 128])
+def test_fp32_model_tiles_give_the_bytes_of_the_untiled_model(blk, monkeypatch):
+    """The pre-scaled fp32 model runs in output tiles (sizes by block, edge tiles of any shape,
+    a contiguous accumulator per tile, scratch buffers reused across calls): the same bytes as
+    the block-by-block model on whole rows (``prescale=False``, the definition), for several tile
+    sizes, with NaN / inf elements, zero blocks and scales that overflow the float32 sums."""
+    rng = np.random.default_rng(blk)
+    m, n, k = 37, 29, 3 * blk + blk // 2
+    av = rng.standard_normal((m, k)) * np.exp2(rng.integers(-10, 9, (m, k)))
+    bv = rng.standard_normal((n, k)) * np.exp2(rng.integers(-10, 9, (n, k)))
+    av[3, 5], bv[4, 7], av[6, :blk] = np.nan, np.inf, 0.0
+    ea = rng.integers(-20, 60, (m, -(-k // blk))).astype(np.float64)
+    eb = rng.integers(-20, 60, (n, -(-k // blk))).astype(np.float64)
+    a = core.Operand(av.clip(-448, 448).astype(E4M3), np.exp2(ea), blk)
+    b = core.Operand(bv.clip(-448, 448).astype(E4M3), np.exp2(eb), blk)
+    ep = core.OutputStage(fm.BF16)
+    with np.errstate(all="ignore"):
+        want = core._fp32_model(a, b, ep, blk, True, prescale=False)
+        for tile, rows in ((1 << 16, 256), (64, 4), (100, 7), (1 << 10, 16)):
+            monkeypatch.setattr(core, "_FP32_TILE", tile)
+            monkeypatch.setattr(core, "_FP32_TILE_ROWS", rows)
+            for want_acc in (True, False):
+                got = core._fp32_model(a, b, ep, blk, True, want_acc=want_acc)
+                assert got.out.tobytes() == want.out.tobytes()
+                if want_acc:
+                    assert got.acc.tobytes() == want.acc.tobytes()
+                else:
+                    assert got.acc is None
+
+
+def test_scratch_memory_is_reused_and_never_shared():
+    """The core keeps float64 scratch between calls: a later call of another shape gets the same
+    bytes as with fresh memory, results never alias the scratch, and release_scratch frees it."""
+    rng = np.random.default_rng(3)
+    shapes = [(40, 300, 512), (30, 290, 300), (40, 300, 512)]  # float64 copies of b over 1 MiB (kept)
+    ops = [(core.Operand(rng.standard_normal((m, k)).astype(BF16)), core.Operand(rng.standard_normal((n, k)).astype(BF16)))
+           for m, n, k in shapes]
+    ep = core.OutputStage(fm.F32)
+    core.release_scratch()
+    fresh = []
+    for a, b in ops:
+        fresh.append(core.scaled_matmul(a, b, ep, want_acc=True, want_S=True))
+        core.release_scratch()
+    kept = [core.scaled_matmul(a, b, ep, want_acc=True, want_S=True) for a, b in ops]
+    assert core._scratch  # something was kept
+    for f, g in zip(fresh, kept, strict=True):
+        for x, y in ((f.out, g.out), (f.acc, g.acc), (f.acc_lo, g.acc_lo), (f.S, g.S)):
+            assert x.tobytes() == y.tobytes()
+            assert not any(np.shares_memory(x, buf) for buf in core._scratch)
+    core.release_scratch()
+    assert not core._scratch
+
+
 def test_fp32_model_nan_in_one_row_leaves_the_others_alone():
     """MMA block scaling with a NaN element elsewhere: the other rows keep their exact scaled
     values (a float32 scale product 2^140 used to turn their zero blocks into NaN)."""

@@ -139,6 +139,38 @@ def test_margin_certificate_never_certifies_a_straddling_interval(fmt):
     assert ok.mean() > 0.6  # it decides most: the test is not vacuous
 
 
+def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
+    """A plain bf16 output stage takes core._bf16_margin / _bf16_codes (float32 -> bf16 casts, the half gap from
+    the exponent's bits): the codes of formats.round_f64 and exactly the elements the generic
+    margin test (certified.within_half_gap) decides, so the elements left to the exact tiers are
+    the same.  Random bit patterns (every exponent, NaN, inf), values on and next to bf16
+    midpoints and float32 ties (the double rounding), zeros, subnormals and powers of two."""
+    rng = np.random.default_rng(41)
+    shape = (24, 257)
+    xs = [rng.integers(0, 2**64, size=shape, dtype=np.uint64).view(np.float64),
+          rng.standard_normal(shape) * np.exp2(rng.integers(-150, 130, shape).astype(float))]
+    mid = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    xs.append(mid.view(np.float32).astype(np.float64)
+              + rng.choice([-1.0, 0.0, 1.0], shape) * np.exp2(rng.integers(-80, -20, shape).astype(float)))
+    pw = np.exp2(rng.integers(-140, 128, shape).astype(float)) * rng.choice([-1.0, 1.0], shape)
+    xs.append(pw * (1 + rng.choice([-1.0, 0.0, 1.0], shape) * np.exp2(rng.integers(-12, -7, shape).astype(float))))
+    z = rng.standard_normal(shape)
+    z[::3], z[1::5] = 0.0, -0.0
+    z[2, :6] = [np.inf, -np.inf, np.nan, 3.4e38, -3.39e38, 2.0**-126]
+    xs.append(z)
+    ep = core.OutputStage(fm.BF16)
+    with np.errstate(all="ignore"):
+        for x in xs:
+            for scale in (0.0, 2.0**-40, 2.0**-12, 2.0**-9, 2.0**-7):
+                err = np.where(np.isfinite(x), np.abs(x), 0.0).max(axis=1, keepdims=True) * scale
+                codes, ok = ep.margin(x, 0, x.shape[0], err)
+                want = fm.round_f64(x, fm.BF16).view(np.uint16)
+                assert np.array_equal(codes, want)
+                assert np.array_equal(ep.apply(x, 0, x.shape[0]), want)  # the same casts without the margin
+                assert np.array_equal(ok, certified.within_half_gap(x, None, certified.decode_codes(want, fm.BF16),
+                                                                    err, fm.BF16))
+
+
 @pytest.mark.parametrize("out", [fm.BF16, fm.F32])
 @pytest.mark.parametrize("alpha", [None, 0.75, -3.0])
 @pytest.mark.parametrize("c_mode", [None, "kernel", "fused", "rounded"])
@@ -580,3 +612,26 @@ def test_error_scale_long_k_wide_scales_against_fractions():
         for j in range(n):
             s = ref.exact_dot(np.abs(av[i]), np.abs(bv[j]))
             assert s <= F(float(S[i, j])) <= s * F(_S_factor(k)) + F(2.0**-999), (i, j)
+
+
+@pytest.mark.parametrize("zero_side", ["a", "b"])
+def test_sliced_tier_with_one_operand_zero_and_many_slices_on_the_other(zero_side):
+    """One operand's rows all zero (no slices) and the other's split into several windows (the
+    levels then have no pairs): every point is decided, as an exact +0, with or without the
+    stored accumulator."""
+    rng = np.random.default_rng(13)
+    k = 200
+    wide = (rng.standard_normal((6, k)) * np.exp2(rng.integers(-80, 80, (6, k)))).astype(BF16).astype(np.float64)
+    zero = np.zeros((5, k))
+    av, bv = (zero, wide) if zero_side == "a" else (wide, zero)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    rows, cols = np.nonzero(np.ones((av.shape[0], bv.shape[0]), bool))
+    for out in (fm.BF16, fm.F32):
+        for full in (False, True):
+            acc = np.full((av.shape[0], bv.shape[0]), np.nan) if full else None
+            acc_lo = np.full_like(acc, np.nan) if full else None
+            stats: dict[str, int] = {}
+            codes, done = core._sliced_tier(a, b, core.OutputStage(out), rows, cols, acc, acc_lo, stats)
+            assert done.all() and not codes.any() and stats == {"sliced": rows.size}
+            if full:
+                assert not np.signbit(acc).any() and not acc.any() and not acc_lo.any()
