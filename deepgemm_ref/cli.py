@@ -156,7 +156,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     for name in PRESETS:
         specs = validate_specs(preset(name))
-        print(f"{name}: {len(specs)} cases")
+        if args.verbose:
+            from .golden.cases import estimate_case
+            from .golden.resources import format_seconds
+            from .toolkit.sizes import format_size
+
+            ests = [e for e in (estimate_case(s) for s in specs) if e is not None]
+            print(f"{name}: {len(specs)} cases; estimated disk {format_size(sum(e.file_bytes for e in ests))}, "
+                  f"peak memory {format_size(max((e.peak_bytes for e in ests), default=0))} (its largest case), "
+                  f"time {format_seconds(sum(e.seconds for e in ests))} (serial, this machine)")
+        else:
+            print(f"{name}: {len(specs)} cases")
         if args.verbose:
             width = max(len(s.id) for s in specs)
             for s in specs:
