@@ -87,6 +87,8 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--summary", action="store_true", help="only the per-preset summary lines")
     ap.add_argument("--json", default="", help="also write every case's numbers to this JSON file")
+    ap.add_argument("--from-json", default="", help="re-tabulate the measurements of an earlier --json run "
+                    "against the current estimates (nothing is generated)")
     args = ap.parse_args()
     _parallel.limit_blas_threads(args.threads)
     os.environ["DEEPGEMM_REF_NUM_THREADS"] = str(args.threads)
@@ -99,18 +101,35 @@ def main() -> int:
         if args.limit:
             cases = cases[:args.limit]
         rows = []
+        if args.markdown and not args.summary:
+            print(f"\n#### {name}\n\n| case | peak est | peak measured | ratio | file est | file | ratio "
+                  "| time est (s) | CPU time (s) | ratio | wall (s) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        earlier = {(r["preset"], r["id"]): r for r in json.loads(Path(args.from_json).read_text())} \
+            if args.from_json else None
+        if earlier is not None:
+            cases = [c for c in cases if (name, c["id"]) in earlier]
         with tempfile.TemporaryDirectory() as tmp:
             for c in cases:
-                r = measure(c, Path(tmp))
+                if earlier is not None:
+                    r = dict(earlier[(name, c["id"])])
+                    est = estimate_case(validate_spec(c))
+                    assert est is not None
+                    r.update(est_peak=est.peak_bytes, est_file=est.file_bytes, est_seconds=est.seconds)
+                else:
+                    r = measure(c, Path(tmp))
                 rows.append(r)
                 dump.append(dict(r, preset=name, spec=c))
-                if not args.summary:
-                    line = (f"{r['id']}: peak {format_size(r['est_peak'] or 0)} est / {format_size(r['peak'])} "
-                            f"= {_ratio(r['est_peak'], r['peak']):.2f}; file {_ratio(r['est_file'], r['file']):.2f}; "
-                            f"time {format_seconds(r['est_seconds'] or 0)} est / {r['seconds']:.2f} s = "
-                            f"{_ratio(r['est_seconds'], r['seconds']):.2f} (CPU; wall {r['wall']:.2f} s)")
-                    print(("| " + " | ".join(line.replace(": ", " | ", 1).split("; ")) + " |") if args.markdown
-                          else line, flush=True)
+                if not args.summary and args.markdown:
+                    print(f"| {r['id']} | {format_size(r['est_peak'] or 0)} | {format_size(r['peak'])} | "
+                          f"{_ratio(r['est_peak'], r['peak']):.2f} | {format_size(r['est_file'] or 0)} | "
+                          f"{format_size(r['file'])} | {_ratio(r['est_file'], r['file']):.2f} | "
+                          f"{r['est_seconds'] or 0:.3f} | {r['seconds']:.3f} | "
+                          f"{_ratio(r['est_seconds'], r['seconds']):.2f} | {r['wall']:.3f} |", flush=True)
+                elif not args.summary:
+                    print(f"{r['id']}: peak {format_size(r['est_peak'] or 0)} est / {format_size(r['peak'])} "
+                          f"= {_ratio(r['est_peak'], r['peak']):.2f}; file {_ratio(r['est_file'], r['file']):.2f}; "
+                          f"time {format_seconds(r['est_seconds'] or 0)} est / {r['seconds']:.2f} s = "
+                          f"{_ratio(r['est_seconds'], r['seconds']):.2f} (CPU; wall {r['wall']:.2f} s)", flush=True)
         peak_r = [_ratio(r["est_peak"], r["peak"]) for r in rows]
         file_r = [_ratio(r["est_file"], r["file"]) for r in rows]
         timed = [r for r in rows if r["seconds"] >= args.min_seconds]

@@ -102,10 +102,15 @@ def test_huge_cases_are_refused_before_allocation(tmp_path, capsys, spec):
 
 
 def test_max_memory_and_jobs_share_it(tmp_path, capsys):
-    spec = [{"id": "g", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": 256, "n": 256, "k": 1024}]
+    # a case whose own tensors (the output, acc, S, defined: they cannot stream) dominate its peak
+    spec = [{"id": "g", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 1024, "n": 1024, "k": 64}]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(spec))
-    need = estimate_case(validate_spec(spec[0])).peak_bytes
+    case = validate_spec(spec[0])
+    need = int(estimate_case(case).own * 1.1)
+    # the estimate follows the limit: its streaming work shrinks to what the own tensors leave
+    assert estimate_case(case, int(need * 1.5)).peak_bytes <= need * 1.5 < estimate_case(case).peak_bytes
+    assert estimate_case(case, int(need * 0.75)).peak_bytes > need * 0.75
     assert main(["golden", "--spec", str(path), "--out", str(tmp_path / "a"), "--max-memory", str(need // 2)]) == 2
     assert "needs about" in capsys.readouterr().err
     # each of 2 jobs gets half of the limit

@@ -85,8 +85,8 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     tensors (its file's tensors and the core's output codes before they are copied into the
     output) plus the larger of the float64 work of one product (:func:`core.gemm_work_bytes`,
     within the limit in force less the own tensors: it streams) and the inputs' build
-    temporaries (quantiser copies of the larger operand, about 24 bytes per element; bf16 draws
-    in blocks), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
+    temporaries (quantiser copies of the larger operand, about 6 bytes per element; bf16 draws in
+    blocks; quantiser temporaries), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
     benchmarks/estimates.md).
     """
     src = batch * (rows + cols) * depth
@@ -95,10 +95,12 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     own = file + outs * (2 if out_bytes <= 2 else 4)
     budget = int(max(MIN_WORK_BUDGET, allocation_limit() - own - PEAK_FIXED))
     work = gemm_work_bytes(int(rows), int(cols), int(depth), budget)
-    # building the inputs: quantised operands go through float32 copies padded to 128 columns
-    # (about 24 bytes per element of the larger operand); bf16 ones are drawn in blocks
-    larger = max(rows, cols) * (-(-depth // 128) * 128 if in_bytes < 2 else depth)
-    build = 24 * larger if in_bytes < 2 else 10 * min(larger, 16 << 20)
+    # building the inputs (measured): quantised operands hold about 6 bytes per element of the
+    # larger operand (its bf16 draw, its codes, the quantiser's temporaries) and 18 more per
+    # padding element (K padded to 128); bf16 ones are drawn in blocks
+    larger = max(rows, cols) * depth
+    padded = max(rows, cols) * (-(-depth // 128) * 128)
+    build = 6 * larger + 18 * (padded - larger) if in_bytes < 2 else 10 * min(larger, 16 << 20)
     # time (fitted to the CPU times of every preset's GEMMs): two BLAS multiply-adds per
     # multiply-add (the float64 GEMM, the error scale's float32 one and the certificates), and
     # per output and per input element the passes beside them; ``cost`` weighs the whole
@@ -667,7 +669,7 @@ def estimate_grouped(p: Params) -> Estimate:
         # SUM_K <= groups * align(int(1.3 k), alignment); the (groups, m, n) float32 c and d
         k_group = align(int(1.3 * k) + 1, al)
         est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
-        return Estimate.of(est.file_bytes, est.peak_bytes, 2 * groups * m * n * k_group)  # twice a dense GEMM's time
+        return Estimate.of(est.file_bytes, est.peak_bytes, est.work * 2)  # twice a dense GEMM's time (measured)
     rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
     # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each
     return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
