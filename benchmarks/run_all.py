@@ -416,18 +416,24 @@ def rows_scale(threads: int, cases: list[tuple[str, str, int]], out: str) -> lis
         used = m["peak"] - m["base"]
         lim = limit or default_memory_limit()
         two = lambda x: max(x, 1 / x)  # noqa: E731  (within 1.5x both ways: the larger of x and 1/x)
-        extra = (f" (estimate {format_size(m['est_peak'])}, of it own tensors {format_size(m['est_own'])}; "
-                 f"measured {format_size(used)} above the interpreter's {format_size(m['base'])}; limit "
-                 f"{format_size(lim)}; load average {os.getloadavg()[0]:.2f})")
-        ok.append(report(Row("scale-peak", f"{case_id}: peak RSS, estimate / measured (either way)", 1.5), threads,
-                         two(m["est_peak"] / used), used / 1e3, m["est_peak"] / 1e3, extra=extra))
-        ok.append(report(Row("scale-limit", f"{case_id}: peak RSS / the case's memory limit", 1.0), threads,
-                         m["peak"] / lim, lim / 1e3, m["peak"] / 1e3))
-        ok.append(report(Row("scale-file", f"{case_id}: file size, estimate / measured (either way)", 1.5), threads,
-                         two(m["est_file"] / m["file"]), m["file"] / 1e3, m["est_file"] / 1e3))
-        ok.append(report(Row("scale-time", f"{case_id}: time, estimate / measured CPU time (either way)", 1.5),
-                         threads, two(m["est_seconds"] / m["cpu"]), m["cpu"], m["est_seconds"],
-                         extra=f" (wall {m['wall']:.1f} s)"))
+        extra = (f" above the interpreter's {format_size(m['base'])}; estimate {format_size(m['est_peak'])}, of "
+                 f"it own tensors {format_size(m['est_own'])}; limit {format_size(lim)}; load average "
+                 f"{os.getloadavg()[0]:.2f}")
+
+        def row(title: str, ratio: float, goal: float, detail: str, case_id: str = case_id) -> bool:
+            good = ratio <= goal
+            print(f"  {ratio:7.2f}x  <= {goal:<5g} {'pass' if good else 'FAIL'}   {case_id}: {title} [{threads} "
+                  f"thread(s)]   {detail}", flush=True)
+            return good
+
+        ok.append(row("peak RSS, estimate vs measured (either way)", two(m["est_peak"] / used), 1.5,
+                      f"measured {format_size(used)}" + extra))
+        ok.append(row("peak RSS / the case's memory limit", m["peak"] / lim, 1.0,
+                      f"{format_size(m['peak'])} of {format_size(lim)}"))
+        ok.append(row("file size, estimate vs measured (either way)", two(m["est_file"] / m["file"]), 1.5,
+                      f"estimate {format_size(m['est_file'])}, measured {format_size(m['file'])}"))
+        ok.append(row("time, estimate vs measured CPU time (either way)", two(m["est_seconds"] / m["cpu"]), 1.5,
+                      f"estimate {m['est_seconds']:.1f} s, measured {m['cpu']:.1f} s CPU ({m['wall']:.1f} s wall)"))
     return ok
 
 

@@ -669,7 +669,7 @@ def estimate_grouped(p: Params) -> Estimate:
         # SUM_K <= groups * align(int(1.3 k), alignment); the (groups, m, n) float32 c and d
         k_group = align(int(1.3 * k) + 1, al)
         est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
-        return Estimate.of(est.file_bytes, est.peak_bytes, est.work * 2)  # twice a dense GEMM's time (measured)
+        return Estimate(est.file_bytes, est.peak_bytes, est.work)  # the (groups, m, n) GEMMs' time (measured)
     rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
     # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each
     return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
