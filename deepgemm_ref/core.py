@@ -441,19 +441,18 @@ def _chunk_rows(m: int, n: int, k: int, budget: int | None = None) -> int:
     and FP32-scaled products), and later the float32 rows of the error scale (the passes beside
     the GEMM work on small tiles of them; :func:`_row_work`); the whole
     float64 copy of ``b`` is kept.  A chunk is at most a quarter of the float64 copies of A, B and
-    D (at least 64 MiB: chunks enough for the thread pool), and the chunks in flight (one per pool
-    thread) with the copy of ``b`` fit in the work budget of the limit in force
-    (:func:`._memory.work_budget`: a quarter of ``--max-memory`` / ``limit_allocations``).  Chunks
-    have 512 rows where the budget allows (the BLAS then runs at full speed), fewer (at least 16)
-    where it does not, and there is no chunking at all where the whole product fits.  The golden
-    bytes do not depend on the chunking (each element's sum runs in the same order).
+    D (at least 64 MiB, and at least 512 rows: chunks enough for the thread pool, and the BLAS at
+    full speed), and the chunks in flight (one per pool thread) with the copy of ``b`` fit in the
+    work budget of the limit in force (:func:`._memory.work_budget`: what the golden workflow
+    leaves of ``--max-memory`` beside the case's own tensors, else a quarter of the limit;
+    chunks of at least 16 rows).  The golden bytes do not depend on the chunking (each element's
+    sum runs in the same order).
     """
-    per_row = _row_work(n, k)
+    # as before the limit: a quarter of the copies, at least 512 rows
+    cap = max(512, max(64 << 20, 2 * (m * k + n * k + m * n)) // max(8 * (n + k) + 2 * n, 1))
     allowed = work_budget() if budget is None else budget
-    chunk = min(max(64 << 20, 2 * (m * k + n * k + m * n)), (allowed - 8 * n * k) // max(1, num_threads()))
-    rows = chunk // max(per_row, 1)
-    floor = 512 if rows >= 512 else 16
-    return max(1, min(m, max(rows, floor)))
+    fits = max(16, (allowed - 8 * n * k) // max(1, num_threads()) // max(_row_work(n, k), 1))
+    return max(1, min(m, cap, fits))
 
 
 def gemm_work_bytes(m: int, n: int, k: int, budget: int | None = None) -> int:

@@ -129,3 +129,22 @@ def test_randn_bf16_in_blocks_is_one_draw(shape, scale, monkeypatch):
     ref = np.random.default_rng(5)
     ref.standard_normal(shape, dtype=np.float32)
     assert rng.standard_normal(3).tobytes() == ref.standard_normal(3).tobytes()
+
+
+def test_heartbeat_writes_while_a_chunk_runs_longer_than_the_interval():
+    import time
+
+    from deepgemm_ref.golden.progress import Progress
+
+    buf = io.StringIO()
+    p = Progress("golden", buf, tty=False, interval=0.05)  # the real clock: the heartbeat runs
+    assert p.heartbeat
+    p.start(1, 10.0)
+    p.case_started("slow", 10.0)
+    time.sleep(0.4)  # no report from the case at all: a chunk longer than the interval
+    p.finish()
+    beats = [x for x in buf.getvalue().splitlines() if "0% of slow" in x]
+    assert len(beats) >= 3, buf.getvalue()
+    n = len(buf.getvalue())
+    time.sleep(0.15)
+    assert len(buf.getvalue()) == n  # finished: the heartbeat has stopped
