@@ -68,7 +68,7 @@ def test_estimates_are_within_one_and_a_half_of_the_measured_peak_and_file(spec,
         peak, size = _measure(case, tmp_path)
     assert 1 / 1.5 <= est.peak_bytes / peak, (format_size(peak), format_size(est.peak_bytes))
     if spec["id"] != "mqa":
-        # Note: the MQA case's measured peak is 160 MiB alone and 7 MiB after the rest of the
+        # The MQA case's measured peak is 160 MiB alone and 7 MiB after the rest of the
         # default suite (some earlier test changes the path it takes; not yet understood), so
         # only its estimate's lower side is checked here; benchmarks/estimates.md measures it alone.
         assert est.peak_bytes / peak <= 1.5, (format_size(peak), format_size(est.peak_bytes))
