@@ -4,6 +4,7 @@
     python benchmarks/run_all.py --threads 1           # one thread count
     python benchmarks/run_all.py --headline            # + the ascend-headline golden (minutes)
     python benchmarks/run_all.py --only gemm,quant     # rows whose key contains a word
+    python benchmarks/run_all.py --only none --scale   # the memory and estimate rows (issue 30)
 
 Each row prints ``ratio  goal  pass/fail`` and the times behind it.  A row's candidate and its
 baseline run in the same process, interleaved (baseline, candidate, baseline, ...), after one
@@ -371,6 +372,71 @@ def rows_headline(threads: int, rounds: int, scale: int) -> list[bool]:
     return ok
 
 
+_SCALE_CHILD = r"""
+import json, os, resource, sys, tempfile, time
+from deepgemm_ref import golden
+from deepgemm_ref.golden.cases import estimate_case, validate_spec
+spec, limit, out = json.loads(sys.argv[1]), int(sys.argv[2]) or None, sys.argv[3]
+import numpy as np; np.ones(1) @ np.ones(1)  # the BLAS loaded before the baseline
+est = estimate_case(validate_spec(spec), limit)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+with tempfile.TemporaryDirectory(dir=out or None) as tmp:
+    t0, c0 = time.perf_counter(), time.process_time()
+    golden.generate([spec], tmp + "/b", max_memory=limit)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    size = sum(f.stat().st_size for f in os.scandir(tmp + "/b/cases"))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"base": base, "peak": peak, "wall": wall, "cpu": cpu, "file": size, "est_peak": est.peak_bytes,
+                  "est_own": est.own, "est_file": est.file_bytes, "est_seconds": est.seconds, "limit": limit or 0}))
+"""
+
+#: The --scale rows' cases: (preset, case id, --max-memory in bytes or 0 for the default).  The
+#: second one streams: its float64 work would not fit beside its own tensors in the limit given.
+SCALE_CASES = [("deepgemm-tests", "sm100-fp8-m4096-n7168-k2048", 0),
+               ("deepgemm-tests", "sm100-bf16-f32-m4096-n256-k7168", 0),
+               ("deepgemm-tests", "sm100-fp8-m4096-n4096-k7168", 1 << 30),
+               ("deepgemm-tests", "sm90-fp8-m4096-n2112-k7168", 768 << 20)]
+
+
+def rows_scale(threads: int, cases: list[tuple[str, str, int]], out: str) -> list[bool]:
+    """Peak RSS (ru_maxrss less the interpreter's and imports' own, a fresh subprocess per case),
+    file size and time of single cases against their estimates (goal: within 1.5x both ways) and
+    the peak against the limit the case ran under."""
+    from deepgemm_ref import golden
+    from deepgemm_ref.toolkit.sizes import default_memory_limit, format_size
+
+    env = dict(os.environ, DEEPGEMM_REF_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads))
+    ok: list[bool] = []
+    for preset, case_id, limit in cases:
+        spec = next(c for c in golden.preset(preset) if c["id"] == case_id)
+        r = subprocess.run([sys.executable, "-c", _SCALE_CHILD, json.dumps(spec), str(limit), out], env=env,
+                           check=True, capture_output=True, text=True, cwd=ROOT)
+        m = json.loads(r.stdout.strip().splitlines()[-1])
+        used = m["peak"] - m["base"]
+        lim = limit or default_memory_limit()
+        two = lambda x: max(x, 1 / x)  # noqa: E731  (within 1.5x both ways: the larger of x and 1/x)
+        extra = (f" above the interpreter's {format_size(m['base'])}; estimate {format_size(m['est_peak'])}, of "
+                 f"it own tensors {format_size(m['est_own'])}; limit {format_size(lim)}; load average "
+                 f"{os.getloadavg()[0]:.2f}")
+
+        def row(title: str, ratio: float, goal: float, detail: str, case_id: str = case_id) -> bool:
+            good = ratio <= goal
+            print(f"  {ratio:7.2f}x  <= {goal:<5g} {'pass' if good else 'FAIL'}   {case_id}: {title} [{threads} "
+                  f"thread(s)]   {detail}", flush=True)
+            return good
+
+        ok.append(row("peak RSS, estimate vs measured (either way)", two(m["est_peak"] / used), 1.5,
+                      f"measured {format_size(used)}" + extra))
+        ok.append(row("peak RSS / the case's memory limit", m["peak"] / lim, 1.0,
+                      f"{format_size(m['peak'])} of {format_size(lim)}"))
+        ok.append(row("file size, estimate vs measured (either way)", two(m["est_file"] / m["file"]), 1.5,
+                      f"estimate {format_size(m['est_file'])}, measured {format_size(m['file'])}"))
+        ok.append(row("time, estimate vs measured CPU time (either way)", two(m["est_seconds"] / m["cpu"]), 1.5,
+                      f"estimate {m['est_seconds']:.1f} s, measured {m['cpu']:.1f} s CPU ({m['wall']:.1f} s wall)"))
+    return ok
+
+
 ROWS: dict[str, Callable[[int, int], list[bool]]] = {
     "gemm": rows_gemm, "fp32": rows_fp32, "adversarial": rows_adversarial, "mqa": rows_mqa, "grouped": rows_grouped,
     "mega": rows_mega, "quant": rows_quant, "jobs": rows_jobs,
@@ -384,6 +450,14 @@ def main() -> int:
     ap.add_argument("--headline", action="store_true", help="add the ascend-headline golden row (minutes)")
     ap.add_argument("--headline-scale", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help="comma-separated row groups: " + ", ".join(ROWS))
+    ap.add_argument("--scale", action="store_true",
+                    help="add the memory and estimate rows (single golden cases in subprocesses: peak RSS, file "
+                         "and time against their estimates; seconds to minutes)")
+    ap.add_argument("--scale-case", action="append", default=[], metavar="PRESET:ID[:LIMIT]",
+                    help="a case for the --scale rows instead of the default ones (LIMIT as --max-memory, e.g. "
+                         "deepgemm-tests:sm100-bf16-f32-m4096-n129280-k7168); repeatable")
+    ap.add_argument("--scale-dir", default="", help="where the --scale cases write their files (default: the "
+                    "system's temporary directory)")
     args = ap.parse_args()
     if args.rounds < 5:
         ap.error("--rounds: at least 5")
@@ -402,6 +476,12 @@ def main() -> int:
             results += fn(t, args.rounds)
         if args.headline and (not only or "headline" in only):
             results += rows_headline(t, args.rounds, args.headline_scale)
+        if args.scale or args.scale_case:
+            from deepgemm_ref.golden.resources import parse_size
+
+            cases = [(p[0], p[1], parse_size(p[2]) if len(p) > 2 else 0)
+                     for p in (c.split(":") for c in args.scale_case)] or SCALE_CASES
+            results += rows_scale(t, cases, args.scale_dir)
     print(f"\n{sum(results)} of {len(results)} rows pass; load average {os.getloadavg()[0]:.2f}")
     return 0 if all(results) else 1
 

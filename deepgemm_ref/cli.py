@@ -203,6 +203,20 @@ def _list_data() -> dict[str, Any]:
     return {"presets": presets, "common_keys": common_key_docs(), "families": families}
 
 
+def _preset_estimates(name: str) -> str:
+    """A preset's estimated disk, peak memory (its largest case) and serial time on this machine."""
+    from .golden import preset
+    from .golden.cases import estimate_case
+    from .golden.generation import validate_specs
+    from .golden.resources import format_seconds
+    from .toolkit.sizes import format_size
+
+    ests = [e for e in (estimate_case(s) for s in validate_specs(preset(name))) if e is not None]
+    return (f"; estimated disk {format_size(sum(e.file_bytes for e in ests))}, peak memory "
+            f"{format_size(max((e.peak_bytes for e in ests), default=0))} (its largest case), time "
+            f"{format_seconds(sum(e.seconds for e in ests))} (serial, this machine)")
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     import json
 
@@ -212,7 +226,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     width = _list_width()
     for name, cases in data["presets"].items():
-        print(f"{name}: {count(len(cases), 'case')}")
+        print(_wrapped(f"{name}: {count(len(cases), 'case')}" + (_preset_estimates(name) if args.verbose else ""),
+                       width))
         if args.verbose:
             id_width = min(max(len(c["id"]) for c in cases), width // 2)
             for c in cases:

@@ -64,7 +64,8 @@ import ml_dtypes
 import numpy as np
 
 from . import formats as fm
-from ._parallel import blas_pinned, parallel_chunks, single_threaded_blas
+from ._memory import work_budget, work_reporter
+from ._parallel import blas_pinned, num_threads, parallel_chunks, single_threaded_blas
 from .certified import Points, decode_codes, round_certified, within_half_gap
 from .config import AccumulationModel, Limited
 from .exact import (
@@ -96,6 +97,7 @@ __all__ = [
     "exact_accumulator",
     "error_scale",
     "dot_products",
+    "gemm_work_bytes",
 ]
 
 
@@ -535,18 +537,48 @@ def _tile_rows(width: int) -> int:
     return max(1, _TILE // max(width, 1))
 
 
-def _chunk_rows(m: int, n: int, k: int) -> int:
+def _chunk_rows(m: int, n: int, k: int, budget: int | None = None) -> int:
     """Rows of ``a`` per chunk of the float64 GEMM.
 
-    A chunk holds its float64 rows of ``a`` and its (rows, N) GEMM result (the passes beside the
-    GEMM work on small tiles of it).  The budget is a quarter of the float64 copies of A, B and D
-    (at least 64 MiB); chunks have at least 512 rows (the BLAS then runs at full speed) and no
-    chunking at all where the budget allows.
+    A chunk holds its float64 rows of ``a`` and its (rows, N) GEMM result (two of them for K-blocked
+    and FP32-scaled products), and later the float32 rows of the error scale (the passes beside
+    the GEMM work on small tiles of them; :func:`_row_work`); the whole
+    float64 copy of ``b`` is kept.  A chunk is at most a quarter of the float64 copies of A, B and
+    D (at least 64 MiB, and at least 512 rows: chunks enough for the thread pool, and the BLAS at
+    full speed), and the chunks in flight (one per pool thread) with the copy of ``b`` fit in the
+    work budget of the limit in force (:func:`._memory.work_budget`: what the golden workflow
+    leaves of ``--max-memory`` beside the case's own tensors, else a quarter of the limit;
+    chunks of at least 16 rows).  The golden bytes do not depend on the chunking (each element's
+    sum runs in the same order).
     """
-    per_row = 8 * (n + k) + 2 * n
-    budget = max(64 << 20, 2 * (m * k + n * k + m * n))  # bytes: 1/4 of 8 * (mk + nk + mn)
-    rows = budget // max(per_row, 1)
-    return max(1, min(m, max(rows, 512)))
+    # as before the limit: a quarter of the copies, at least 512 rows
+    cap = max(512, max(64 << 20, 2 * (m * k + n * k + m * n)) // max(8 * (n + k) + 2 * n, 1))
+    allowed = work_budget() if budget is None else budget
+    fits = max(16, (allowed - 8 * n * k) // max(1, num_threads()) // max(_row_work(n, k), 1))
+    return max(1, min(m, cap, fits))
+
+
+def gemm_work_bytes(m: int, n: int, k: int, budget: int | None = None) -> int:
+    """Bytes the exact model of an (m, k) by (n, k) product holds beside its inputs and (M, N)
+    results, at most: the whole float64 copy of the kept operand (``b``, or ``a`` when the
+    operands are swapped), and per chunk in flight (one per pool thread) its float64 rows and
+    (rows, N) GEMM result, a second such result (K-blocked and FP32-scaled products) and the
+    float32 rows of the error scale.  ``budget``: the work budget (default
+    :func:`._memory.work_budget`).  The golden workflow's memory estimates use it."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0
+    if _swap_operands(m, n, k):
+        m, n = n, m
+    rows = _chunk_rows(m, n, k, budget)
+    chunks = -(-m // rows)
+    inflight = min(chunks, max(1, num_threads())) if chunks > 1 else 1
+    return 8 * n * k + inflight * rows * _row_work(n, k)
+
+
+def _row_work(n: int, k: int) -> int:
+    """Bytes per row of a chunk: its float64 row of ``a`` and row of the GEMM result, a second
+    result row (K-blocked and FP32-scaled products) and the error scale's float32 rows."""
+    return 8 * (n + k) + 8 * n + 4 * (n + k)
 
 
 def _swap_operands(m: int, n: int, k: int) -> bool:
@@ -1058,6 +1090,20 @@ class _Gemm:
         self.qa, self.qb = _Quanta(a), _Quanta(b)
         self._buffers: list[tuple[np.ndarray, np.ndarray]] = []
         self._lock = threading.Lock()
+        # progress of a long call (the golden workflow's lines inside one case): read here, in the
+        # calling thread; rows done are reported from whichever thread finished them
+        self._report = work_reporter()
+        self._rows_done = 0
+
+    def _progress(self, rows: int, phase: float, weight: float) -> None:
+        """Report ``rows`` more rows of ``a`` done in the phase that starts at share ``phase`` and
+        weighs ``weight`` (the GEMM 3/4 of the call, the error scale 1/4)."""
+        if self._report is None:
+            return
+        with self._lock:
+            self._rows_done += rows
+            share = phase + weight * min(1.0, self._rows_done / max(1, self.a.shape[0]))
+        self._report(share)
 
     def close(self) -> None:
         """Give the float64 copy of ``b`` and the chunk buffers back to the scratch memory."""
@@ -1077,10 +1123,13 @@ class _Gemm:
         the BLAS's own threads (the passes beside it run on the pool, tile by tile)."""
         starts = self.starts()
 
+        self._rows_done = 0
+
         def run(i0: int, i1: int) -> None:
             for r0 in starts[i0:i1]:
                 with self._chunk(r0) as ch:
                     fn(ch)
+                self._progress(ch.r1 - ch.r0, 0.0, 0.75)
 
         if len(starts) > 1 and blas_pinned():
             parallel_chunks(len(starts), 1, run)
@@ -1199,6 +1248,7 @@ class _Gemm:
         pb = np.ldexp(1.0, eb)
         starts = list(range(0, m, self.step))
         wide_rows: list[np.ndarray] = []
+        self._rows_done = 0
 
         def rows(i0: int, i1: int) -> None:
             a32 = _scratch_take((self.step, k), np.float32)
@@ -1228,6 +1278,7 @@ class _Gemm:
                 if a_wide.any():
                     with self._lock:
                         wide_rows.append(np.flatnonzero(a_wide) + r0)
+                self._progress(r1 - r0, 0.75, 0.25)
 
         if len(starts) > 1 and blas_pinned():
             parallel_chunks(len(starts), 1, rows)
@@ -1318,6 +1369,8 @@ class _ErrorScaleOnly(_Gemm):
         self.b64 = self._b_buf = _scratch_take((n, (k + 1) // 2))  # room for the float32 copy
         self._buffers = []
         self._lock = threading.Lock()
+        self._report = work_reporter()
+        self._rows_done = 0
 
 
 @dataclass

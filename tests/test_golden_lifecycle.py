@@ -360,7 +360,10 @@ def test_default_memory_limit_is_half_the_total_physical_memory(monkeypatch):
     # not the memory available at the moment: it does not move when that does
     monkeypatch.setattr(sizes, "available_memory", lambda: 1 << 30)
     assert sizes.default_memory_limit() == want
-    monkeypatch.setattr(sizes, "cgroup_memory_limit", lambda: 4 << 30)
+    # the limit lives in the base layer (deepgemm_ref._memory; toolkit.sizes re-exports it)
+    from deepgemm_ref import _memory
+
+    monkeypatch.setattr(_memory, "cgroup_memory_limit", lambda: 4 << 30)
     assert sizes.default_memory_limit() == min(want, 2 << 30)
 
 

@@ -38,7 +38,7 @@ PKG = ROOT / "deepgemm_ref"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # errors, exact arithmetic, trace, dry-run flag, the parallel pool, interop, settings storage,
     # groups of ranks and their transports
-    ("base", frozenset({"_exports", "_parallel", "_state", "_version", "comm", "dryrun", "dtypes", "errors",
+    ("base", frozenset({"_exports", "_memory", "_parallel", "_state", "_version", "comm", "dryrun", "dtypes", "errors",
                         "exact", "interop", "trace"})),
     # formats, certified rounding, the one core, numerics options, arch profiles, epilogue objects
     ("numerics", frozenset({"certified", "config", "core", "epilogue", "formats", "profiles", "settings"})),

@@ -29,6 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._memory import limit_allocations
 from ..errors import DGArgumentError, arg_error
 from ..profiles import PROFILES
 from .emulator import emulator
@@ -453,10 +454,17 @@ def _row_offsets(value: Any, value_draw: str, where: str) -> list[int]:
     return out
 
 
-def estimate_case(spec: CaseSpec) -> Estimate | None:
-    """The family's estimate of a case (None for a family without an estimator)."""
+def estimate_case(spec: CaseSpec, max_memory: int | None = None) -> Estimate | None:
+    """The family's estimate of a case (None for a family without an estimator) under the memory
+    limit ``max_memory`` (default: the limit in force, :func:`deepgemm_ref._memory.allocation_limit`):
+    the work that streams is sized from it."""
     fam = family_for(spec)
-    return fam.estimate(spec.resolved) if fam.estimate is not None else None
+    if fam.estimate is None:
+        return None
+    if max_memory is None:
+        return fam.estimate(spec.resolved)
+    with limit_allocations(int(max_memory)):
+        return fam.estimate(spec.resolved)
 
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:
@@ -478,8 +486,8 @@ def build_case(spec: CaseSpec | Mapping[str, Any], *, max_memory: int | None = N
     if not isinstance(spec, CaseSpec):
         spec = validate_spec(spec)
     fam = family_for(spec)
-    est = estimate_case(spec)
     limit = default_memory_limit() if max_memory is None else max_memory
+    est = estimate_case(spec, limit)
     if est is not None and est.peak_bytes > limit:
         raise ResourceError(f"case {spec.id!r}: needs about {format_size(est.peak_bytes)} of memory "
                             f"({_shape_text(spec)}); the limit is {format_size(limit)} (--max-memory)")
@@ -499,6 +507,23 @@ def _shape_text(spec: CaseSpec) -> str:
     return " ".join(f"{k}={v}" for k, v in spec.shape().items()) or spec.kernel
 
 
+#: Elements per block of :func:`randn_bf16`'s draws.
+_DRAW_BLOCK = 16 << 20
+
+
 def randn_bf16(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
-    """Standard-normal values rounded to bf16 (DeepGEMM's ``torch.randn(..., dtype=bf16)``)."""
-    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+    """Standard-normal values rounded to bf16 (DeepGEMM's ``torch.randn(..., dtype=bf16)``).
+
+    Drawn in blocks of leading-axis slices (at most about 16 Mi elements each): the generator
+    fills element after element, so the values are those of one draw of the whole shape, without
+    its float32 temporaries (a (129280, 7168) operand would need 7 GiB of them)."""
+    out = np.empty(shape, BF16)
+    if out.size == 0 or out.ndim == 0:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(BF16)
+    inner = max(1, out.size // max(shape[0], 1))
+    step = max(1, _DRAW_BLOCK // inner)
+    for i in range(0, shape[0], step):
+        block = rng.standard_normal((min(step, shape[0] - i), *shape[1:]), dtype=np.float32)
+        block *= np.float32(scale)
+        out[i:i + step] = block.astype(BF16)
+    return out

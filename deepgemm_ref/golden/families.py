@@ -23,11 +23,14 @@ import ml_dtypes
 import numpy as np
 
 from .. import quant
+from .._memory import MIN_WORK_BUDGET, allocation_limit
+from .._parallel import num_threads
+from ..core import gemm_work_bytes
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .ranges import scale_product_range
 from .ranges_mqa import mqa_range
-from .resources import Estimate, tensor_bytes
+from .resources import PEAK_FIXED, Estimate, tensor_bytes
 from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
 __all__ = ["build_gemm", "build_grouped", "build_einsum", "build_mqa", "GEMM_SCHEMA", "GROUPED_SCHEMA",
@@ -74,20 +77,35 @@ def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -
 
 
 def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_bytes: float, batch: float = 1,
-                   extra: float = 0) -> Estimate:
+                   extra: float = 0, cost: float = 1.0) -> Estimate:
     """A GEMM-shaped case: ``batch`` products of (rows, depth) x (depth, cols).
 
     File: stored operands (``in_bytes`` per element, scales included) and per output element the
-    output, float64 accumulator and error scale and the defined mask.  Peak (measured with
-    tracemalloc on the smoke and deepgemm-tests-small cases, then rounded up): about 20 bytes
-    per source operand element (float32 normals, bf16, quantised codes, float64 dequantised
-    copies) and 64 per output element (the float64 accumulator, its error scale and their
-    temporaries).
+    output, float64 accumulator and error scale and the defined mask.  Peak: the case's own
+    tensors (its file's tensors and the core's output codes before they are copied into the
+    output) plus the larger of the float64 work of one product (:func:`core.gemm_work_bytes`,
+    within the limit in force less the own tensors: it streams) and the inputs' build
+    temporaries (quantiser copies of the larger operand, about 6 bytes per element; bf16 draws in
+    blocks; quantiser temporaries), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
+    benchmarks/estimates.md).
     """
     src = batch * (rows + cols) * depth
     outs = batch * rows * cols
     file = tensor_bytes((src, in_bytes), (outs, out_bytes + 17)) + int(extra)
-    return Estimate.of(file, 24 * src + 72 * outs + extra * 2 + (8 << 20), batch * rows * cols * depth)
+    own = file + outs * (2 if out_bytes <= 2 else 4)
+    budget = int(max(MIN_WORK_BUDGET, allocation_limit() - own - PEAK_FIXED))
+    work = gemm_work_bytes(int(rows), int(cols), int(depth), budget)
+    # building the inputs (measured): quantised operands hold about 6 bytes per element of the
+    # larger operand (its bf16 draw, its codes, the quantiser's temporaries) and 18 more per
+    # padding element (K padded to 128); bf16 ones are drawn in blocks
+    larger = max(rows, cols) * depth
+    padded = max(rows, cols) * (-(-depth // 128) * 128)
+    build = 6 * larger + 18 * (padded - larger) if in_bytes < 2 else 10 * min(larger, 16 << 20)
+    # time (fitted to the CPU times of every preset's GEMMs): two BLAS multiply-adds per
+    # multiply-add (the float64 GEMM, the error scale's float32 one and the certificates), and
+    # per output and per input element the passes beside them; ``cost`` weighs the whole
+    madds = cost * (2.0 * batch * rows * cols * depth + 320 * outs + 500 * src)
+    return Estimate.of(file, PEAK_FIXED + own + max(work, build), madds, own)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -670,7 +688,7 @@ def estimate_grouped(p: Params) -> Estimate:
         # SUM_K <= groups * align(int(1.3 k), alignment); the (groups, m, n) float32 c and d
         k_group = align(int(1.3 * k) + 1, al)
         est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
-        return Estimate.of(est.file_bytes, est.peak_bytes, 2 * groups * m * n * k_group)  # twice a dense GEMM's time
+        return Estimate(est.file_bytes, est.peak_bytes, est.work)  # the (groups, m, n) GEMMs' time (measured)
     rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
     # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each
     return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
@@ -756,10 +774,10 @@ def estimate_einsum(p: Params) -> Estimate:
     if p.kernel in _HC:
         m, n, k = p["m"], p["n"], p["k"]
         est = _gemm_estimate(m, n, k, 3, 12 + 40 / max(n, 1))
-        # the HC prenorm GEMM's exact model holds about 2 bytes per multiply-add (measured: 280 MiB
-        # for m, n, k = 1024, 32, 4096) and is about 30 times slower per multiply-add than a
-        # dense GEMM's
-        return Estimate.of(est.file_bytes, est.peak_bytes + 4.5 * m * n * k, 30 * m * n * k)
+        # the HC prenorm GEMM's exact model holds about 0.35 bytes per multiply-add (measured with
+        # tracemalloc: 26 MiB for m, n, k = 512, 32, 2048) and is about 30 times slower per
+        # multiply-add than a dense GEMM's
+        return Estimate.of(est.file_bytes, est.peak_bytes + 0.35 * m * n * k, 30 * m * n * k)
     return _gemm_estimate(p["b"], p["d_dim"], p["r"], 2 if p.kernel == "einsum" else 1.2, 2, batch=p["h"])
 
 
@@ -958,8 +976,8 @@ def estimate_mqa(p: Params) -> Estimate:
     heads, dim = p["heads"], p["head_dim"]
     if p.kernel in _PAGED:
         batch, block = p["batch"], p["block_kv"]
-        rows, cols = batch, 3 * block  # one query token per request; contexts < 3 block_kv
-        kv_tokens = batch * 3 * block + block
+        rows, cols = batch, 2.5 * block  # one query token per request; contexts < 3 block_kv, 2.5 on average
+        kv_tokens = batch * 2.5 * block + block
     else:
         rows, cols = p["seq"], p["seq_kv"]
         kv_tokens = cols
@@ -968,8 +986,11 @@ def estimate_mqa(p: Params) -> Estimate:
     file = tensor_bytes((src, 1.2), (logits, 21), (rows * heads, 4))
     # the exact model keeps every head's (rows, cols) float64 products and their error terms,
     # and is about twice as slow per multiply-add as a dense GEMM's
-    peak = 24 * src + 32 * logits * heads + 128 * logits + (8 << 20)
-    return Estimate.of(file, peak, 2 * logits * heads * dim)
+    # measured (tracemalloc, every preset): 0.55 of the former bound with one pool thread, and
+    # about 20 bytes per logit and head more for every further thread (each holds its heads' work)
+    peak = PEAK_FIXED + (0.35 if p.kernel in _PAGED else 0.55) * (24 * src + 32 * logits * heads + 128 * logits) \
+        + 20 * (num_threads() - 1) * logits * heads
+    return Estimate.of(file, peak, 1.4 * logits * heads * dim, byte_work=400)  # fitted: every preset
 
 
 def check_mqa_entry(entry: Any) -> str | None:

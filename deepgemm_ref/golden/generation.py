@@ -41,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._memory import MIN_WORK_BUDGET, limit_work, work_progress
 from .._parallel import limit_blas_threads
 from .._state import isolated
+from ..core import release_scratch
 from ..errors import DGArgumentError
 from ..toolkit.sizes import limit_allocations
 from . import safetensors as st
@@ -62,7 +64,7 @@ from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, va
 from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, stale_siblings
 from .progress import as_progress
 from .ranks import spec_ranks
-from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size
+from .resources import PEAK_FIXED, Estimate, ResourceError, default_memory_limit, format_seconds, format_size
 from .text import count, plural
 
 __all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
@@ -270,7 +272,9 @@ def plan_generation(
     files = check_file_names([c.id for c in cases])
     limit = default_memory_limit() if max_memory is None else int(max_memory)
     case_limit = limit // jobs if executor in ("local", "processes") else limit
-    planned = [PlannedCase(c, files[c.id], estimate_case(c), ranks=spec_ranks(c)) for c in cases]
+    # estimates under the limit each case runs with (its streaming work is sized from it)
+    planned = [PlannedCase(c, files[c.id], estimate_case(c, limit if executor == "processes" and spec_ranks(c)
+                                                         else case_limit), ranks=spec_ranks(c)) for c in cases]
     prefix = f"{source}: " if source else ""
     if executor == "processes" and ranks_per_case is not None:
         wrong = [p for p in planned if p.ranks and p.ranks != ranks_per_case]
@@ -375,9 +379,19 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
     # settings) is its own, so runs in several threads at once are independent.
     with isolated():
         built = build_case(spec, max_memory=max_memory)
-        # The kernels' own allocation guard follows the run's limit (--max-memory), not its default.
-        with limit_allocations(max_memory) if max_memory is not None else contextlib.nullcontext():
-            golden, stats = compute_golden(built)
+        # The kernels' own allocation guard follows the run's limit (--max-memory), not its default;
+        # the core's streaming work gets what the case's own tensors leave of it.
+        limit = default_memory_limit() if max_memory is None else max_memory
+        est = estimate_case(spec, limit)
+        work = limit_work(max(MIN_WORK_BUDGET, limit - est.own_bytes - PEAK_FIXED)) \
+            if est is not None and est.own_bytes else contextlib.nullcontext()
+        try:
+            with limit_allocations(limit), work:
+                golden, stats = compute_golden(built)
+        finally:
+            # The core's scratch memory is for calls in a row: a case starts with none of the
+            # previous case's (its peak is its own, as estimated).
+            release_scratch()
     if token is not None and not (workdir / CASES_DIR / token).exists():
         raise _Stopped(spec.id)
     return write_case(built, golden, stats, workdir, overwrite, guard)
@@ -496,11 +510,18 @@ Result = tuple[str, "dict[str, Any] | None", "dict[str, str] | None"]
 
 
 def _run_inline(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int,
-                sig: _Signals) -> Generator[Result, None, None]:
+                sig: _Signals, progress: Any = None, costs: Mapping[str, float] | None = None
+                ) -> Generator[Result, None, None]:
+    """The cases one after the other in this process; ``progress`` (with ``case_started`` and
+    ``within``, :class:`.progress.Progress`) also hears the share of each case's own work done."""
+    inside = progress if hasattr(progress, "case_started") and hasattr(progress, "within") else None
     for spec in todo:
         sig.check()
         try:
-            entry = generate_case(spec, workdir, overwrite, limit, guard=lambda: _Critical(sig))
+            if inside is not None:
+                inside.case_started(spec.id, (costs or {}).get(spec.id, 0.0))
+            with work_progress(inside.within) if inside is not None else contextlib.nullcontext():
+                entry = generate_case(spec, workdir, overwrite, limit, guard=lambda: _Critical(sig))
         except (GenerationInterrupted, KeyboardInterrupt):
             raise
         except Exception as e:  # a case failing must not lose the others
@@ -1065,7 +1086,7 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
                                          [c.spec for c in todo if plan.in_rank_processes(c)], work, overwrite,
                                          plan.case_limit, plan.memory_limit, plan.jobs, costs, sig, note, held)
             elif inline:
-                results = _run_inline(specs, work, overwrite, plan.case_limit, sig)
+                results = _run_inline(specs, work, overwrite, plan.case_limit, sig, progress, costs)
             else:  # the largest cases first, so that no worker is left with one at the end
                 by_work = sorted(specs, key=lambda spec: -costs.get(spec.id, 0.0))
                 results = _run_pool(by_work, work, overwrite, plan.case_limit, plan.jobs, sig)

@@ -10,6 +10,13 @@ place (a bar, done/total, ETA); elsewhere (a log file, a CI job, a pipe) one lin
 ``interval`` seconds (default 3, or ``DEEPGEMM_REF_PROGRESS_INTERVAL``) with done/total, elapsed
 and ETA, plus one at the start and one at the end.  A plain callable ``f(done, total, what)`` is
 accepted wherever a progress object is (:func:`as_progress`).
+
+Inside one case (serial generation): ``case_started(what, work)`` names the case in flight and
+``within(share)`` reports the share of its own work done (the core reports it chunk by chunk,
+:func:`deepgemm_ref._memory.work_progress`); the line then adds ``"40% of <case>"`` and the work
+share counts the case's done part.  While a case is in flight a heartbeat thread writes the line
+again whenever nothing was written for ``interval`` seconds (a chunk longer than the interval), so
+that a log is never silent for longer than the interval.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
@@ -101,6 +109,14 @@ class Progress:
         self.t0 = clock()
         self.last = -math.inf
         self.started = False
+        self.case = ""  # the case in flight (serial generation), its work and share done
+        self.case_work = 0.0
+        self.case_share = 0.0
+        self._lock = threading.RLock()
+        self._beat: threading.Thread | None = None
+        self._stop = threading.Event()
+        #: the heartbeat thread runs only with the real clock on a non-terminal stream
+        self.heartbeat = clock is time.monotonic and not self.tty
 
     def start(self, total: int, total_work: float) -> None:
         self.total, self.total_work = total, float(total_work)
@@ -110,33 +126,71 @@ class Progress:
         self._emit("", force=True)
 
     def update(self, done: int, done_work: float, what: str = "") -> None:
-        self.done, self.done_work = done, float(done_work)
-        self._emit(what, force=done >= self.total)
+        with self._lock:
+            self.done, self.done_work = done, float(done_work)
+            self.case, self.case_share = "", 0.0
+            self._emit(what, force=done >= self.total)
+
+    def case_started(self, what: str, work: float) -> None:
+        """The case ``what`` (estimated ``work``) is now in flight in this process."""
+        with self._lock:
+            self.case, self.case_work, self.case_share = what, float(work), 0.0
+        if self.heartbeat and self._beat is None:
+            self._stop.clear()
+            self._beat = threading.Thread(target=self._heartbeat, name="deepgemm-ref-progress", daemon=True)
+            self._beat.start()
+
+    def within(self, share: float) -> None:
+        """The case in flight has done ``share`` (0..1) of its work (any thread)."""
+        with self._lock:
+            if not self.case:
+                return
+            self.case_share = min(1.0, max(self.case_share, float(share)))
+            if not self.tty:
+                self._emit("")
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(max(0.05, self.interval / 4)):
+            with self._lock:
+                if self.case and self.clock() - self.last >= self.interval:
+                    self._emit("")
 
     def finish(self) -> None:
+        self._stop.set()
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            beat.join(timeout=1.0)
         if self.started and self.tty:
             self._write("\n")
         self.started = False
 
+    def _work_done(self) -> float:
+        """Work of the finished cases plus the done share of the case in flight."""
+        return self.done_work + (self.case_share * self.case_work if self.case else 0.0)
+
     def eta(self) -> float:
         """Seconds left: the elapsed time per unit of work done, times the work left."""
         elapsed = self.clock() - self.t0
-        if self.done_work <= 0 or self.total_work <= 0:
+        done = self._work_done()
+        if done <= 0 or self.total_work <= 0:
             return math.nan
-        return elapsed / self.done_work * max(self.total_work - self.done_work, 0.0)
+        return elapsed / done * max(self.total_work - done, 0.0)
 
     def line(self, what: str = "") -> str:
         elapsed = self.clock() - self.t0
-        share = self.done_work / self.total_work if self.total_work > 0 else (1.0 if self.total == 0 else 0.0)
+        done = self._work_done()
+        share = done / self.total_work if self.total_work > 0 else (1.0 if self.total == 0 else 0.0)
         text = (f"{self.label}: {self.done}/{count(self.total, 'case')} ({100 * share:.0f}% of the work), "
                 f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(self.eta())}")
+        if self.case and not what:
+            return text + f", {100 * self.case_share:.0f}% of {self.case}"
         return text + (f", {what}" if what else "")
 
     def _emit(self, what: str, force: bool = False) -> None:
         now = self.clock()
         if self.tty:
             width = 24
-            share = self.done_work / self.total_work if self.total_work > 0 else (1.0 if self.done else 0.0)
+            share = self._work_done() / self.total_work if self.total_work > 0 else (1.0 if self.done else 0.0)
             fill = min(width, int(width * share))
             bar = "#" * fill + "-" * (width - fill)
             self._write(f"\r{self.label} [{bar}] {self.done}/{self.total} ETA {format_seconds(self.eta()):>7} "

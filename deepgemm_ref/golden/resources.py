@@ -14,6 +14,7 @@ process's cgroup memory limit when that is lower: a number that does not change 
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -22,18 +23,23 @@ from ..toolkit.sizes import default_memory_limit, format_size, physical_memory
 
 __all__ = ["Estimate", "ResourceError", "default_memory_limit", "physical_memory", "parse_size", "format_size",
            "format_seconds", "WORK_PER_SECOND", "CASE_WORK", "BYTE_WORK", "tensor_bytes",
-           "HEADER_BYTES_PER_TENSOR"]
+           "HEADER_BYTES_PER_TENSOR", "PEAK_FIXED", "blas_rate", "work_per_second", "EXACT_COST"]
 
-#: Work units per second on a reference core (two shared cores, measured on the smoke and
-#: deepgemm-tests-small presets): the plan's time estimate is rough; the ETA during a run uses the
-#: measured rate.  A unit is about one multiply-add of the exact model of a dense GEMM; families
-#: with slower exact models weigh their multiply-adds more, and every case adds a fixed cost and
-#: one per byte written and hashed (:data:`CASE_WORK`, :data:`BYTE_WORK`).
-WORK_PER_SECOND = 1.0e10
-#: The fixed work of one case (about 10 ms: building, the call, the file).
-CASE_WORK = 1.0e8
-#: The work per byte of a case's file (about 1 GB/s to write and hash).
-BYTE_WORK = 10.0
+#: Work units per second of a reference core, where the BLAS cannot be timed (the plan's times
+#: are calibrated by :func:`blas_rate` at first use; the ETA during a run uses the measured
+#: rate).  A unit is one float64 multiply-add of the BLAS on one thread: a case's work is the
+#: BLAS-equivalent multiply-adds of its exact model (about two per multiply-add of a dense GEMM:
+#: the float64 GEMM and the error scale's float32 one) plus its per-element passes, a fixed cost
+#: and one per byte written and hashed (:data:`CASE_WORK`, :data:`BYTE_WORK`), fitted to the CPU
+#: times measured on every preset (benchmarks/estimates.md).
+WORK_PER_SECOND = 2.5e10
+#: The fixed work of one case (about 5 ms at the reference rate: building, the call, the file).
+CASE_WORK = 1.15e8
+#: The work per byte of a case's file (about 1.8 ms per MB to draw, write and hash it).
+BYTE_WORK = 45.0
+#: The bytes every case allocates beside its tensors and work (the call's and the file's
+#: bookkeeping, small temporaries; measured with tracemalloc on the smoke preset's cases).
+PEAK_FIXED = 1 << 20
 #: A generous bound of one tensor's share of a safetensors header (name, dtype, shape, offsets)
 #: plus its manifest entry's sha256.
 HEADER_BYTES_PER_TENSOR = 160
@@ -43,6 +49,51 @@ class ResourceError(DGArgumentError):
     """A case (or bundle) that would need more memory or disk than allowed."""
 
 
+#: Seconds per work unit relative to one float64 multiply-add of this machine's BLAS on one
+#: thread (the golden BLAS is pinned to one thread); the families' work is already in these units.
+EXACT_COST = 1.0
+_RATE: list[float] = []
+
+
+def blas_rate() -> float:
+    """Float64 multiply-adds per second of this machine's BLAS on one thread: a 384 x 384 x 384
+    matmul timed (this thread's CPU time, best of 5, a few milliseconds in all), once per process.
+    ``DEEPGEMM_REF_BLAS_RATE`` (multiply-adds per second) overrides the measurement."""
+    if _RATE:
+        return _RATE[0]
+    env = os.environ.get("DEEPGEMM_REF_BLAS_RATE")
+    rate = 0.0
+    if env:
+        try:
+            rate = float(env)
+        except ValueError:
+            rate = 0.0
+    if not (math.isfinite(rate) and rate > 0):
+        import time
+
+        import numpy as np
+
+        from .._parallel import single_threaded_blas
+
+        n = 384
+        x = np.random.default_rng(0).standard_normal((n, n))
+        best = math.inf
+        with single_threaded_blas():
+            x @ x  # warm-up (the BLAS's buffers)
+            for _ in range(5):
+                t0 = time.thread_time()  # this thread's CPU time: what a loaded machine leaves of it
+                x @ x
+                best = min(best, time.thread_time() - t0)
+        rate = n**3 / best if best > 0 else WORK_PER_SECOND
+    _RATE.append(rate)
+    return rate
+
+
+def work_per_second() -> float:
+    """Work units per second on this machine: :func:`blas_rate` / :data:`EXACT_COST`."""
+    return blas_rate() / EXACT_COST
+
+
 @dataclass(frozen=True)
 class Estimate:
     """file_bytes: the case's file; peak_bytes: peak memory of generating it; work: cost units."""
@@ -50,15 +101,27 @@ class Estimate:
     file_bytes: int
     peak_bytes: int
     work: float
+    #: the case's own tensors (inputs, outputs, goldens; what cannot stream): the rest of the
+    #: peak is work that streams within the limit (0: not told apart, all of the peak is own)
+    own_bytes: int = 0
 
     @property
     def seconds(self) -> float:
-        return self.work / WORK_PER_SECOND
+        """Estimated seconds on this machine (:func:`work_per_second`, calibrated at first use)."""
+        return self.work / work_per_second()
+
+    @property
+    def own(self) -> int:
+        """The bytes that must fit in memory at once (:attr:`own_bytes`, else the peak)."""
+        return self.own_bytes or self.peak_bytes
 
     @staticmethod
-    def of(file_bytes: float, peak_bytes: float, madds: float) -> Estimate:
-        """An estimate whose work is ``madds`` plus the per-case and per-byte work."""
-        return Estimate(int(file_bytes), int(peak_bytes), float(madds) + CASE_WORK + BYTE_WORK * file_bytes)
+    def of(file_bytes: float, peak_bytes: float, madds: float, own_bytes: float = 0, *,
+           case_work: float = CASE_WORK, byte_work: float = BYTE_WORK) -> Estimate:
+        """An estimate whose work is ``madds`` (BLAS-equivalent multiply-adds) plus the per-case
+        and per-byte work (a family's own where its fit differs)."""
+        return Estimate(int(file_bytes), int(peak_bytes), float(madds) + case_work + byte_work * file_bytes,
+                        int(own_bytes))
 
 
 def tensor_bytes(*sizes: tuple[float, float]) -> int:

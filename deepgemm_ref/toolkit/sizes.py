@@ -20,14 +20,20 @@ run); :func:`limit_allocations` sets another one for a block of code.  Nothing h
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from .._memory import (
+    allocation_limit,
+    cgroup_memory_limit,
+    default_memory_limit,
+    limit_allocations,
+    limit_work,
+    physical_memory,
+    work_budget,
+)
 from ..errors import arg_error
 
 __all__ = [
@@ -41,6 +47,8 @@ __all__ = [
     "default_memory_limit",
     "allocation_limit",
     "limit_allocations",
+    "work_budget",
+    "limit_work",
     "check_alloc",
     "check_backed",
     "check_matmul",
@@ -84,16 +92,6 @@ def nbytes(shape: Iterable[int], itemsize: int) -> int:
 # the limit
 # ----------------------------------------------------------------------------------------------
 
-def physical_memory() -> int | None:
-    """Total physical memory in bytes (``os.sysconf``), or None where unknown."""
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES")
-        page = os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return int(pages) * int(page) if pages > 0 and page > 0 else None
-
-
 def available_memory() -> int | None:
     """Available memory in bytes (``MemAvailable`` of ``/proc/meminfo``), or None where unknown."""
     try:
@@ -104,53 +102,6 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def cgroup_memory_limit() -> int | None:
-    """The memory limit of this process's cgroup (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``) in bytes, or None where there is none or it cannot be read."""
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path, "rb") as f:
-                text = f.read(64).decode("ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if text.isdigit() and 0 < int(text) < (1 << 60):  # v1 says "no limit" with a huge number
-            return int(text)
-    return None
-
-
-def default_memory_limit() -> int:
-    """Half of the total physical memory, or of this process's cgroup memory limit when that is
-    lower: a number stable from run to run (not the memory available at the moment).  8 GiB where
-    neither can be read; never below 256 MiB."""
-    known = [x for x in (physical_memory(), cgroup_memory_limit()) if x]
-    return max(1 << 28, min(known) // 2) if known else 8 << 30
-
-
-_local = threading.local()
-
-
-def allocation_limit() -> int:
-    """The bytes one derived allocation may take: the innermost :func:`limit_allocations`, else
-    :func:`default_memory_limit`."""
-    limits = getattr(_local, "limits", None)
-    return limits[-1] if limits else default_memory_limit()
-
-
-@contextmanager
-def limit_allocations(limit: int) -> Iterator[None]:
-    """Within the block (this thread), derived allocations above ``limit`` bytes are refused."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise arg_error("limit_allocations", "limit", "a positive number of bytes", repr(limit))
-    limits = getattr(_local, "limits", None)
-    if limits is None:
-        limits = _local.limits = []
-    limits.append(limit)
-    try:
-        yield
-    finally:
-        limits.pop()
 
 
 def format_size(n: float) -> str:
