@@ -224,8 +224,18 @@ def rows_mqa(threads: int, rounds: int) -> list[bool]:
     k64 = kv8.astype(np.float64)
     with dg.numerics(arch="sm100"):
         r = interleaved(lambda: q64 @ k64.T, lambda: att.fp8_fp4_mqa_logits((q8, None), (kv8, sf), w, ks, ke), rounds)
-    return [report(Row("mqa", f"MQA logits exact (seq {seq}, kv {seq_kv}, {h} heads, dim {dim}) vs the equivalent "
-                       "float64 GEMM work", 1.6), threads, *r)]
+    ok = [report(Row("mqa", f"MQA logits exact (seq {seq}, kv {seq_kv}, {h} heads, dim {dim}) vs the equivalent "
+                     "float64 GEMM work", 1.4), threads, *r)]
+    _MQA_RATIOS[threads] = r[0]
+    if threads > 1 and 1 in _MQA_RATIOS:  # issue 30: a 2-thread ratio no worse than the 1-thread one
+        rel = r[0] / _MQA_RATIOS[1]
+        ok.append(rel <= 1.0)
+        print(f"  {rel:7.2f}x  <= 1     {'pass' if rel <= 1.0 else 'FAIL'}   its {threads}-thread ratio vs its "
+              f"1-thread ratio [{threads} thread(s)]   {r[0]:.2f}x vs {_MQA_RATIOS[1]:.2f}x", flush=True)
+    return ok
+
+
+_MQA_RATIOS: dict[int, float] = {}
 
 
 def rows_grouped(threads: int, rounds: int) -> list[bool]:
@@ -250,7 +260,7 @@ def rows_grouped(threads: int, rounds: int) -> list[bool]:
         r = interleaved(lambda: [x @ y.T for x, y in zip(a64, b64, strict=True)],
                         lambda: G.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True), rounds)
     return [report(Row("grouped", f"m-grouped psum, bf16 out ({groups} groups of {sizes} rows, N={n}, K={k}), vs the "
-                       "float64 GEMMs of the same groups", 1.3), threads, *r)]
+                       "float64 GEMMs of the same groups", 1.2), threads, *r)]
 
 
 def rows_mega(threads: int, rounds: int) -> list[bool]:
@@ -290,7 +300,7 @@ def rows_quant(threads: int, rounds: int) -> list[bool]:
     for name, fn in (("per_token_cast_to_fp8 (gran 128, UE8M0)", lambda: dg.per_token_cast_to_fp8(x, True, 128)),
                      ("per_token_cast_to_fp4 (gran 32, UE8M0)", lambda: dg.per_token_cast_to_fp4(x, True, 32))):
         r = interleaved(conv, fn, rounds)
-        results.append(report(Row("quant-token", f"{name} vs the conversion", 6.0), threads, *r))
+        results.append(report(Row("quant-token", f"{name} vs the conversion", 4.0), threads, *r))
     return results
 
 

@@ -55,6 +55,7 @@ import contextlib
 import math
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -864,6 +865,36 @@ class _Chunk:
     all_exact: bool  # every element certified exact (the chunk-wide exactness certificate)
 
 
+#: Kernels that run several GEMMs of one shape in a row (m-grouped GEMMs, Mega MoE's experts) do so
+#: inside :func:`reusing_buffers`: the float64 copy of each GEMM's ``b`` and its row-chunk buffers
+#: then come from a per-thread pool (a fresh array of that size costs its page faults and zeroing on every call),
+#: and goes back when its GEMM is freed.  The contents are always overwritten whole.
+_POOL = threading.local()
+
+
+@contextlib.contextmanager
+def reusing_buffers() -> Iterator[None]:
+    """Within the block (this thread), GEMMs take their float64 ``b`` copies from a pool."""
+    prev = getattr(_POOL, "free", None)
+    _POOL.free = {} if prev is None else prev
+    try:
+        yield
+    finally:
+        _POOL.free = prev
+
+
+def _pooled(owner: object, shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialised float64 array of ``shape``, from the pool while one is active (returned
+    to it when ``owner`` is freed), else fresh."""
+    free = getattr(_POOL, "free", None)
+    if free is None:
+        return np.empty(shape)
+    stack = free.setdefault(shape, [])
+    buf = stack.pop() if stack else np.empty(shape)
+    weakref.finalize(owner, stack.append, buf)
+    return buf
+
+
 class _Gemm:
     """The float64 GEMM of two operands, row chunk by row chunk, with its certificates.
 
@@ -885,7 +916,7 @@ class _Gemm:
         n = b.shape[0]
         self.pow2 = a.pow2_scales and b.pow2_scales
         self.blk = math.gcd(a.block or k, b.block or k) if blocked else 0
-        self.b64 = np.empty((n, k))
+        self.b64 = _pooled(self, (n, k))
         self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked)
         finite_norms = self.b_norm[self.b_finite]
         self.b_max = float(finite_norms.max()) if finite_norms.size else 0.0
@@ -921,7 +952,8 @@ class _Gemm:
         n = self.b.shape[0]
         r1 = min(a.shape[0], r0 + self.step)
         with self._lock:
-            bufs = self._buffers.pop() if self._buffers else (np.empty((self.step, k)), np.empty((self.step, n)))
+            bufs = self._buffers.pop() if self._buffers else (_pooled(self, (self.step, k)),
+                                                              _pooled(self, (self.step, n)))
         try:
             a64, y = bufs[0][:r1 - r0], bufs[1][:r1 - r0]
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):

@@ -104,7 +104,8 @@ def _tasks(req: MGroupedRequest) -> list[Task | Fill]:
 
 
 def _launch(req: MGroupedRequest) -> None:
-    execute(req, _tasks(req))
+    with core.reusing_buffers():  # one float64 B[g] buffer for every run's GEMM
+        execute(req, _tasks(req))
 
 
 # ----------------------------------------------------------------------------------------------

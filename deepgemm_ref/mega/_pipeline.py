@@ -580,8 +580,9 @@ def run(
     def place(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return first[routes.src[sel]] + routes.tok[sel], routes.slot[sel]
 
-    for r in range(R):
-        _owner(r, routes, selected, fetch, place, comb, weights[r], options[r], cfg, routed, ranks)
+    with core.reusing_buffers():  # the experts' GEMMs of one shape share their float64 buffers
+        for r in range(R):
+            _owner(r, routes, selected, fetch, place, comb, weights[r], options[r], cfg, routed, ranks)
     result = PipelineResult({}, {}, {}, route_counts(routes, R, E_l), {}, {})
     own: dict[str, int] = {}
     for s in out:
@@ -648,7 +649,8 @@ def run_rank(
     def place(sel: np.ndarray) -> tuple[np.ndarray, int]:
         return arrived[sel], 0
 
-    _owner(me, routes, selected, fetch, place, out_rows, weights, options, cfg, routed, ranks)
+    with core.reusing_buffers():  # the experts' GEMMs of one shape share their float64 buffers
+        _owner(me, routes, selected, fetch, place, out_rows, weights, options, cfg, routed, ranks)
     # back to the sources, in the order each one sent its rows
     back = transport.all_to_all([out_rows[start[s]:start[s + 1], 0] for s in range(R)])
     comb = np.zeros((tokens.num_tokens, K + int(shared is not None), H), BF16)
