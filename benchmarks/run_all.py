@@ -87,6 +87,11 @@ def pin_threads(n: int) -> None:
         pass
 
 
+#: The clock of :func:`interleaved`: wall time, or with ``--clock cpu`` this process's CPU time (on a
+#: loaded machine a one-thread ratio in CPU time is what the idle machine's wall time would show).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def interleaved(base: Callable[[], Any], cand: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
     """(median ratio, median baseline s, median candidate s) over interleaved rounds (one warm-up each)."""
     base()
@@ -96,9 +101,9 @@ def interleaved(base: Callable[[], Any], cand: Callable[[], Any], rounds: int) -
     for r in range(rounds):
         order = (base, cand) if r % 2 == 0 else (cand, base)
         for fn in order:
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             fn()
-            (tb if fn is base else tc).append(time.perf_counter() - t0)
+            (tb if fn is base else tc).append(CLOCK() - t0)
     ratios = [c / b for b, c in zip(tb, tc, strict=True)]
     return statistics.median(ratios), statistics.median(tb), statistics.median(tc)
 
@@ -394,14 +399,18 @@ def main() -> int:
     ap.add_argument("--headline", action="store_true", help="add the ascend-headline golden row (minutes)")
     ap.add_argument("--headline-scale", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--only", default="", help="comma-separated row groups: " + ", ".join(ROWS))
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time the rows by wall clock (default) or by this process's CPU time (a loaded machine)")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.rounds < 5:
         ap.error("--rounds: at least 5")
     threads = [int(t) for t in args.threads.split(",") if t]
     only = [w for w in args.only.split(",") if w]
     print(f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; OpenBLAS kernel: {openblas_kernel()}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"load average {os.getloadavg()[0]:.2f}; clock: {args.clock}", flush=True)
     results: list[bool] = []
     for t in threads:
         pin_threads(t)
