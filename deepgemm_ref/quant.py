@@ -372,11 +372,12 @@ def per_block_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128) -> Any:
     sf_all = np.empty((mb, nb), _F32)
     options = get_numerics()
     low_zero = use_ue8m0 and xa.dtype == _BF16
+    bits_path = xa.dtype == _BF16 and n % gran_k == 0
 
     def work(b0: int, b1: int) -> None:
         r0, r1 = b0 * gran_k, min(m, b1 * gran_k)
-        xw = _wide(_padded_groups(xa[r0:r1], gran_k))  # (rows, nb, gran_k)
-        col = _amax_f32(xw, axis=2)[:, :, 0]  # (rows, nb), clamped
+        xw, amax = _widened_groups(xa[r0:r1], gran_k, bits_path)  # (rows, nb, gran_k), (rows, nb, 1)
+        col = amax[:, :, 0]  # (rows, nb), clamped
         if (b1 - b0) * gran_k != r1 - r0:  # the last row block is short: zero rows do not change amax
             col = np.concatenate([col, np.zeros(((b1 - b0) * gran_k - (r1 - r0), nb), _F32)])
         amax = col.reshape(b1 - b0, gran_k, nb).max(axis=1)

@@ -568,7 +568,7 @@ def _bf16_bit_patterns(seed: int) -> list[np.ndarray]:
     return [every, no_nan, zeros, sub.view(BF16), big.view(BF16), normal, with_inf, wide[:, ::2], wide[:, n // 2:-n // 2]]
 
 
-@pytest.mark.parametrize("func", ["per_token_cast_to_fp8", "per_token_cast_to_fp4"])
+@pytest.mark.parametrize("func", ["per_token_cast_to_fp8", "per_token_cast_to_fp4", "per_block_cast_to_fp8"])
 def test_bf16_bit_pattern_path_equals_float_path(func):
     """bf16 inputs take the bit-pattern path (amax from the sign-cleared bits, widening by a shift,
     pairs packed through uint16): the same bytes as the float path, which a float32 copy of the
