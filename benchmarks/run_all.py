@@ -88,6 +88,11 @@ def pin_threads(n: int) -> None:
         pass
 
 
+#: The clock of :func:`interleaved`: wall time, or with ``--clock cpu`` this process's CPU time (on a
+#: loaded machine a one-thread ratio in CPU time is what the idle machine's wall time would show).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def interleaved(base: Callable[[], Any], cand: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
     """(median ratio, median baseline s, median candidate s) over interleaved rounds (one warm-up each)."""
     base()
@@ -97,9 +102,9 @@ def interleaved(base: Callable[[], Any], cand: Callable[[], Any], rounds: int) -
     for r in range(rounds):
         order = (base, cand) if r % 2 == 0 else (cand, base)
         for fn in order:
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             fn()
-            (tb if fn is base else tc).append(time.perf_counter() - t0)
+            (tb if fn is base else tc).append(CLOCK() - t0)
     ratios = [c / b for b, c in zip(tb, tc, strict=True)]
     return statistics.median(ratios), statistics.median(tb), statistics.median(tc)
 
@@ -225,8 +230,18 @@ def rows_mqa(threads: int, rounds: int) -> list[bool]:
     k64 = kv8.astype(np.float64)
     with dg.numerics(arch="sm100"):
         r = interleaved(lambda: q64 @ k64.T, lambda: att.fp8_fp4_mqa_logits((q8, None), (kv8, sf), w, ks, ke), rounds)
-    return [report(Row("mqa", f"MQA logits exact (seq {seq}, kv {seq_kv}, {h} heads, dim {dim}) vs the equivalent "
-                       "float64 GEMM work", 1.6), threads, *r)]
+    ok = [report(Row("mqa", f"MQA logits exact (seq {seq}, kv {seq_kv}, {h} heads, dim {dim}) vs the equivalent "
+                     "float64 GEMM work", 1.4), threads, *r)]
+    _MQA_RATIOS[threads] = r[0]
+    if threads > 1 and 1 in _MQA_RATIOS:  # issue 30: a 2-thread ratio no worse than the 1-thread one
+        rel = r[0] / _MQA_RATIOS[1]
+        ok.append(rel <= 1.0)
+        print(f"  {rel:7.2f}x  <= 1     {'pass' if rel <= 1.0 else 'FAIL'}   its {threads}-thread ratio vs its "
+              f"1-thread ratio [{threads} thread(s)]   {r[0]:.2f}x vs {_MQA_RATIOS[1]:.2f}x", flush=True)
+    return ok
+
+
+_MQA_RATIOS: dict[int, float] = {}
 
 
 def rows_grouped(threads: int, rounds: int) -> list[bool]:
@@ -251,7 +266,7 @@ def rows_grouped(threads: int, rounds: int) -> list[bool]:
         r = interleaved(lambda: [x @ y.T for x, y in zip(a64, b64, strict=True)],
                         lambda: G.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True), rounds)
     return [report(Row("grouped", f"m-grouped psum, bf16 out ({groups} groups of {sizes} rows, N={n}, K={k}), vs the "
-                       "float64 GEMMs of the same groups", 1.3), threads, *r)]
+                       "float64 GEMMs of the same groups", 1.2), threads, *r)]
 
 
 def rows_mega(threads: int, rounds: int) -> list[bool]:
@@ -291,7 +306,7 @@ def rows_quant(threads: int, rounds: int) -> list[bool]:
     for name, fn in (("per_token_cast_to_fp8 (gran 128, UE8M0)", lambda: dg.per_token_cast_to_fp8(x, True, 128)),
                      ("per_token_cast_to_fp4 (gran 32, UE8M0)", lambda: dg.per_token_cast_to_fp4(x, True, 32))):
         r = interleaved(conv, fn, rounds)
-        results.append(report(Row("quant-token", f"{name} vs the conversion", 6.0), threads, *r))
+        results.append(report(Row("quant-token", f"{name} vs the conversion", 4.0), threads, *r))
     return results
 
 
@@ -458,14 +473,18 @@ def main() -> int:
                          "deepgemm-tests:sm100-bf16-f32-m4096-n129280-k7168); repeatable")
     ap.add_argument("--scale-dir", default="", help="where the --scale cases write their files (default: the "
                     "system's temporary directory)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time the rows by wall clock (default) or by this process's CPU time (a loaded machine)")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.rounds < 5:
         ap.error("--rounds: at least 5")
     threads = [int(t) for t in args.threads.split(",") if t]
     only = [w for w in args.only.split(",") if w]
     print(f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; OpenBLAS kernel: {openblas_kernel()}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; {os.cpu_count()} CPUs; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"load average {os.getloadavg()[0]:.2f}; clock: {args.clock}", flush=True)
     results: list[bool] = []
     for t in threads:
         pin_threads(t)

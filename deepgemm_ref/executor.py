@@ -136,6 +136,9 @@ class Task:
                 and streams ``a`` in row chunks: a large weight matrix passed as ``a`` is decoded
                 chunk by chunk, and every chunk's BLAS call sees all rows of ``b``).
     label:      what the task computes, as the trace record lists it.
+    compute:    optional ``compute(collected, accumulation) -> stats`` that computes and writes
+                the task's result itself (fusing the core's row chunks with what a sink would do
+                after them); the task's operands and sink then serve it as it sees fit.
     """
 
     a: core.Operand
@@ -145,6 +148,7 @@ class Task:
     sink: Sink | None = None
     transposed: bool = False
     label: str = "matmul"
+    compute: Callable[[Collected, core.Accumulation], dict[str, int] | None] | None = None
 
 
 @dataclass
@@ -241,6 +245,9 @@ def execute(
 
     def one(item: Task | Callable[[], Task]) -> None:
         t = item if isinstance(item, Task) else item()
+        if t.compute is not None:
+            col.add_stats(t.compute(col, acc))
+            return
         res = run(t, acc, want_acc=want_acc, want_S=want_S)
         if isinstance(res, core.Products):
             assert t.sink is not None, "a products task needs a sink"

@@ -22,6 +22,7 @@ The float32 operation sequence is DeepGEMM's:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -151,6 +152,45 @@ def _to_e4m3(y: np.ndarray, options: NumericsOptions | None = None, low_bits_zer
     return fm.encode_f32(y32, fm.E4M3, policy, low_bits_zero and y.dtype == _F32).view(ml_dtypes.float8_e4m3fn)
 
 
+def _bf16_bits_amax(x: np.ndarray, gran_k: int) -> np.ndarray | None:
+    """:func:`_amax_f32` of a bf16 chunk ``x`` (rows, n), n a multiple of ``gran_k``, over groups of
+    ``gran_k`` columns, from the bit patterns: (rows, n / gran_k, 1) float32, clamped.
+
+    For non-NaN values the order of ``|x|`` is the order of the bits with the sign cleared (as
+    unsigned integers; +-0 -> 0, inf -> 0x7F80), so the maximum's bits are the maximum of the
+    bits: the same float32 as the float path, from 2-byte integers.  None when the chunk holds a
+    NaN (the float path then decides which NaN propagates).
+    """
+    rows, n = x.shape
+    bits = (x.view(np.uint16) & np.uint16(0x7FFF)).reshape(rows, n // gran_k, gran_k)
+    if gran_k <= 32:  # short groups: one elementwise maximum per column of the group
+        m = bits[:, :, 0].copy()
+        for j in range(1, gran_k):
+            np.maximum(m, bits[:, :, j], out=m)
+    else:
+        m = bits.max(axis=2)
+    if m.size and int(m.max()) > 0x7F80:
+        return None
+    amax = (m.astype(np.uint32) << np.uint32(16)).view(_F32)[:, :, None]
+    return np.maximum(amax, _AMAX_FLOOR)
+
+
+def _bf16_to_f32(x: np.ndarray) -> np.ndarray:
+    """A bf16 array widened to float32 (exact): its bits shifted into the top half."""
+    return np.left_shift(x.view(np.uint16), 16, dtype=np.uint32).view(_F32)
+
+
+def _pack_codes(codes: np.ndarray) -> np.ndarray:
+    """:func:`deepgemm_ref.formats.pack_fp4` of codes < 16 (rows, 2k) uint8 -> int8 (rows, k):
+    each little-endian uint16 pair ``c0 | c1 << 8`` becomes ``c0 | c1 << 4``."""
+    if sys.byteorder != "little" or codes.shape[-1] % 2 or not codes.flags.c_contiguous:
+        return fm.pack_fp4(codes)
+    v = codes.view(np.uint16)
+    w = v >> np.uint16(4)
+    w |= v
+    return w.astype(np.uint8).view(np.int8)
+
+
 def _padded_groups(x: np.ndarray, gran_k: int) -> np.ndarray:
     """(rows, n) -> (rows, ceil(n / gran_k), gran_k), zero-padded in x's own dtype."""
     rows, n = x.shape
@@ -160,6 +200,18 @@ def _padded_groups(x: np.ndarray, gran_k: int) -> np.ndarray:
         xp[:, :n] = x
         x = xp
     return x.reshape(rows, padded_n // gran_k, gran_k)
+
+
+def _widened_groups(x: np.ndarray, gran_k: int, bits_path: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(the widened groups (rows, n / gran_k, gran_k), their clamped amax (rows, groups, 1)) of a
+    chunk; ``bits_path``: x is bf16 with n a multiple of gran_k (amax from the bit patterns, the
+    widening a shift; the same float32 values as the float path)."""
+    if bits_path:
+        amax = _bf16_bits_amax(x, gran_k)
+        if amax is not None:
+            return _bf16_to_f32(x).reshape(amax.shape[0], amax.shape[1], gran_k), amax
+    xw = _wide(_padded_groups(x, gran_k))
+    return xw, _amax_f32(xw, axis=2)
 
 
 def _rows_per_chunk(width: int) -> int:
@@ -260,9 +312,11 @@ def per_token_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
     sf2 = np.empty((m, groups), _F32)
     options = get_numerics()
 
+    bits_path = xa.dtype == _BF16 and padded_n == n
+
     def work(r0: int, r1: int) -> None:
-        xw = _wide(_padded_groups(xa[r0:r1], gran_k))
-        sf = _scale_from_amax(_amax_f32(xw, axis=2), 448.0, options)
+        xw, amax = _widened_groups(xa[r0:r1], gran_k, bits_path)
+        sf = _scale_from_amax(amax, 448.0, options)
         if use_ue8m0:
             sf = _ceil_to_ue8m0_f32(sf)
         q = _to_e4m3(_scaled(xw, _reciprocal(sf)), options, low_bits_zero=use_ue8m0 and xa.dtype == _BF16)
@@ -318,11 +372,12 @@ def per_block_cast_to_fp8(x: Any, use_ue8m0: bool, gran_k: int = 128) -> Any:
     sf_all = np.empty((mb, nb), _F32)
     options = get_numerics()
     low_zero = use_ue8m0 and xa.dtype == _BF16
+    bits_path = xa.dtype == _BF16 and n % gran_k == 0
 
     def work(b0: int, b1: int) -> None:
         r0, r1 = b0 * gran_k, min(m, b1 * gran_k)
-        xw = _wide(_padded_groups(xa[r0:r1], gran_k))  # (rows, nb, gran_k)
-        col = _amax_f32(xw, axis=2)[:, :, 0]  # (rows, nb), clamped
+        xw, amax = _widened_groups(xa[r0:r1], gran_k, bits_path)  # (rows, nb, gran_k), (rows, nb, 1)
+        col = amax[:, :, 0]  # (rows, nb), clamped
         if (b1 - b0) * gran_k != r1 - r0:  # the last row block is short: zero rows do not change amax
             col = np.concatenate([col, np.zeros(((b1 - b0) * gran_k - (r1 - r0), nb), _F32)])
         amax = col.reshape(b1 - b0, gran_k, nb).max(axis=1)
@@ -399,9 +454,11 @@ def per_token_cast_to_fp4(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
     sf2 = np.empty((m, groups), _F32)
     options = get_numerics()
 
+    bits_path = xa.dtype == _BF16 and padded_n == n
+
     def work(r0: int, r1: int) -> None:
-        xw = _wide(_padded_groups(xa[r0:r1], gran_k))
-        sf = _scale_from_amax(_amax_f32(xw, axis=2), 6.0, options)
+        xw, amax = _widened_groups(xa[r0:r1], gran_k, bits_path)
+        sf = _scale_from_amax(amax, 6.0, options)
         if use_ue8m0:
             sf = _ceil_to_ue8m0_f32(sf)
         # Thresholds are compared in the product's own precision (float64 stays float64 in torch).
@@ -410,7 +467,7 @@ def per_token_cast_to_fp4(x: Any, use_ue8m0: bool, gran_k: int = 128, use_packed
             codes = fm.encode_f32(y, fm.E2M1, fm.DEEPGEMM_FP4, low_bits_zero=use_ue8m0 and xa.dtype == _BF16)
         else:
             codes = fm.encode(y, fm.E2M1, fm.DEEPGEMM_FP4)
-        packed[r0:r1] = fm.pack_fp4(codes.reshape(r1 - r0, padded_n))[:, : n // 2]
+        packed[r0:r1] = _pack_codes(codes.reshape(r1 - r0, padded_n))[:, : n // 2]
         sf2[r0:r1] = sf.reshape(r1 - r0, groups)
 
     parallel_chunks(m, _rows_per_chunk(padded_n), work)

@@ -547,3 +547,39 @@ def test_quantisers_match_torch_on_special_values(dtype, use_ue8m0, division):
             pn, s4n = dg.per_token_cast_to_fp4(numpy_x(xt), use_ue8m0=use_ue8m0, gran_k=gran)
         assert np.array_equal(pn, pt.numpy())
         assert np.array_equal(_nan_class(s4n), _nan_class(s4.numpy()))
+
+
+def _bf16_bit_patterns(seed: int) -> list[np.ndarray]:
+    """bf16 inputs for the bit-pattern fast path: every bit pattern at random (NaNs, infinities,
+    subnormals, -0), the same without NaN, signed zeros only, subnormals only, values near
+    bf16's top, a strided view, and normals with an infinity."""
+    rng = np.random.default_rng(seed)
+    m, n = 9, 256
+    every = rng.integers(0, 1 << 16, (m, n)).astype(np.uint16).view(BF16)
+    no_nan = every.copy()
+    no_nan[np.isnan(no_nan.astype(np.float32))] = 0
+    zeros = np.where(rng.random((m, n)) < 0.5, -0.0, 0.0).astype(np.float32).astype(BF16)
+    sub = rng.integers(1, 128, (m, n)).astype(np.uint16) | rng.choice([0, 0x8000], (m, n)).astype(np.uint16)
+    big = (rng.integers(0x7E00, 0x7F80, (m, n)).astype(np.uint16) | rng.choice([0, 0x8000], (m, n)).astype(np.uint16))
+    normal = rng.standard_normal((m, n), dtype=np.float32).astype(BF16)
+    with_inf = normal.copy()
+    with_inf[2, 5], with_inf[4, 200] = np.inf, -np.inf
+    wide = rng.standard_normal((m, 2 * n), dtype=np.float32).astype(BF16)
+    return [every, no_nan, zeros, sub.view(BF16), big.view(BF16), normal, with_inf, wide[:, ::2], wide[:, n // 2:-n // 2]]
+
+
+@pytest.mark.parametrize("func", ["per_token_cast_to_fp8", "per_token_cast_to_fp4", "per_block_cast_to_fp8"])
+def test_bf16_bit_pattern_path_equals_float_path(func):
+    """bf16 inputs take the bit-pattern path (amax from the sign-cleared bits, widening by a shift,
+    pairs packed through uint16): the same bytes as the float path, which a float32 copy of the
+    same values takes (widening bf16 is exact)."""
+    for x in _bf16_bit_patterns(3):
+        for use_ue8m0 in (False, True):
+            for gran_k in (32, 128):
+                for division in ("cuda", "cpu"):
+                    with dg.numerics(scale_division=division):
+                        got = getattr(dg, func)(x, use_ue8m0, gran_k)
+                        want = getattr(dg, func)(x.astype(np.float32), use_ue8m0, gran_k)
+                    for g, w in zip(got, want, strict=True):
+                        assert g.dtype == w.dtype and g.shape == w.shape
+                        assert _bytes(g).tobytes() == _bytes(w).tobytes(), (func, use_ue8m0, gran_k, division)

@@ -22,7 +22,7 @@ Row ``i`` (query token) sees virtual keys ``[ks[i], ke[i])``; key ``v`` lands in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
@@ -132,16 +132,22 @@ def _chunks(req: LogitsRequest, budget: int) -> list[tuple[int, int, int, int]]:
 
 def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int) -> Task:
     """The task of query rows [r0, r1) against virtual keys [k0, k1): the per-head dot products,
-    finished by the sink into logits (exact, or the target's device model) and written to ``req.d``."""
+    finished by the sink into logits (exact, or the target's device model) and written to ``req.d``.
+
+    Exact model without error scales: the task computes itself (:func:`_fused_exact`), the core's
+    row chunks reduced over heads while they are in cache; the same bytes as the sink's path."""
     rows, heads, n = r1 - r0, req.heads, k1 - k0
     qop = req.queries.operand(r0, r1)
     keys = req.keys.get(k0, k1)
     w = req.weights[r0:r1]
 
+    def needed_pairs() -> np.ndarray:
+        keys_at = np.arange(k0, k1)[None, :]
+        return (keys_at >= req.ks[r0:r1, None]) & (keys_at < req.ke[r0:r1, None])
+
     def sink(prod: core.Products, col: Collected) -> dict[str, int]:
         stats: dict[str, int] = {}
-        keys_at = np.arange(k0, k1)[None, :]
-        needed = (keys_at >= req.ks[r0:r1, None]) & (keys_at < req.ke[r0:r1, None])
+        needed = needed_pairs()
         if prod.exact:
             codes, value = _exact_logits(req, qop, keys, w, prod.values.reshape(rows, heads, n),
                                          None if prod.err is None else prod.err.reshape(rows, heads, n), needed, stats)
@@ -153,24 +159,40 @@ def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int) -> Task:
         S = None
         if col.want_S and prod.S is not None:
             S = _logit_error_scale(prod.S.reshape(rows, heads, n), w, keys.token_scale)
-        acc_out = col.array("acc") if col.want_acc else None
-        S_out = col.array("S") if S is not None else None
-        out_codes = req.d.view(req.out_fmt.code_dtype)
-        ks, ke, shift = req.ks, req.ke, req.shift
-        for i in range(rows):
-            g = r0 + i
-            a, b = max(int(ks[g]), k0), min(int(ke[g]), k1)
-            if a >= b:
-                continue
-            c0 = a - int(shift[g])
-            out_codes[g, c0:c0 + b - a] = codes[i, a - k0:b - k0]
-            if acc_out is not None:
-                acc_out[g, c0:c0 + b - a] = value[i, a - k0:b - k0]
-            if S_out is not None and S is not None:
-                S_out[g, c0:c0 + b - a] = S[i, a - k0:b - k0]
+        _write(req, r0, r1, k0, k1, codes, value, S, col)
         return stats
 
-    return Task(qop, keys.operand, None, sink=sink, label="MQA logits")
+    def compute(col: Collected, accumulation: core.Accumulation) -> dict[str, int] | None:
+        if not col.want_S and accumulation.model == "exact":
+            stats: dict[str, int] = {}
+            got = _fused_exact(req, qop, keys, w, needed_pairs(), stats)
+            if got is not None:
+                _write(req, r0, r1, k0, k1, got[0], got[1], None, col)
+                return stats
+        return sink(core.dot_products(qop, keys.operand, accumulation, want_S=col.want_S), col)
+
+    return Task(qop, keys.operand, None, sink=sink, label="MQA logits", compute=compute)
+
+
+def _write(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int, codes: np.ndarray, value: np.ndarray,
+           S: np.ndarray | None, col: Collected) -> None:
+    """Codes (rows, n) of query rows [r0, r1) and keys [k0, k1) into ``req.d`` within every row's
+    key range, with their values and error scales into the trace arrays when asked for."""
+    acc_out = col.array("acc") if col.want_acc else None
+    S_out = col.array("S") if S is not None else None
+    out_codes = req.d.view(req.out_fmt.code_dtype)
+    ks, ke, shift = req.ks, req.ke, req.shift
+    for i in range(r1 - r0):
+        g = r0 + i
+        a, b = max(int(ks[g]), k0), min(int(ke[g]), k1)
+        if a >= b:
+            continue
+        c0 = a - int(shift[g])
+        out_codes[g, c0:c0 + b - a] = codes[i, a - k0:b - k0]
+        if acc_out is not None:
+            acc_out[g, c0:c0 + b - a] = value[i, a - k0:b - k0]
+        if S_out is not None and S is not None:
+            S_out[g, c0:c0 + b - a] = S[i, a - k0:b - k0]
 
 
 def _logit_error_scale(s_heads: np.ndarray, w: np.ndarray, kvs: np.ndarray | None) -> np.ndarray:
@@ -198,8 +220,7 @@ def _exact_logits(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarr
     the others are computed because a row group shares one key span, and are discarded).
     """
     rows, heads, n = x.shape
-    kop, kvs = keys.operand, keys.token_scale
-    out = req.out_fmt
+    kop = keys.operand
     flow = data_flow_roundings(req.reduction, w.dtype)
     w64 = w.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -207,18 +228,40 @@ def _exact_logits(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarr
     if flow.head_score is not None:  # r_h = fmt(relu(x_h)), from the exact x_h: part of the golden
         x = _round_head_scores(qop, kop, x, x_err, needed, flow.head_score, stats)
         x_err = None
-    if flow.kv_scale is not None and kvs is not None:
-        kvs = fm.round_f64(kvs, flow.kv_scale).astype(np.float64)
     # The per-head values are exact now or come certified from the core (module docstring, step 1).
     exact_x = x_err is None or not np.any(x_err)
     with np.errstate(over="ignore", invalid="ignore"):
-        w2 = np.stack([w64, np.abs(w64)], axis=1)  # (rows, 2, H)
-        ta = np.matmul(w2, x)  # (rows, 2, n): one pass over x
+        ta = np.matmul(_weight_pair(w64), x)  # (rows, 2, n): one pass over x
+
+    def head_values(i: int, j: int) -> list[Fraction]:
+        if x_err is None or not np.any(x_err[i, :, j]):
+            return [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
+        return _exact_head_dots(qop, kop, i, j, heads)
+
+    return _logits_from_sums(req, keys, w64, ta, None if exact_x else x_err, heads, needed, stats, head_values)
+
+
+def _weight_pair(w64: np.ndarray) -> np.ndarray:
+    """(rows, 2, H): the head weights and their magnitudes, for one pass over the head scores."""
+    return np.stack([w64, np.abs(w64)], axis=1)
+
+
+def _logits_from_sums(req: LogitsRequest, keys: Keys, w64: np.ndarray, ta: np.ndarray, x_err: np.ndarray | None,
+                      heads: int, needed: np.ndarray, stats: dict[str, int],
+                      head_values: Callable[[int, int], list[Fraction]]) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and values from the weighted head sums ``ta`` (rows, 2, n) = (sum_h w_h r_h,
+    sum_h |w_h| r_h) with the head scores' bounds ``x_err`` (None: exact); ``head_values(i, j)``
+    gives the exact r_h of a pair for the Fraction fallback."""
+    kvs = keys.token_scale
+    out = req.out_fmt
+    flow = data_flow_roundings(req.reduction, req.weights.dtype)
+    if flow.kv_scale is not None and kvs is not None:
+        kvs = fm.round_f64(kvs, flow.kv_scale).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
         t, a = ta[:, 0], ta[:, 1]
         err = a * (gamma(heads + 2) * (1 + 8 * U64))
-        if not exact_x:
+        if x_err is not None:
             # |relu(x^) - relu(x)| <= |x^ - x| <= x_err, weighted by |w| and summed over heads
-            assert x_err is not None
             err = err + np.matmul(np.abs(w64)[:, None, :], x_err)[:, 0, :] * (1 + 2 * gamma(heads + 2))
         if kvs is not None:
             z = t * kvs[None, :]
@@ -234,10 +277,7 @@ def _exact_logits(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarr
     def exact(at: Points) -> np.ndarray:
         codes = np.empty(at[0].size, out.code_dtype)
         for p, (i, j) in enumerate(zip(at[0].tolist(), at[1].tolist(), strict=True)):
-            if x_err is None or not np.any(x_err[i, :, j]):
-                xs = [Fraction(float(v)) for v in x[i, :, j]]  # relu'd exact values
-            else:
-                xs = _exact_head_dots(qop, kop, i, j, heads)
+            xs = head_values(i, j)
             v = sum((Fraction(float(w64[i, h])) * xs[h] for h in range(heads)), Fraction(0))
             if kvs is not None:
                 v *= Fraction(float(kvs[j]))
@@ -252,6 +292,68 @@ def _exact_logits(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarr
     if n_pending:
         stats["fraction"] = stats.get("fraction", 0) + n_pending
     return codes, z
+
+
+class _NotAllExact(Exception):
+    """A row chunk without the chunk-wide exactness certificate (the task takes the sink's path)."""
+
+
+#: Bytes of float64 head scores per row chunk of :func:`_fused_exact` (about a core's L2 share).
+_FUSED_CHUNK_BYTES = 1 << 20
+
+
+def _fused_exact(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarray, needed: np.ndarray,
+                 stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_exact_logits` of the task's dot products without materialising them: the core's
+    float64 GEMM (:class:`deepgemm_ref.core._Gemm`: one conversion of the keys, the query rows in
+    chunks of whole query rows) and, per chunk while it is in cache, relu, the data flow's head
+    score rounding and the weighted head sums.  Only when every chunk carries the chunk-wide
+    exactness certificate (then every dot product is exact, whatever the chunking, and the result
+    is :func:`_exact_logits`'s with ``x_err`` None, byte for byte); otherwise None (the caller
+    takes the sink's path).  The Fraction fallback's exact head scores are recomputed per pair
+    (a float64 dot product of exact values whose partial sums the certificate keeps exact).
+    """
+    kop = keys.operand
+    rows, heads = w.shape[0], req.heads
+    m, k = qop.shape
+    n = kop.shape[0]
+    if m == 0 or n == 0 or k == 0:
+        return None
+    flow = data_flow_roundings(req.reduction, w.dtype)
+    w64 = w.astype(np.float64)
+    w2 = _weight_pair(w64)
+    ta = np.empty((rows, 2, n))
+    per_chunk = max(1, _FUSED_CHUNK_BYTES // (8 * heads * n))
+    gemm = core._Gemm(qop, kop, False, per_chunk * heads)
+    head_fmt = flow.head_score
+    head_rounding = None if head_fmt is None else FormatRounding(head_fmt)
+
+    def head_scores(x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.maximum(x, 0.0, out=x)  # relu (NaN propagates)
+        if head_rounding is None or head_fmt is None:
+            return x
+        return head_rounding.block(x).view(head_fmt.storage).astype(np.float64)
+
+    def process(ch: core._Chunk) -> None:
+        if not ch.all_exact:
+            raise _NotAllExact
+        i0, i1 = ch.r0 // heads, ch.r1 // heads
+        x = head_scores(ch.y.reshape(i1 - i0, heads, n))
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.matmul(w2[i0:i1], x, out=ta[i0:i1])
+
+    try:
+        gemm.for_each(process)
+    except _NotAllExact:
+        return None
+
+    def head_values(i: int, j: int) -> list[Fraction]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = qop.rows(i * heads, (i + 1) * heads) @ kop.rows(j, j + 1)[0]
+        return [Fraction(float(v)) for v in head_scores(x[None, :, None])[0, :, 0]]
+
+    return _logits_from_sums(req, keys, w64, ta, None, heads, needed, stats, head_values)
 
 
 def _round_head_scores(qop: core.Operand, kop: core.Operand, x: np.ndarray, x_err: np.ndarray | None,
