@@ -1630,21 +1630,22 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
                 # the accumulator is copied into the result once, after the last block.
                 y_buf = np.empty(tr * tc)
                 acc_buf = np.empty(tr * tc, np.float32)
-                for i0, j0 in tiles[t0:t1]:
-                    i1, j1 = min(rows, i0 + tr), min(n, j0 + tc)
-                    shape = (i1 - i0, j1 - j0)
-                    size = shape[0] * shape[1]
-                    yt = y_buf[:size].reshape(shape)
-                    acc = acc_buf[:size].reshape(shape)
-                    for j in range(nb):
-                        ks = slice(j * blk, min(k, (j + 1) * blk))
-                        np.matmul(a_s[i0:i1, ks], b_s[j0:j1, ks].T, out=yt)  # exact block sum
-                        if j == 0:
-                            np.copyto(acc, yt, casting="same_kind")  # f32(+0 + f32(y)) = f32(y), -0 -> +0 below
-                            acc += np.float32(0.0)
-                        else:
-                            np.add(acc, yt, out=acc, dtype=np.float32)  # one rounding of y, one of the sum
-                    acc_all[r0 + i0:r0 + i1, j0:j1] = acc
+                with np.errstate(over="ignore", invalid="ignore"):  # a float32 overflow is the model's result
+                    for i0, j0 in tiles[t0:t1]:
+                        i1, j1 = min(rows, i0 + tr), min(n, j0 + tc)
+                        shape = (i1 - i0, j1 - j0)
+                        size = shape[0] * shape[1]
+                        yt = y_buf[:size].reshape(shape)
+                        acc = acc_buf[:size].reshape(shape)
+                        for j in range(nb):
+                            ks = slice(j * blk, min(k, (j + 1) * blk))
+                            np.matmul(a_s[i0:i1, ks], b_s[j0:j1, ks].T, out=yt)  # exact block sum
+                            if j == 0:
+                                np.copyto(acc, yt, casting="same_kind")  # f32(+0 + f32(y)) = f32(y), -0 -> +0 below
+                                acc += np.float32(0.0)
+                            else:
+                                np.add(acc, yt, out=acc, dtype=np.float32)  # one rounding of y, one of the sum
+                        acc_all[r0 + i0:r0 + i1, j0:j1] = acc
 
             parallel_chunks(len(tiles), 1, run)
             acc = acc_all[r0:r1]

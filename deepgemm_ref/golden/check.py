@@ -649,7 +649,8 @@ class _ElementBounds:
         lo, hi = _interval_codes(ep, y, y_lo, E)
         hlo, hhi = _interval_codes(ep, y, y_lo, E_hard)
         g = np.asarray(at("gd"), np.float64)
-        unit = E * (1 if ep.alpha is None else abs(ep.alpha)) + _ulp_out(g, self.fmt) / 2
+        with np.errstate(invalid="ignore"):  # an infinite bound times 0 (NaN) is not a checked unit
+            unit = E * (1 if ep.alpha is None else abs(ep.alpha)) + _ulp_out(g, self.fmt) / 2
         return lo, hi, hlo, hhi, unit
 
 
