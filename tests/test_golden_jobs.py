@@ -157,3 +157,27 @@ def test_dask_threads_outside_a_worker_is_one(monkeypatch):
     fake.get_worker = outside  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "distributed", fake)
     assert G._dask_threads({"10.0.0.7": 2}) == 1
+
+
+def test_each_worker_runs_its_blas_and_pool_on_its_share_of_the_cpus(monkeypatch, tmp_path):
+    """Six CPUs, two workers: each case is computed with the BLAS (outside the golden computation's
+    own one-thread blocks) and the package's pool at three threads (the workers are forked, so the
+    stand-ins below run in them and write what they saw)."""
+    from deepgemm_ref import _parallel
+
+    if _parallel._openblas() is None:
+        pytest.skip("no OpenBLAS found in this process")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    real = G.generate_case
+
+    def observing(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        blas = _parallel._openblas()
+        assert blas is not None
+        (seen / spec.id).write_text(f"{int(blas[1]())} {_parallel.num_threads()}")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(G, "_cpus", lambda: 6)
+    monkeypatch.setattr(G, "generate_case", observing)
+    golden.generate(SPECS, tmp_path / "b", jobs=2)
+    assert {p.name: p.read_text() for p in seen.iterdir()} == {s["id"]: "3 3" for s in SPECS}
