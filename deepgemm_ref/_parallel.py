@@ -87,11 +87,23 @@ _GET_SYMBOLS = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
                 "openblas_get_num_threads64_")
 
 
+_found: tuple[Any, Any] | None = None
+
+
 def _openblas() -> tuple[Any, Any] | None:
     """(set_num_threads, get_num_threads) of the OpenBLAS loaded in this process, or None.
 
-    Looked up in ``/proc/self/maps`` (Linux; NumPy's wheels bundle OpenBLAS).
+    Looked up in ``/proc/self/maps`` (Linux; NumPy's wheels bundle OpenBLAS) the first time it is
+    found, then remembered (a library stays loaded; a forked child maps it at the same address):
+    reading the maps took about 1.5 ms, and every golden computation asks several times.
     """
+    global _found
+    if _found is None:
+        _found = _find_openblas()
+    return _found
+
+
+def _find_openblas() -> tuple[Any, Any] | None:
     import ctypes
 
     try:

@@ -19,6 +19,12 @@ settings.register_profile("explore", deadline=None, max_examples=2000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# The tests that run ``golden --jobs N`` exercise the worker pool itself (its bytes, its
+# interruption, its lock), whatever this machine's load and however small their cases: the
+# fallback to fewer workers is off for them (inherited by the CLI subprocesses) and on only in
+# tests/test_golden_jobs.py, which tests it.
+os.environ.setdefault("DEEPGEMM_REF_JOBS_FALLBACK", "0")
+
 
 @pytest.fixture(autouse=True)
 def _reset_global_state():

@@ -68,7 +68,7 @@ from .resources import PEAK_FIXED, Estimate, ResourceError, default_memory_limit
 from .text import count, plural
 
 __all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
-           "EXECUTORS", "write_case"]
+           "EXECUTORS", "write_case", "pool_workers", "by_cost", "JOBS_FALLBACK_ENV"]
 
 #: The executors: this process or a pool of ``jobs`` worker processes; a Dask cluster; or, for the
 #: ranked families (DeepEP's dispatch and combine, Mega MoE), one process per rank over a gloo
@@ -78,6 +78,78 @@ EXECUTORS = ("local", "dask", "processes")
 _BLAS_KEYS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "DEEPGEMM_REF_NUM_THREADS")
 _CHECKPOINT_SECONDS = 2.0
 _STOP_GRACE = 1.0  # seconds a terminated worker gets before it is killed
+#: A pool of worker processes pays only when each worker gets at least this many seconds of
+#: estimated work: below it (a run of tiny cases, such as the ``smoke`` preset's second of work)
+#: starting the workers, the pipe traffic and each case file's fsync, which a tiny case waits on
+#: longer than it computes, make ``--jobs`` slower than one process.
+_POOL_MIN_SECONDS = 1.0
+#: The environment variable that, set to ``0``, starts the ``--jobs`` workers asked for whatever
+#: the machine's load and the cases' size (:func:`pool_workers`).
+JOBS_FALLBACK_ENV = "DEEPGEMM_REF_JOBS_FALLBACK"
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _load() -> float | None:
+    """The one-minute load average, or None where the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def pool_workers(jobs: int, cases: int, seconds: float, *, cpus: int | None = None,
+                 load: float | None = None) -> tuple[int, str]:
+    """How many worker processes a local run of ``cases`` cases (``seconds`` of estimated work in
+    all) starts for ``--jobs jobs``, and why fewer than asked (``""`` when as asked).
+
+    * never more than one per case;
+    * never more than ``cpus`` (default: this process's CPUs): more would only take turns, each
+      with its BLAS pinned to ``cpus // workers`` threads (no oversubscription);
+    * tiny cases: at most one worker per :data:`_POOL_MIN_SECONDS` of estimated work, so a run
+      of under two such seconds runs in this process;
+    * a loaded machine (``load``, default: the one-minute load average): the first worker does
+      what this process would do alone, each further one needs a CPU the load leaves idle, so at
+      most ``1 + ceil(cpus - load)``; with ``load >= cpus`` the cases run in this process.
+
+    ``DEEPGEMM_REF_JOBS_FALLBACK=0`` in the environment: ``min(jobs, cases)`` whatever the rest.
+    The bytes of a bundle never depend on the number of workers.
+    """
+    asked = max(1, min(jobs, cases))
+    if asked == 1 or os.environ.get(JOBS_FALLBACK_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return asked, ""
+    n_cpus = _cpus() if cpus is None else max(1, cpus)
+    avg = _load() if load is None else load
+    n, why = asked, []
+    if n > n_cpus:
+        n = n_cpus
+        why.append(f"this process may run on {n_cpus} CPU{'' if n_cpus == 1 else 's'}")
+    if n > 1 and seconds < _POOL_MIN_SECONDS * n:
+        n = max(1, int(seconds // _POOL_MIN_SECONDS))
+        why.append(f"the cases are small (about {seconds:.2g} s of estimated work in all; a worker pays from about "
+                   f"{_POOL_MIN_SECONDS:g} s of work each)")
+    if avg is not None and n > 1:
+        room = 1 if avg >= n_cpus else 1 + math.ceil(n_cpus - avg)
+        if room < n:
+            n = room
+            why.append(f"the machine is loaded (load average {avg:.2f} on {n_cpus} CPU{'' if n_cpus == 1 else 's'})")
+    if n == asked:
+        return n, ""
+    what = "running the cases in this process" if n == 1 else f"{n} worker processes"
+    return n, (f"--jobs {jobs}: {what}: {'; '.join(why)} ({JOBS_FALLBACK_ENV}=0 starts {asked} workers "
+               "anyway)")
+
+
+def by_cost(specs: Iterable[CaseSpec], costs: Mapping[str, float]) -> list[CaseSpec]:
+    """The cases the largest estimated work first (ties in their given order), so that no worker is
+    left alone with a large case at the end of a run."""
+    return sorted(specs, key=lambda spec: -costs.get(spec.id, 0.0))
 
 
 class GenerationInterrupted(KeyboardInterrupt):
@@ -441,9 +513,37 @@ def _failure(e: BaseException) -> dict[str, str]:
     return {"kind": kind, "message": f"{type(e).__name__}: {text}" if kind != "input" else text}
 
 
-def _dask_task(spec_dict: dict[str, Any], root: str, overwrite: bool, limit: int, token: str) -> dict[str, Any]:
-    """The Dask task of one case (importable by the workers)."""
-    return generate_case(validate_spec(spec_dict), Path(root), overwrite, limit, token)
+def _dask_task(spec_json: str, root: str, overwrite: bool, limit: int, token: str,
+               host_threads: dict[str, int] | None = None) -> dict[str, Any]:
+    """The Dask task of one case (importable by the workers): the case's specification travels as
+    JSON text and its inputs are built here.  ``host_threads``: the Dask worker threads of each
+    host (the scheduler's view when the run started); this worker process's BLAS and the
+    package's pool get ``cpus // threads of its host`` threads, so that the tasks running at once
+    on a host do not oversubscribe it (the environment of the worker process keeps that count)."""
+    threads = _dask_threads(host_threads or {})
+    os.environ["DEEPGEMM_REF_NUM_THREADS"] = str(threads)
+    limit_blas_threads(threads)
+    return generate_case(validate_spec(json.loads(spec_json)), Path(root), overwrite, limit, token)
+
+
+def _address_host(address: str) -> str:
+    """``tcp://10.0.0.5:8786`` -> ``10.0.0.5`` (an IPv6 host keeps its brackets)."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def _dask_threads(host_threads: Mapping[str, int]) -> int:
+    """The BLAS threads of one task on the Dask worker running it: this host's CPUs shared by the
+    worker threads of every worker on the host (1 outside a worker or when they are unknown)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        state = getattr(worker, "state", None)
+        own = int(getattr(state, "nthreads", 0) or getattr(worker, "nthreads", 0) or 1)
+        total = int(host_threads.get(_address_host(str(worker.address)), 0)) or own
+    except Exception:  # noqa: BLE001 - not in a worker, an older distributed: one thread, never more
+        return 1
+    return max(1, _cpus() // max(1, total))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -630,7 +730,7 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, _cpus() // jobs)  # the BLAS and the package's pool of each worker: no oversubscription
     saved = {k: os.environ.get(k) for k in _BLAS_KEYS}
     os.environ.update({k: str(threads) for k in _BLAS_KEYS})  # inherited by the workers
     # Fork where the platform has it: workers start at once with the package imported, and
@@ -757,7 +857,7 @@ def _run_ranked(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int
         procs: list[subprocess.Popen[bytes]] = []
         result = tmp / "result.json"
         try:
-            threads = max(1, (os.cpu_count() or 1) // ranks)
+            threads = max(1, _cpus() // ranks)
             job = {"spec": spec.to_dict(), "root": str(workdir.resolve()), "overwrite": overwrite,
                    "limit": limit // ranks,
                    "store": str(tmp / "store"), "result": str(result), "threads": threads,
@@ -824,8 +924,7 @@ def _run_processes(plain: list[CaseSpec], ranked: list[CaseSpec], workdir: Path,
         if jobs == 1 or len(plain) <= 1:
             yield from _run_inline(plain, workdir, overwrite, limit, sig)
         else:
-            by_work = sorted(plain, key=lambda spec: -costs.get(spec.id, 0.0))
-            yield from _run_pool(by_work, workdir, overwrite, limit, jobs, sig)
+            yield from _run_pool(by_cost(plain, costs), workdir, overwrite, limit, jobs, sig)
     if sig.signum is None:
         yield from _run_ranked(ranked, workdir, overwrite, whole, sig, note, held)
 
@@ -847,9 +946,19 @@ def _run_dask(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
     (workdir / CASES_DIR / token).touch()
     futures: dict[Any, str] = {}
     try:
-        futures = {client.submit(_dask_task, s.to_dict(), str(workdir.resolve()), overwrite, limit, token,
-                                 key=f"case-{s.id}-{uuid.uuid4().hex[:8]}", pure=False, retries=0): s.id
-                   for s in todo}
+        host_threads: dict[str, int] = {}
+        try:
+            for address, info in client.scheduler_info().get("workers", {}).items():
+                host = _address_host(str(address))
+                host_threads[host] = host_threads.get(host, 0) + int(info.get("nthreads", 1) or 1)
+        except Exception:  # noqa: BLE001 - no worker information: each task pins itself to its worker's threads
+            host_threads = {}
+        # One task per case, ``todo`` in cost order (the largest first): the scheduler runs the
+        # higher priorities first, so that no worker is left alone with a large case at the end.
+        futures = {client.submit(_dask_task, json.dumps(s.to_dict()), str(workdir.resolve()), overwrite, limit,
+                                 token, host_threads, key=f"case-{s.id}-{uuid.uuid4().hex[:8]}", pure=False,
+                                 retries=0, priority=len(todo) - i): s.id
+                   for i, s in enumerate(todo)}
         pending = set(futures)
         stop_at: float | None = None
         while pending:
@@ -998,15 +1107,20 @@ def generate(
 ) -> dict[str, Any]:
     """Generate a bundle: plan, build every case, compute its golden, write files atomically.
 
-    jobs: worker processes (``executor="local"``), each given ``cpu_count // jobs`` BLAS threads.
+    jobs: worker processes (``executor="local"``), started once for the run and fed the cases
+    the largest estimated work first (each builds its case's inputs from the specification, sent
+    as JSON), each given ``cpus // jobs`` BLAS and pool threads; fewer workers, or none (the cases
+    run in this process), on a loaded machine, for tiny cases or beyond the CPU count, with a note
+    (:func:`pool_workers`).
     executor: ``"local"``, ``"dask"`` (cases run on the ``dask.distributed`` scheduler at
-    ``scheduler``, which must see ``out_dir``) or ``"processes"``: each case of a ranked family
+    ``scheduler``, which must see ``out_dir``; one task per case, submitted with priorities in
+    cost order, each worker's BLAS pinned to its host's share) or ``"processes"``: each case of a ranked family
     (``ep_dispatch``, ``ep_combine``, ``mega_moe``) with one process per rank over a gloo group
     (needs torch; :mod:`.ranks` says how the ranks' goldens merge; cases one at a time), the other
     cases as ``"local"`` runs them.  ranks_per_case: with ``"processes"``, the processes a case
     takes; every ranked case must have that many ranks (default: each case's own).  on_note:
     called with a line for what the user should know (a Mega MoE case computed in this process
-    because its kernels do not take a multi-process group).
+    because its kernels do not take a multi-process group; fewer ``jobs`` workers than asked).
     resume: keep the verified cases of an existing (possibly incomplete) bundle, generate the rest.
     force: replace an existing bundle (built aside and swapped in when complete).
     max_memory: the memory limit in bytes (default: :func:`.resources.default_memory_limit`);
@@ -1051,7 +1165,13 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
     ids = [c.spec.id for c in plan.cases]
     todo = plan.todo
     plain_todo = [c for c in todo if not plan.in_rank_processes(c)]
-    inline = plan.executor in ("local", "processes") and (plan.jobs == 1 or len(plain_todo) <= 1)
+    workers = 1
+    if plan.executor in ("local", "processes"):
+        workers, why = pool_workers(plan.jobs, len(plain_todo),
+                                    sum(c.estimate.seconds for c in plain_todo if c.estimate))
+        if why:
+            note(why)
+    inline = plan.executor in ("local", "processes") and workers == 1
     finished: dict[str, dict[str, Any]] = dict(plan.kept)
     failures: dict[str, dict[str, str]] = {}
     in_place = plan.mode != "replace"
@@ -1080,16 +1200,15 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
             last = time.monotonic()
             specs = [c.spec for c in todo]
             if plan.executor == "dask":
-                results = _run_dask(specs, work, overwrite, plan.case_limit, scheduler, sig)
+                results = _run_dask(by_cost(specs, costs), work, overwrite, plan.case_limit, scheduler, sig)
             elif plan.executor == "processes":
                 results = _run_processes([c.spec for c in plain_todo],
                                          [c.spec for c in todo if plan.in_rank_processes(c)], work, overwrite,
-                                         plan.case_limit, plan.memory_limit, plan.jobs, costs, sig, note, held)
+                                         plan.case_limit, plan.memory_limit, workers, costs, sig, note, held)
             elif inline:
                 results = _run_inline(specs, work, overwrite, plan.case_limit, sig, progress, costs)
             else:  # the largest cases first, so that no worker is left with one at the end
-                by_work = sorted(specs, key=lambda spec: -costs.get(spec.id, 0.0))
-                results = _run_pool(by_work, work, overwrite, plan.case_limit, plan.jobs, sig)
+                results = _run_pool(by_cost(specs, costs), work, overwrite, plan.case_limit, workers, sig)
             for n, (case_id, entry, failure) in enumerate(results, start=1):
                 if entry is not None:
                     finished[case_id] = entry
