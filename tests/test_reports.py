@@ -168,6 +168,7 @@ def test_junit_has_one_test_case_per_output_with_pytest_structure(files, tmp_pat
     assert passing and len(list(passing[0])) == 0
 
 
+@pytest.mark.slow  # runs the diagnosis of a failing case (seconds): the slow step
 def test_junit_marks_unchecked_outputs_as_errors_and_names_the_diagnosis(files, tmp_path):
     bundle, good, bad = files
     outs = golden.load_outputs(bad)

@@ -319,6 +319,7 @@ def test_a_grouped_kernel_that_skips_its_last_group_fails():
     assert "m_grouped_bf16_gemm_nt_contiguous under sm100 does not match" in msg and "groups=1" in msg
 
 
+@pytest.mark.slow  # a hypothesis search over special values (seconds): the slow step
 def test_a_kernel_that_flushes_nan_fails_with_a_class_mismatch():
     msg, _ = _falsify(cases("bf16_gemm_nt", profile="sm100", values="special"), FLUSHES_NAN)
     assert "class mismatch (finite where the golden value is NaN)" in msg
