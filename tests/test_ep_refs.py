@@ -323,7 +323,7 @@ def test_hybrid_recipe_matches_refs(deepep):
 # ----------------------------------------------------------------------------------------------
 
 _CHILD = textwrap.dedent("""
-    import importlib, json, sys
+    import importlib, json, os, sys
     import torch, torch.distributed as dist
     rank, R, store, out, stub = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     sys.path.insert(0, stub)
@@ -342,6 +342,8 @@ _CHILD = textwrap.dedent("""
     with open(out, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)  # past torch's gloo teardown at interpreter exit, which can abort (SIGABRT)
 """)
 
 

@@ -128,4 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The result is written (atomically) and the group destroyed: end without the interpreter's
+    # teardown, where torch's gloo can abort a process ("terminate called without an active
+    # exception", SIGABRT) and turn a finished rank into a failed one.
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -382,6 +382,12 @@ def _profile_notes(b: Bundle, ids: list[str], running: str | None, errors: dict[
 # one process per rank: replay under torchrun
 # ----------------------------------------------------------------------------------------------
 
+#: Whether this process joined a torch.distributed world for a replay and left it (the CLI then
+#: ends the process with ``os._exit`` after flushing: torch's gloo teardown at interpreter exit
+#: can abort a process that destroyed its group, "terminate called without an active exception").
+left_a_world = False
+
+
 @dataclass
 class _World:
     """This process's place in a torch.distributed world of more than one process."""
@@ -403,6 +409,8 @@ class _World:
                 except Exception:  # noqa: BLE001 - a peer already gone; destroy anyway
                     pass
                 dist.destroy_process_group()
+            global left_a_world
+            left_a_world = True
 
 
 def _backend(device: str | None) -> str:
