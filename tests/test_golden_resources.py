@@ -111,7 +111,9 @@ def test_huge_cases_are_refused_before_allocation(tmp_path, capsys, spec):
 
 def test_max_memory_and_jobs_share_it(tmp_path, capsys):
     # a case whose own tensors (the output, acc, S, defined: they cannot stream) dominate its peak
-    spec = [{"id": "g", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 1024, "n": 1024, "k": 64}]
+    # and whose rows cannot go in blocks (FP4 A given as (K, M / 2) packed bytes: tests/test_rowblocks.py)
+    spec = [{"id": "g", "kernel": "fp8_fp4_gemm_tn", "profile": "sm100", "m": 1024, "n": 1024, "k": 64,
+             "a": "fp4", "b": "fp4", "gran_k_a": 32, "gran_k_b": 32}]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(spec))
     case = validate_spec(spec[0])

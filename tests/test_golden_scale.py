@@ -4,6 +4,7 @@ with the same bytes whatever the chunking; progress from inside one long case.""
 from __future__ import annotations
 
 import io
+import re
 
 import ml_dtypes
 import numpy as np
@@ -148,3 +149,40 @@ def test_heartbeat_writes_while_a_chunk_runs_longer_than_the_interval():
     n = len(buf.getvalue())
     time.sleep(0.15)
     assert len(buf.getvalue()) == n  # finished: the heartbeat has stopped
+
+
+def test_pool_workers_report_the_share_of_their_cases(tmp_path, monkeypatch):
+    """``--jobs 2``: the workers send the share of their case done, so the parent's lines name
+    the cases in flight with their shares (a CI log is not silent during long cases)."""
+    from deepgemm_ref.golden import generation
+    from deepgemm_ref.golden.generation import generate
+    from deepgemm_ref.golden.progress import Progress
+
+    monkeypatch.setattr(generation, "_SHARE_SECONDS", 0.0)  # every chunk a message (inherited by the fork)
+    buf = io.StringIO()
+    specs = [{"id": f"chunky{i}", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 1500, "n": 64, "k": 128,
+              "out": "bf16"} for i in range(2)]
+    generate(specs, tmp_path / "b", max_memory=2 * (5632 << 10), jobs=2,
+             progress=Progress("golden", buf, tty=False, interval=0.0))
+    lines = buf.getvalue().splitlines()
+    shares = [int(x) for x in re.findall(r"(\d+)% of chunky", buf.getvalue())]
+    assert any(0 < x < 100 for x in shares), buf.getvalue()
+    assert lines[-1].startswith("golden: 2/2 cases (100% of the work)"), lines[-1]
+
+
+def test_progress_line_with_several_cases_in_flight():
+    from deepgemm_ref.golden.progress import Progress
+
+    buf = io.StringIO()
+    p = Progress("golden", buf, tty=False, interval=0.0, clock=lambda: 1.0)
+    p.start(4, 40.0)
+    for name in ("a", "b", "c"):
+        p.case_started(name, 8.0)
+    p.within(0.5, "b")
+    p.within(0.25)  # the case started last
+    assert buf.getvalue().splitlines()[-1].endswith("0% of a, 50% of b and 1 other case")
+    assert "(15% of the work)" in buf.getvalue().splitlines()[-1]  # 0.5 * 8 + 0.25 * 8 of 40
+    p.update(1, 10.0, "b")
+    assert p.line().endswith("0% of a, 25% of c")
+    p.update(2, 20.0)
+    assert p.cases == {}

@@ -152,9 +152,13 @@ def tensor_entry(x: Any) -> dict[str, Any]:
     return {"dtype": st.NUMPY_TO_SAFETENSORS[arr.dtype], "shape": list(arr.shape), "sha256": st.tensor_sha256(arr)}
 
 
-def case_entry(built: BuiltCase, tensors: Mapping[str, Any], file_sha: str, stats: Mapping[str, Any]) -> dict[str, Any]:
-    """A generated case's manifest record."""
+def case_entry(built: BuiltCase, tensors: Mapping[str, Any], file_sha: str, stats: Mapping[str, Any], *,
+               entries: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A generated case's manifest record (``entries``: tensors' records made already, see
+    :func:`tensor_entry`, beside those of ``tensors``)."""
     spec = built.spec
+    records = {k: tensor_entry(v) for k, v in tensors.items()}
+    records.update(entries or {})
     return {
         "id": spec.id,
         "spec": spec.to_dict(),
@@ -177,7 +181,7 @@ def case_entry(built: BuiltCase, tensors: Mapping[str, Any], file_sha: str, stat
         "generator": "numpy PCG64(SeedSequence(seed, spawn_key=(crc32(case id),)))",
         "file": case_relpath(spec.id),
         "file_sha256": file_sha,
-        "tensors": {k: tensor_entry(v) for k, v in sorted(tensors.items())},
+        "tensors": dict(sorted(records.items())),
         "golden_stats": dict(stats),
     }
 
@@ -620,30 +624,61 @@ class Bundle:
         self.incomplete: list[str] = list(self.manifest.get("incomplete", []))
 
     def case(self, case_id: str) -> CaseData:
-        if case_id not in self.cases:
-            raise BundleError(f"{self.root}: no case {case_id!r}")
-        entry = self.cases[case_id]
-        where = f"{self.root / entry['file']} (case {case_id!r})"
+        """The case's entry and tensors, verified (its file is read whole: at most ``max_memory``)."""
+        entry, where = self._entry(case_id)
         with open_confined(self.root, entry["file"], f"case {case_id!r}") as f:
             size = os.fstat(f.fileno()).st_size
             if size > self.max_memory:
                 raise ResourceError(f"{where}: {format_size(size)}, over the memory limit "
                                     f"{format_size(self.max_memory)}"
                                     " (--max-memory)")
-            if _sha256_of(f) != entry["file_sha256"]:
-                raise BundleError(f"{where}: sha256 differs from the manifest (altered or corrupted)")
-            f.seek(0)
+            self._check_file(f, entry, where)
             try:
                 tensors = st.load_fileobj(f, where)
             except st.SafetensorsError as e:
                 raise BundleError(str(e)) from None
-        want = entry["tensors"]
-        if set(tensors) != set(want):
-            raise BundleError(f"{where}: tensors {sorted(set(tensors) ^ set(want))} missing or unexpected")
-        for name, meta in want.items():
-            if st.tensor_sha256(tensors[name]) != meta["sha256"]:
-                raise BundleError(f"{where}: tensor {name!r} does not match its sha256")
+        self._check_digests({k: st.tensor_sha256(v) for k, v in tensors.items()}, entry, where)
         return CaseData(entry, tensors)
+
+    def verify_case(self, case_id: str) -> None:
+        """Verify the case's file as :meth:`case` does (its sha256, its header, every tensor's
+        sha256), reading it in chunks: a file of any size, in bounded memory."""
+        entry, where = self._entry(case_id)
+        with open_confined(self.root, entry["file"], f"case {case_id!r}") as f:
+            whole = hashlib.sha256()
+            try:
+                digests = st.digest_fileobj(f, where, whole)  # one pass: the file's digest too
+            except st.SafetensorsError as e:
+                f.seek(0)
+                self._check_file(f, entry, where)  # an altered file is named as such first
+                raise BundleError(str(e)) from None
+            if f.read(1):  # pragma: no cover - the header's offsets end at the end of the file
+                raise BundleError(f"{where}: bytes after the last tensor")
+            if whole.hexdigest() != entry["file_sha256"]:
+                raise BundleError(f"{where}: sha256 differs from the manifest (altered or corrupted)")
+        self._check_digests(digests, entry, where)
+
+    def _entry(self, case_id: str) -> tuple[dict[str, Any], str]:
+        if case_id not in self.cases:
+            raise BundleError(f"{self.root}: no case {case_id!r}")
+        entry = self.cases[case_id]
+        return entry, f"{self.root / entry['file']} (case {case_id!r})"
+
+    @staticmethod
+    def _check_file(f: BinaryIO, entry: Mapping[str, Any], where: str) -> None:
+        """The file's sha256 against the manifest's; leaves ``f`` at its start."""
+        if _sha256_of(f) != entry["file_sha256"]:
+            raise BundleError(f"{where}: sha256 differs from the manifest (altered or corrupted)")
+        f.seek(0)
+
+    @staticmethod
+    def _check_digests(digests: Mapping[str, str], entry: Mapping[str, Any], where: str) -> None:
+        want = entry["tensors"]
+        if set(digests) != set(want):
+            raise BundleError(f"{where}: tensors {sorted(set(digests) ^ set(want))} missing or unexpected")
+        for name, meta in want.items():
+            if digests[name] != meta["sha256"]:
+                raise BundleError(f"{where}: tensor {name!r} does not match its sha256")
 
     def __iter__(self) -> Iterator[CaseData]:
         for case_id in self.cases:

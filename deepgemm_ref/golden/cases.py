@@ -228,6 +228,11 @@ class Family:
     ``processes`` executor, replay under ``torchrun``).  A ranked family with ``compute`` gives
     ``compute_rank`` and ``merge_ranks`` (:data:`ComputeRank`, :data:`MergeRanks`); one with a
     driver and ``finish`` runs its driver for one rank (:mod:`.ranks`).
+    row_split: the inputs of a built case that hold rows of its outputs, ``name -> axis`` (every
+    golden tensor's leading axis is the main output's rows, and rows [r0, r1) of each are the
+    goldens of those inputs' slices [r0, r1) along their axes, the other inputs whole), or None
+    for a case that cannot be cut so: a case too large to hold whole is then computed and
+    written in blocks of rows (:mod:`.rowblocks`, its estimate's ``row_block``).
     """
 
     name: str
@@ -245,6 +250,7 @@ class Family:
     compute_rank: ComputeRank | None = None
     merge_ranks: MergeRanks | None = None
     range: RangeFor | None = None
+    row_split: Callable[[BuiltCase], Mapping[str, int] | None] | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -264,7 +270,8 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
                     check_entry: Callable[[Mapping[str, Any]], str | None] | None = None,
                     explicit: bool = False, compute: Compute | None = None, view: View | None = None,
                     ranked: bool = False, compute_rank: ComputeRank | None = None,
-                    merge_ranks: MergeRanks | None = None, range: RangeFor | None = None) -> Family:
+                    merge_ranks: MergeRanks | None = None, range: RangeFor | None = None,
+                    row_split: Callable[[BuiltCase], Mapping[str, int] | None] | None = None) -> Family:
     """Make a kernel family available to specifications (see :class:`Family`)."""
     if ranked and compute is not None and (compute_rank is None or merge_ranks is None):
         raise arg_error("register_family", "ranked", "compute_rank and merge_ranks with compute (a ranked family)",
@@ -273,7 +280,7 @@ def register_family(name: str, builder: Builder, *, schema: Schema | None = None
         raise arg_error("register_family", "ranked", "a driver and finish without compute (a ranked family)",
                         f"family {name!r} without them")
     fam = Family(name, builder, schema, estimate, frozenset(functions), driver, finish, check_entry, explicit,
-                 compute, view, ranked, compute_rank, merge_ranks, range)
+                 compute, view, ranked, compute_rank, merge_ranks, range, row_split)
     FAMILIES[name] = fam
     return fam
 

@@ -30,7 +30,7 @@ from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .ranges import scale_product_range
 from .ranges_mqa import mqa_range
-from .resources import PEAK_FIXED, Estimate, tensor_bytes
+from .resources import PEAK_FIXED, Estimate, row_block, tensor_bytes
 from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
 __all__ = ["build_gemm", "build_grouped", "build_einsum", "build_mqa", "GEMM_SCHEMA", "GROUPED_SCHEMA",
@@ -77,7 +77,7 @@ def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -
 
 
 def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_bytes: float, batch: float = 1,
-                   extra: float = 0, cost: float = 1.0) -> Estimate:
+                   extra: float = 0, cost: float = 1.0, split: bool = False) -> Estimate:
     """A GEMM-shaped case: ``batch`` products of (rows, depth) x (depth, cols).
 
     File: stored operands (``in_bytes`` per element, scales included) and per output element the
@@ -88,13 +88,22 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     temporaries (quantiser copies of the larger operand, about 6 bytes per element; bf16 draws in
     blocks; quantiser temporaries), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
     benchmarks/estimates.md).
+
+    split: the case's golden may go in blocks of output rows (:func:`.resources.row_block`; a
+    dense GEMM): when its own tensors would take more than their share of the limit, only the
+    inputs and one block's outputs are held at once, and the float64 work is one block's.
     """
     src = batch * (rows + cols) * depth
     outs = batch * rows * cols
     file = tensor_bytes((src, in_bytes), (outs, out_bytes + 17)) + int(extra)
+    per_row = batch * cols * (out_bytes + 17 + (2 if out_bytes <= 2 else 4))
     own = file + outs * (2 if out_bytes <= 2 else 4)
-    budget = int(max(MIN_WORK_BUDGET, allocation_limit() - own - PEAK_FIXED))
-    work = gemm_work_bytes(int(rows), int(cols), int(depth), budget)
+    limit = allocation_limit()
+    block = row_block(int(rows), own - rows * per_row, per_row, limit) if split and batch == 1 else 0
+    if block:
+        own = own - (rows - block) * per_row
+    budget = int(max(MIN_WORK_BUDGET, limit - own - PEAK_FIXED))
+    work = gemm_work_bytes(int(block or rows), int(cols), int(depth), budget)
     # building the inputs (measured): quantised operands hold about 6 bytes per element of the
     # larger operand (its bf16 draw, its codes, the quantiser's temporaries) and 18 more per
     # padding element (K padded to 128); bf16 ones are drawn in blocks
@@ -105,7 +114,9 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     # multiply-add (the float64 GEMM, the error scale's float32 one and the certificates), and
     # per output and per input element the passes beside them; ``cost`` weighs the whole
     madds = cost * (2.0 * batch * rows * cols * depth + 320 * outs + 500 * src)
-    return Estimate.of(file, PEAK_FIXED + own + max(work, build), madds, own)
+    if block:  # each block converts the other operand again
+        madds += cost * 50 * cols * depth * (-(-rows // block) - 1)
+    return Estimate.of(file, PEAK_FIXED + own + max(work, build), madds, own, row_block=block)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,6 +331,11 @@ def _sf_transform(profile: str, mn: int, k: int, recipe: tuple[int, ...], is_sfa
     return {"function": "transform_sf_into_required_layout", "kwargs": kwargs, "profile": profile}
 
 
+def _layout(kernel: str) -> str:
+    """A dense GEMM kernel's operand layout (``"nt"``, ``"nn"``, ``"tn"``, ``"tt"``)."""
+    return "nt" if kernel in _SKIP else kernel[-2:]
+
+
 def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     """A dense GEMM case (keys: :data:`GEMM_SCHEMA`).
 
@@ -328,7 +344,7 @@ def build_gemm(spec: CaseSpec, rng: np.random.Generator) -> BuiltCase:
     p = spec.resolved
     kernel = spec.kernel
     skip = kernel in _SKIP
-    layout = "nt" if skip else kernel[-2:]
+    layout = _layout(kernel)
     m, n, k = p["m"], p["n"], p["k"]
     fa, fb = p["a"], p["b"]
     out = BF16 if p["out"] == "bf16" else F32
@@ -418,11 +434,29 @@ def estimate_gemm(p: Params) -> Estimate:
     cols = n + (n // max(p["head_splits"][0] + p["head_splits"][2], 1) * p["head_splits"][1]
                 if p.kernel in _SKIP else 0)
     c_bytes = m * n * out_b if p["c"] != "none" else 0
-    return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes)
+    # row blocks: A's rows are whole rows or columns of its stored form (not packed FP4 along M)
+    split = not (_layout(p.kernel)[0] == "t" and p["a"] == "fp4")
+    return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes, split=split)
+
+
+def gemm_rows(built: BuiltCase) -> dict[str, int] | None:
+    """The inputs of a dense GEMM case that hold rows of its output, by the axis they lie along
+    (``a``, ``a_sf``, ``c``; ``b``, ``b_sf`` serve every row): output rows [r0, r1) are the
+    golden of those slices.  None where A's rows are not slices of its stored form (FP4 A given
+    as (K, M / 2) packed bytes)."""
+    axis = 0 if _layout(built.spec.kernel)[0] == "n" else 1
+    if axis == 1 and built.spec.resolved["a"] == "fp4":
+        return None
+    axes = {"a": axis}
+    if "a_sf" in built.inputs:
+        axes["a_sf"] = axis
+    if "c" in built.inputs:
+        axes["c"] = 0
+    return axes
 
 
 register_family("gemm", build_gemm, schema=GEMM_SCHEMA, estimate=estimate_gemm, range=scale_product_range,
-                functions=("transform_sf_into_required_layout",))
+                functions=("transform_sf_into_required_layout",), row_split=gemm_rows)
 
 
 # ----------------------------------------------------------------------------------------------

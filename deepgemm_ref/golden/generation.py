@@ -60,11 +60,12 @@ from .bundle import (
     write_manifest,
 )
 from .call import compute_golden
-from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, validate_spec
+from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, family_for, validate_spec
 from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, stale_siblings
 from .progress import as_progress
 from .ranks import spec_ranks
 from .resources import PEAK_FIXED, Estimate, ResourceError, default_memory_limit, format_seconds, format_size
+from .rowblocks import write_case_in_row_blocks
 from .text import count, plural
 
 __all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
@@ -457,8 +458,22 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
         est = estimate_case(spec, limit)
         work = limit_work(max(MIN_WORK_BUDGET, limit - est.own_bytes - PEAK_FIXED)) \
             if est is not None and est.own_bytes else contextlib.nullcontext()
+        fam = family_for(spec)
+        axes = fam.row_split(built) if est is not None and est.row_block and fam.row_split is not None else None
         try:
             with limit_allocations(limit), work:
+                if axes is not None:  # too large to hold whole: a block of output rows at a time
+                    assert est is not None
+
+                    def commit(finish: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+                        if token is not None and not (workdir / CASES_DIR / token).exists():
+                            raise _Stopped(spec.id)
+                        with (guard or contextlib.nullcontext)():
+                            return finish()
+
+                    return write_case_in_row_blocks(built, axes, est.row_block, workdir, overwrite,
+                                                    {"case": spec.id, "format": FORMAT_NAME}, commit,
+                                                    stats_clean=_json_clean)
                 golden, stats = compute_golden(built)
         finally:
             # The core's scratch memory is for calls in a row: a case starts with none of the
@@ -639,6 +654,7 @@ def _pool_worker(conn: Any, threads: int, parent: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     limit_blas_threads(threads)
+    lock = threading.Lock()  # one message at a time on the pipe: progress (any thread) and replies
     while True:
         try:
             msg = json.loads(conn.recv_bytes().decode("utf-8"))
@@ -646,20 +662,53 @@ def _pool_worker(conn: Any, threads: int, parent: int = 0) -> None:
             return
         if msg is None:
             return
+        case_id = msg["spec"]["id"]
+        share = _ShareSender(conn, lock, case_id)
         try:
             # SIGTERM is held from writing the file until its entry is sent: a stopping parent
             # (which waits a moment before it kills) records every case whose file exists.
-            entry = generate_case(validate_spec(msg["spec"]), Path(msg["root"]), msg["overwrite"], msg["limit"],
-                                  guard=_HoldSigterm)
-            reply: dict[str, Any] = {"id": msg["spec"]["id"], "entry": entry}
+            with work_progress(share):
+                entry = generate_case(validate_spec(msg["spec"]), Path(msg["root"]), msg["overwrite"], msg["limit"],
+                                      guard=_HoldSigterm)
+            reply: dict[str, Any] = {"id": case_id, "entry": entry}
         except BaseException as e:  # noqa: B036 - report everything, MemoryError included
-            reply = {"id": msg["spec"]["id"], "error": _failure(e)}
+            reply = {"id": case_id, "error": _failure(e)}
         try:
-            conn.send_bytes(json.dumps(reply, allow_nan=False).encode("utf-8"))
+            with lock:
+                share.closed = True
+                conn.send_bytes(json.dumps(reply, allow_nan=False).encode("utf-8"))
         except (OSError, ValueError):
             return
         finally:
             _HoldSigterm.release()
+
+
+class _ShareSender:
+    """A worker's report of the share of its case's work done (the core calls it from its pool
+    threads, chunk by chunk): sent to the parent as ``{"id", "share"}``, at most every
+    :data:`_SHARE_SECONDS`, so that the parent's progress line follows the cases in flight."""
+
+    def __init__(self, conn: Any, lock: threading.Lock, case_id: str) -> None:
+        self.conn, self.lock, self.case_id = conn, lock, case_id
+        self.last = 0.0
+        self.closed = False
+
+    def __call__(self, share: float) -> None:
+        now = time.monotonic()
+        if now - self.last < _SHARE_SECONDS:
+            return
+        with self.lock:
+            if self.closed:
+                return
+            self.last = now
+            try:
+                self.conn.send_bytes(json.dumps({"id": self.case_id, "share": float(share)}).encode("utf-8"))
+            except (OSError, ValueError):
+                self.closed = True
+
+
+#: The least time between two progress messages of one worker.
+_SHARE_SECONDS = 0.5
 
 
 class _HoldSigterm:
@@ -715,6 +764,8 @@ def _stop_workers(workers: list[_Worker], sig: _Signals) -> list[Result]:
         try:
             while w.case is not None and not w.conn.closed and w.conn.poll():
                 reply = json.loads(w.conn.recv_bytes().decode("utf-8"))
+                if "share" in reply:
+                    continue
                 if reply.get("entry") is not None:
                     results.append((w.case, reply["entry"], None))
                 w.case = None
@@ -726,7 +777,10 @@ def _stop_workers(workers: list[_Worker], sig: _Signals) -> list[Result]:
 
 
 def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, jobs: int,
-              sig: _Signals) -> Generator[Result, None, None]:
+              sig: _Signals, progress: Any = None, costs: Mapping[str, float] | None = None
+              ) -> Generator[Result, None, None]:
+    """The cases in ``jobs`` worker processes, fed in the given order; ``progress`` (with
+    ``case_started`` and ``within``) also hears the share of each case in flight done."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -738,6 +792,7 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
     # limits its BLAS threads (_parallel resets its own pool after a fork).  Spawn elsewhere.
     # Results are exact, so neither the start method nor the thread counts change a byte.
     ctx = mp.get_context("fork" if sys.platform == "linux" and "fork" in mp.get_all_start_methods() else "spawn")
+    inside = progress if hasattr(progress, "case_started") and hasattr(progress, "within") else None
     pending = list(todo)
     workers: list[_Worker] = []
     try:
@@ -756,6 +811,8 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
                     try:
                         w.conn.send_bytes(json.dumps(msg).encode("utf-8"))
                         w.case = spec.id
+                        if inside is not None:
+                            inside.case_started(spec.id, (costs or {}).get(spec.id, 0.0))
                     except OSError:
                         pending.insert(0, spec)
             busy = [w for w in workers if w.case]
@@ -763,15 +820,22 @@ def _run_pool(todo: list[CaseSpec], workdir: Path, overwrite: bool, limit: int, 
             for w in busy:
                 case_id = w.case
                 assert case_id is not None
-                if w.conn in ready or w.conn.poll():
+                reply = None
+                first = w.conn in ready
+                while reply is None and (first or w.conn.poll()):
+                    first = False
                     try:
                         reply = json.loads(w.conn.recv_bytes().decode("utf-8"))
                     except (EOFError, OSError, ValueError):
+                        break
+                    if isinstance(reply, dict) and "share" in reply:  # progress inside the case
+                        if inside is not None and reply.get("id") == case_id:
+                            inside.within(float(reply["share"]), case_id)
                         reply = None
-                    if reply is not None:
-                        w.case = None
-                        yield case_id, reply.get("entry"), reply.get("error")
-                        continue
+                if reply is not None:
+                    w.case = None
+                    yield case_id, reply.get("entry"), reply.get("error")
+                    continue
                 if w.proc.sentinel in ready or not w.proc.is_alive():
                     code = w.proc.exitcode
                     how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else
@@ -1208,7 +1272,8 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
             elif inline:
                 results = _run_inline(specs, work, overwrite, plan.case_limit, sig, progress, costs)
             else:  # the largest cases first, so that no worker is left with one at the end
-                results = _run_pool(by_cost(specs, costs), work, overwrite, plan.case_limit, workers, sig)
+                results = _run_pool(by_cost(specs, costs), work, overwrite, plan.case_limit, workers, sig,
+                                    progress, costs)
             for n, (case_id, entry, failure) in enumerate(results, start=1):
                 if entry is not None:
                     finished[case_id] = entry
@@ -1334,8 +1399,10 @@ def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: 
     regenerated = 0
     for n, case_id in enumerate(b.cases, start=1):
         try:
-            data = b.case(case_id)
-            if regenerate:
+            if not regenerate:  # the file's and every tensor's digest, read in chunks (any size)
+                b.verify_case(case_id)
+            else:
+                data = b.case(case_id)
                 built = build_case(CaseSpec.from_dict(data.entry["spec"]), max_memory=b.max_memory)
                 golden, _ = compute_golden(built)
                 fresh = {f"input.{k}": v for k, v in built.inputs.items()}

@@ -11,12 +11,13 @@ place (a bar, done/total, ETA); elsewhere (a log file, a CI job, a pipe) one lin
 and ETA, plus one at the start and one at the end.  A plain callable ``f(done, total, what)`` is
 accepted wherever a progress object is (:func:`as_progress`).
 
-Inside one case (serial generation): ``case_started(what, work)`` names the case in flight and
-``within(share)`` reports the share of its own work done (the core reports it chunk by chunk,
-:func:`deepgemm_ref._memory.work_progress`); the line then adds ``"40% of <case>"`` and the work
-share counts the case's done part.  While a case is in flight a heartbeat thread writes the line
-again whenever nothing was written for ``interval`` seconds (a chunk longer than the interval), so
-that a log is never silent for longer than the interval.
+Inside the cases in flight: ``case_started(what, work)`` names a case and ``within(share, what)``
+reports the share of its own work done (the core reports it chunk by chunk,
+:func:`deepgemm_ref._memory.work_progress`; ``golden --jobs`` workers send theirs to the parent);
+the line then adds ``"40% of <case>"`` for each (two at most, then a count) and the work share
+counts their done parts; ``update`` after a case ends drops it.  While a case is in flight a
+heartbeat thread writes the line again whenever nothing was written for ``interval`` seconds (a
+chunk longer than the interval), so that a log is never silent for longer than the interval.
 """
 
 from __future__ import annotations
@@ -109,9 +110,8 @@ class Progress:
         self.t0 = clock()
         self.last = -math.inf
         self.started = False
-        self.case = ""  # the case in flight (serial generation), its work and share done
-        self.case_work = 0.0
-        self.case_share = 0.0
+        #: the cases in flight, in the order they started: name -> [estimated work, share done]
+        self.cases: dict[str, list[float]] = {}
         self._lock = threading.RLock()
         self._beat: threading.Thread | None = None
         self._stop = threading.Event()
@@ -126,33 +126,43 @@ class Progress:
         self._emit("", force=True)
 
     def update(self, done: int, done_work: float, what: str = "") -> None:
+        """``done`` cases (``done_work`` of the work) are finished, the last one ``what`` (no
+        longer in flight; an unnamed update ends every case in flight)."""
         with self._lock:
             self.done, self.done_work = done, float(done_work)
-            self.case, self.case_share = "", 0.0
+            if what in self.cases:
+                del self.cases[what]
+            else:
+                self.cases.clear()
             self._emit(what, force=done >= self.total)
 
     def case_started(self, what: str, work: float) -> None:
-        """The case ``what`` (estimated ``work``) is now in flight in this process."""
+        """The case ``what`` (estimated ``work``) is now in flight."""
         with self._lock:
-            self.case, self.case_work, self.case_share = what, float(work), 0.0
+            self.cases[what] = [float(work), 0.0]
         if self.heartbeat and self._beat is None:
             self._stop.clear()
             self._beat = threading.Thread(target=self._heartbeat, name="deepgemm-ref-progress", daemon=True)
             self._beat.start()
 
-    def within(self, share: float) -> None:
-        """The case in flight has done ``share`` (0..1) of its work (any thread)."""
+    def within(self, share: float, what: str | None = None) -> None:
+        """The case ``what`` in flight (default: the one started last) has done ``share`` (0..1)
+        of its work (any thread)."""
         with self._lock:
-            if not self.case:
+            if not self.cases:
                 return
-            self.case_share = min(1.0, max(self.case_share, float(share)))
+            key = next(reversed(self.cases)) if what is None else what
+            case = self.cases.get(key)
+            if case is None:
+                return
+            case[1] = min(1.0, max(case[1], float(share)))
             if not self.tty:
                 self._emit("")
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(max(0.05, self.interval / 4)):
             with self._lock:
-                if self.case and self.clock() - self.last >= self.interval:
+                if self.cases and self.clock() - self.last >= self.interval:
                     self._emit("")
 
     def finish(self) -> None:
@@ -165,8 +175,8 @@ class Progress:
         self.started = False
 
     def _work_done(self) -> float:
-        """Work of the finished cases plus the done share of the case in flight."""
-        return self.done_work + (self.case_share * self.case_work if self.case else 0.0)
+        """Work of the finished cases plus the done shares of the cases in flight."""
+        return self.done_work + sum(work * share for work, share in self.cases.values())
 
     def eta(self) -> float:
         """Seconds left: the elapsed time per unit of work done, times the work left."""
@@ -182,8 +192,10 @@ class Progress:
         share = done / self.total_work if self.total_work > 0 else (1.0 if self.total == 0 else 0.0)
         text = (f"{self.label}: {self.done}/{count(self.total, 'case')} ({100 * share:.0f}% of the work), "
                 f"elapsed {format_seconds(elapsed)}, ETA {format_seconds(self.eta())}")
-        if self.case and not what:
-            return text + f", {100 * self.case_share:.0f}% of {self.case}"
+        if self.cases and not what:
+            shown = [f"{100 * share:.0f}% of {name}" for name, (_, share) in list(self.cases.items())[:2]]
+            more = len(self.cases) - len(shown)
+            return text + ", " + ", ".join(shown) + (f" and {count(more, 'other case')}" if more else "")
         return text + (f", {what}" if what else "")
 
     def _emit(self, what: str, force: bool = False) -> None:

@@ -23,7 +23,8 @@ from ..toolkit.sizes import default_memory_limit, format_size, physical_memory
 
 __all__ = ["Estimate", "ResourceError", "default_memory_limit", "physical_memory", "parse_size", "format_size",
            "format_seconds", "WORK_PER_SECOND", "CASE_WORK", "BYTE_WORK", "tensor_bytes",
-           "HEADER_BYTES_PER_TENSOR", "PEAK_FIXED", "blas_rate", "work_per_second", "EXACT_COST"]
+           "HEADER_BYTES_PER_TENSOR", "PEAK_FIXED", "OWN_SHARE", "row_block", "blas_rate", "work_per_second",
+           "EXACT_COST"]
 
 #: Work units per second of a reference core, where the BLAS cannot be timed (the plan's times
 #: are calibrated by :func:`blas_rate` at first use; the ETA during a run uses the measured
@@ -104,6 +105,9 @@ class Estimate:
     #: the case's own tensors (inputs, outputs, goldens; what cannot stream): the rest of the
     #: peak is work that streams within the limit (0: not told apart, all of the peak is own)
     own_bytes: int = 0
+    #: the rows per block of a case whose golden is computed and written in blocks of its main
+    #: output's rows (:func:`row_block`; 0: the whole case at once)
+    row_block: int = 0
 
     @property
     def seconds(self) -> float:
@@ -117,11 +121,30 @@ class Estimate:
 
     @staticmethod
     def of(file_bytes: float, peak_bytes: float, madds: float, own_bytes: float = 0, *,
-           case_work: float = CASE_WORK, byte_work: float = BYTE_WORK) -> Estimate:
+           case_work: float = CASE_WORK, byte_work: float = BYTE_WORK, row_block: int = 0) -> Estimate:
         """An estimate whose work is ``madds`` (BLAS-equivalent multiply-adds) plus the per-case
         and per-byte work (a family's own where its fit differs)."""
         return Estimate(int(file_bytes), int(peak_bytes), float(madds) + case_work + byte_work * file_bytes,
-                        int(own_bytes))
+                        int(own_bytes), int(row_block))
+
+
+#: The share of the limit a case's own tensors may take before its golden goes in row blocks
+#: (the rest is the core's streaming float64 work).
+OWN_SHARE = 0.75
+
+
+def row_block(rows: int, fixed_bytes: float, row_bytes: float, limit: int) -> int:
+    """Rows per block of a case whose outputs can be computed and written a block of rows at a
+    time (:class:`.cases.Family` ``row_split``): 0 (the whole case at once) when its own tensors
+    (``fixed_bytes`` held throughout, ``row_bytes`` per output row) take at most
+    :data:`OWN_SHARE` of ``limit``; else the most rows that fit in that share, balanced over the
+    blocks (at least 1: a case whose fixed tensors leave no room is refused by its peak)."""
+    room = OWN_SHARE * limit - PEAK_FIXED - fixed_bytes
+    if rows <= 1 or row_bytes <= 0 or rows * row_bytes <= room:
+        return 0
+    most = max(1, int(room // row_bytes))
+    blocks = -(-rows // most)
+    return -(-rows // blocks)
 
 
 def tensor_bytes(*sizes: tuple[float, float]) -> int:

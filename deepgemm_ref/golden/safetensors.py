@@ -65,6 +65,8 @@ __all__ = [
     "SAFETENSORS_TO_NUMPY",
     "PackedFP4",
     "SafetensorsError",
+    "StreamWriter",
+    "digest_fileobj",
     "file_sha256",
     "load_bytes",
     "load_file",
@@ -268,13 +270,18 @@ def _check_metadata_arg(metadata: Mapping[str, str] | None, where: str) -> dict[
 
 def _encode_header(prepared: list[_Prepared], metadata: dict[str, str] | None) -> bytes:
     """The 8-byte length prefix plus the space-padded JSON header."""
+    return _header_of([(p.name, p.dtype, p.shape, int(p.raw.size)) for p in prepared], metadata)
+
+
+def _header_of(layout: list[tuple[str, str, tuple[int, ...], int]], metadata: dict[str, str] | None) -> bytes:
+    """The header of tensors ``(name, dtype string, shape, byte count)`` in file order."""
     header: dict[str, Any] = {}
     if metadata is not None:
         header[METADATA_KEY] = metadata
     offset = 0
-    for p in prepared:
-        end = offset + int(p.raw.size)
-        header[p.name] = {"dtype": p.dtype, "shape": list(p.shape), "data_offsets": [offset, end]}
+    for name, dtype, shape, size in layout:
+        end = offset + size
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
         offset = end
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     body = text.encode("utf-8")
@@ -356,6 +363,159 @@ def save_file(
             os.unlink(tmp)
         raise
     _fsync_directory(directory)
+
+
+class StreamWriter:
+    """A safetensors file written piece by piece, for tensors too large to hold at once.
+
+    ``layout``: every tensor's ``name -> (dtype, shape)`` (a numpy / ml_dtypes dtype; no packed
+    FP4).  The header is written first and the file sized; :meth:`write` then gives each tensor's
+    leading-axis slices (rows) in order, from row 0, as arrays of the tensor's dtype and trailing
+    shape, or the whole tensor at once.  :meth:`commit` checks that every row was written, fsyncs
+    and renames the temporary file onto ``path`` (the directory fsynced too); :meth:`abort`, or
+    leaving the ``with`` block by an exception, removes it.  The finished file's bytes are exactly
+    those :func:`save_file` writes for the whole tensors, and :meth:`tensor_sha256` gives each
+    tensor's :func:`tensor_sha256` digest, computed from the rows as they are written.
+
+    path: the target (refused when it exists unless ``overwrite``; a device, FIFO, directory or
+    symlink is never replaced).
+    """
+
+    def __init__(self, path: PathLike, layout: Mapping[str, tuple[Any, tuple[int, ...]]],
+                 metadata: Mapping[str, str] | None = None, *, overwrite: bool = False) -> None:
+        self.target = os.fspath(path)
+        where = self._where = _where(self.target)
+        meta = _check_metadata_arg(metadata, where)
+        entries: list[tuple[str, str, tuple[int, ...], int]] = []
+        self._dtype: dict[str, np.dtype[Any]] = {}
+        self._shape: dict[str, tuple[int, ...]] = {}
+        for name in sorted(layout):
+            dt, shape = layout[name]
+            dtype = np.dtype(dt)
+            if not isinstance(name, str) or not name or name == METADATA_KEY or not _utf8_ok(name):
+                raise SafetensorsError(f"{where}: tensor name {name!r} is not allowed")
+            code = NUMPY_TO_SAFETENSORS.get(dtype)
+            if code is None:
+                raise SafetensorsError(f"{where}: tensor {name!r}: unsupported dtype {dtype}")
+            shape = tuple(int(s) for s in shape)
+            entries.append((name, code, shape, int(math.prod(shape)) * dtype.itemsize))
+            self._dtype[name], self._shape[name] = dtype, shape
+        header = _header_of(entries, meta)
+        self._offset: dict[str, int] = {}
+        offset = len(header)
+        for name, _code, _shape, size in entries:
+            self._offset[name] = offset
+            offset += size
+        self._size = offset
+        self._next = {name: 0 for name in self._shape}
+        self._sha: dict[str, Any] = {}
+        for name, code, shape, _ in entries:
+            prefix = json.dumps({"dtype": code, "shape": list(shape)}, sort_keys=True, separators=(",", ":"))
+            self._sha[name] = hashlib.sha256(prefix.encode("ascii") + b"\n")
+        if not overwrite and os.path.lexists(self.target):
+            raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
+        from .paths import refuse_special
+
+        refuse_special(self.target)
+        self._overwrite = overwrite
+        self._dir = os.path.dirname(os.path.abspath(self.target))
+        self._tmp, self._fd = _create_temp(self._dir, os.path.basename(self.target))
+        try:
+            self._pwrite(header, 0)
+            os.ftruncate(self._fd, self._size)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _pwrite(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        try:
+            while view.nbytes:
+                done = os.pwrite(self._fd, view, offset)
+                view, offset = view[done:], offset + done
+        except OSError as e:  # a full disk names the file, not the temporary one
+            raise OSError(e.errno, e.strerror or str(e), self.target) from None
+
+    def write(self, name: str, rows: np.ndarray, start: int = 0) -> None:
+        """Write ``rows`` as the tensor's leading-axis slice ``[start:start + len(rows)]``
+        (``start`` must be the first row not yet written)."""
+        if name not in self._shape:
+            raise SafetensorsError(f"{self._where}: no tensor {name!r} in the layout")
+        shape, dtype = self._shape[name], self._dtype[name]
+        arr = np.asarray(rows)
+        whole = len(shape) == 0 or arr.shape == shape
+        if arr.dtype != dtype or (not whole and (arr.ndim != len(shape) or arr.shape[1:] != shape[1:])):
+            raise SafetensorsError(f"{self._where}: tensor {name!r}: expected rows of {dtype} {shape[1:]}; "
+                                   f"got {arr.dtype} {arr.shape}")
+        count = 1 if len(shape) == 0 else arr.shape[0]
+        if start != self._next[name] or start + count > (shape[0] if shape else 1):
+            raise SafetensorsError(f"{self._where}: tensor {name!r}: rows {start}..{start + count} written out of "
+                                   f"order (next row {self._next[name]} of {shape[0] if shape else 1})")
+        raw = np.ascontiguousarray(arr).reshape(-1)
+        if sys.byteorder == "big" and raw.dtype.itemsize > 1:  # pragma: no cover - little-endian hosts only
+            raw = raw.byteswap()
+        raw = raw.view(np.uint8)
+        if dtype == np.bool_ and raw.size and int(raw.max()) > 1:
+            raise SafetensorsError(f"{self._where}: tensor {name!r}: bool array holds bytes other than 0 and 1")
+        row_bytes = int(math.prod(shape[1:])) * dtype.itemsize if shape else dtype.itemsize
+        if raw.size:
+            self._pwrite(raw.data, self._offset[name] + start * row_bytes)
+            self._sha[name].update(raw.data)
+        self._next[name] = start + count
+
+    @property
+    def layout(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+        """Every tensor's ``name -> (dtype, shape)``, in file order."""
+        return {name: (self._dtype[name], self._shape[name]) for name in self._offset}
+
+    def tensor_sha256(self, name: str) -> str:
+        """The :func:`tensor_sha256` digest of a tensor whose rows are all written."""
+        self._check_done(name)
+        return str(self._sha[name].hexdigest())
+
+    def _check_done(self, name: str) -> None:
+        shape = self._shape[name]
+        if self._next[name] != (shape[0] if shape else 1):
+            raise SafetensorsError(f"{self._where}: tensor {name!r}: {self._next[name]} of "
+                                   f"{shape[0] if shape else 1} rows written")
+
+    def commit(self) -> None:
+        """Check that every row was written, make the file durable and rename it onto the target."""
+        for name in self._shape:
+            self._check_done(name)
+        try:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            if not self._overwrite and os.path.lexists(self.target):
+                raise SafetensorsError(f"{self._where}: file exists; pass overwrite=True (CLI: --force) to replace it")
+            os.replace(self._tmp, self.target)
+        except OSError as e:
+            self.abort()
+            raise OSError(e.errno, e.strerror or str(e), self.target) from None
+        except BaseException:
+            self.abort()
+            raise
+        self._tmp = ""
+        _fsync_directory(self._dir)
+
+    def abort(self) -> None:
+        """Remove the temporary file (nothing at the target changes)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        if self._tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            self._tmp = ""
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None or self._tmp:
+            self.abort()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -606,6 +766,35 @@ def load_fileobj(f: BinaryIO, where: str = "<file>") -> dict[str, np.ndarray | P
     _, entries, buffer_size = _open_and_parse(f, where)
     buffer = _read_exact(f, buffer_size, where)
     return _decode(entries, memoryview(buffer), where)
+
+
+def digest_fileobj(f: BinaryIO, where: str = "<file>", file_hash: Any = None) -> dict[str, str]:
+    """Every tensor's :func:`tensor_sha256` digest, read from an open safetensors file positioned
+    at its start in chunks of 1 MiB (the header checked as :func:`load_fileobj` checks it, BOOL
+    bytes too): a file of any size is verified in bounded memory, in one pass.  ``file_hash``: a
+    ``hashlib`` object that is also given every byte of the file, in order."""
+    _, entries, _ = _open_and_parse(f, where)
+    data_start = f.tell()
+    if file_hash is not None:
+        f.seek(0)
+        file_hash.update(_read_exact(f, data_start, where))
+    out: dict[str, str] = {}
+    for e in sorted(entries, key=lambda e: e.begin):  # they tile the data: every byte once, in order
+        prefix = json.dumps({"dtype": e.dtype, "shape": list(e.shape)}, sort_keys=True, separators=(",", ":"))
+        h = hashlib.sha256(prefix.encode("ascii"))
+        h.update(b"\n")
+        f.seek(data_start + e.begin)
+        left = e.end - e.begin
+        while left:
+            chunk = _read_exact(f, min(left, _CHUNK), where)
+            if e.dtype == "BOOL" and chunk and max(chunk) > 1:
+                raise SafetensorsError(f"{where}: tensor {e.name!r}: BOOL data holds bytes other than 0 and 1")
+            h.update(chunk)
+            if file_hash is not None:
+                file_hash.update(chunk)
+            left -= len(chunk)
+        out[e.name] = h.hexdigest()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

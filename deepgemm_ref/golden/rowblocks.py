@@ -1,0 +1,118 @@
+"""Goldens too large to hold whole: computed and written a block of output rows at a time.
+
+A case whose family can cut it by output rows (:class:`.cases.Family` ``row_split``; the dense
+GEMMs) and whose own tensors would take more than their share of the memory limit (its estimate's
+``row_block``, :func:`.resources.row_block`) is generated here: for each block of rows
+``[r0, r1)`` the golden of the inputs' slices (``a``'s rows, its scales, ``c``'s rows; ``b``
+whole) is computed by the same exact model as the whole case, and every golden tensor's rows are
+written at their place in the case file (:class:`.safetensors.StreamWriter`).  Only the inputs
+and one block's goldens are in memory at once.
+
+Every golden element depends only on its own row of A (and on B), and the exact model rounds each
+element once from its exact value, so the file's bytes are those of the whole case computed at
+once: the same file, the same per-tensor digests (tests/test_rowblocks.py compares them for
+every dense kernel, adversarial and special values included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._memory import work_progress, work_reporter
+from . import safetensors as st
+from .bundle import BundleError, case_entry, case_relpath
+from .call import compute_golden
+from .cases import BuiltCase
+
+__all__ = ["block_case", "write_case_in_row_blocks"]
+
+
+def block_case(built: BuiltCase, axes: Mapping[str, int], r0: int, r1: int) -> BuiltCase:
+    """The case of output rows [r0, r1): the ``axes`` inputs sliced along their axis, the other
+    inputs whole, every output's leading dimension ``r1 - r0``."""
+    inputs = dict(built.inputs)
+    for name, axis in axes.items():
+        x = inputs[name]
+        index: list[slice] = [slice(None)] * x.ndim
+        index[axis] = slice(r0, r1)
+        inputs[name] = np.ascontiguousarray(x[tuple(index)])
+    outputs = {name: {**o, "shape": [r1 - r0, *o["shape"][1:]]} for name, o in built.outputs.items()}
+    return dataclasses.replace(built, inputs=inputs, outputs=outputs)
+
+
+def _merge_stats(total: dict[str, Any], part: Mapping[str, Any], case_id: str) -> None:
+    """Counts add up over the blocks; anything else must be the same in every block."""
+    for k, v in part.items():
+        if k not in total:
+            total[k] = v
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(total[k], (int, float)):
+            total[k] = total[k] + v
+        elif total[k] != v:
+            raise BundleError(f"case {case_id!r}: golden statistic {k!r} differs between row blocks "
+                              f"({total[k]!r}, {v!r}); the case cannot be computed in blocks")
+
+
+def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int, workdir: Path,
+                             overwrite: bool, metadata: Mapping[str, str],
+                             commit: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
+                             stats_clean: Callable[[Any], Any] = lambda x: x) -> dict[str, Any]:
+    """Compute the golden of ``built`` in blocks of ``block`` output rows, writing each block into
+    the case file under ``workdir``; returns the case's manifest entry.
+
+    commit: called with the function that renames the finished file into place and makes the
+    entry (generation runs it with signals deferred, like an ordinary case's write).
+    stats_clean: what makes the summed golden statistics fit for the manifest.
+    """
+    rows = int(next(iter(built.outputs.values()))["shape"][0])
+    path = workdir / case_relpath(built.spec.id)
+    outer = work_reporter()
+    stats: dict[str, Any] = {}
+    names: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    with contextlib.ExitStack() as stack:
+        writer: st.StreamWriter | None = None
+        starts = list(range(0, rows, block))
+        for i, r0 in enumerate(starts):
+            r1 = min(rows, r0 + block)
+            part = block_case(built, axes, r0, r1)
+
+            def share(x: float, i: int = i) -> None:
+                if outer is not None:
+                    outer((i + x) / len(starts))
+
+            with work_progress(share):
+                golden, part_stats = compute_golden(part)
+            found = {k: (v.dtype, v.shape[1:]) for k, v in golden.items()}
+            bad = [k for k, v in golden.items() if v.ndim == 0 or v.shape[0] != r1 - r0]
+            if bad or (names and found != {k: (d, s[1:]) for k, (d, s) in names.items()}):
+                raise BundleError(f"case {built.spec.id!r}: golden tensors {bad or sorted(found)} do not follow "
+                                  "the output's rows; the case cannot be computed in blocks")
+            if writer is None:
+                names = {k: (v.dtype, (rows, *v.shape[1:])) for k, v in golden.items()}
+                layout = {f"input.{k}": (v.dtype, v.shape) for k, v in built.inputs.items()}
+                layout.update({f"golden.{k}": t for k, t in names.items()})
+                try:
+                    writer = stack.enter_context(st.StreamWriter(path, layout, metadata, overwrite=overwrite))
+                except st.SafetensorsError as e:
+                    raise BundleError(str(e)) from None
+                for k, v in built.inputs.items():
+                    writer.write(f"input.{k}", v)
+            for k, v in golden.items():
+                writer.write(f"golden.{k}", v, r0)
+            _merge_stats(stats, part_stats, built.spec.id)
+            del golden, part
+        assert writer is not None
+        done = writer
+
+        def finish() -> dict[str, Any]:
+            entries = {k: {"dtype": st.NUMPY_TO_SAFETENSORS[dt], "shape": list(shape), "sha256": done.tensor_sha256(k)}
+                       for k, (dt, shape) in done.layout.items()}
+            done.commit()
+            return case_entry(built, {}, st.file_sha256(path), stats_clean(stats), entries=entries)
+
+        return commit(finish)
