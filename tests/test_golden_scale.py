@@ -151,6 +151,21 @@ def test_heartbeat_writes_while_a_chunk_runs_longer_than_the_interval():
     assert len(buf.getvalue()) == n  # finished: the heartbeat has stopped
 
 
+def test_heartbeat_writes_when_no_case_reports_at_all():
+    """Dask tasks and rank processes report nothing until a case ends: the line still comes
+    every interval from start to finish."""
+    import time
+
+    from deepgemm_ref.golden.progress import Progress
+
+    buf = io.StringIO()
+    p = Progress("golden", buf, tty=False, interval=0.05)
+    p.start(2, 10.0)
+    time.sleep(0.4)
+    p.finish()
+    assert len([x for x in buf.getvalue().splitlines() if x.startswith("golden: 0/2 cases")]) >= 4, buf.getvalue()
+
+
 def test_pool_workers_report_the_share_of_their_cases(tmp_path, monkeypatch):
     """``--jobs 2``: the workers send the share of their case done, so the parent's lines name
     the cases in flight with their shares (a CI log is not silent during long cases)."""

@@ -15,9 +15,10 @@ Inside the cases in flight: ``case_started(what, work)`` names a case and ``with
 reports the share of its own work done (the core reports it chunk by chunk,
 :func:`deepgemm_ref._memory.work_progress`; ``golden --jobs`` workers send theirs to the parent);
 the line then adds ``"40% of <case>"`` for each (two at most, then a count) and the work share
-counts their done parts; ``update`` after a case ends drops it.  While a case is in flight a
+counts their done parts; ``update`` after a case ends drops it.  From ``start`` to ``finish`` a
 heartbeat thread writes the line again whenever nothing was written for ``interval`` seconds (a
-chunk longer than the interval), so that a log is never silent for longer than the interval.
+chunk longer than the interval, a Dask or rank-process case that reports nothing until it ends),
+so that a log is never silent for longer than the interval.
 """
 
 from __future__ import annotations
@@ -124,6 +125,13 @@ class Progress:
         self.t0 = self.clock()
         self.started = True
         self._emit("", force=True)
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        if self.heartbeat and self.interval > 0 and self._beat is None:
+            self._stop.clear()
+            self._beat = threading.Thread(target=self._heartbeat, name="deepgemm-ref-progress", daemon=True)
+            self._beat.start()
 
     def update(self, done: int, done_work: float, what: str = "") -> None:
         """``done`` cases (``done_work`` of the work) are finished, the last one ``what`` (no
@@ -140,10 +148,6 @@ class Progress:
         """The case ``what`` (estimated ``work``) is now in flight."""
         with self._lock:
             self.cases[what] = [float(work), 0.0]
-        if self.heartbeat and self._beat is None:
-            self._stop.clear()
-            self._beat = threading.Thread(target=self._heartbeat, name="deepgemm-ref-progress", daemon=True)
-            self._beat.start()
 
     def within(self, share: float, what: str | None = None) -> None:
         """The case ``what`` in flight (default: the one started last) has done ``share`` (0..1)
@@ -162,7 +166,7 @@ class Progress:
     def _heartbeat(self) -> None:
         while not self._stop.wait(max(0.05, self.interval / 4)):
             with self._lock:
-                if self.cases and self.clock() - self.last >= self.interval:
+                if self.started and self.clock() - self.last >= self.interval:
                     self._emit("")
 
     def finish(self) -> None:
