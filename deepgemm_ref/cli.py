@@ -124,31 +124,10 @@ _MAX_SPEC_BYTES = 64 << 20
 def _load_specs(path: str) -> list[Any]:
     """The case tables of a JSON or TOML specification file (strict: duplicate keys, NaN and
     unknown top-level keys are refused)."""
-    from .golden.reading import read_regular
-    from .golden.safetensors import strict_json
+    from .golden.reading import read_table_file
 
-    try:  # a regular file of at most _MAX_SPEC_BYTES (never a FIFO or /dev/zero read without end)
-        raw = read_regular(path, "specification file", limit=_MAX_SPEC_BYTES)
-    except DGArgumentError as e:
-        raise DGArgumentError(f"golden: --spec {e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DGArgumentError(f"golden: --spec {path}: not UTF-8 text ({e})") from None
-    if path.endswith(".toml"):
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            raise DGArgumentError("golden: --spec: TOML needs Python >= 3.11 (use JSON)") from None
-        try:
-            data: Any = tomllib.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise DGArgumentError(f"golden: --spec {path}: not valid TOML: {e}") from None
-    else:
-        try:
-            data = strict_json(text)
-        except ValueError as e:
-            raise DGArgumentError(f"golden: --spec {path}: not valid JSON: {e}") from None
+    # a regular file of at most _MAX_SPEC_BYTES (never a FIFO or /dev/zero read without end)
+    data = read_table_file(path, "specification file", "golden: --spec", limit=_MAX_SPEC_BYTES)
     if isinstance(data, dict):
         extra = sorted(set(data) - {"cases"})
         if extra or "cases" not in data:

@@ -46,7 +46,7 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 from . import safetensors as st
 from .cases import FAMILIES, ArgRef, BuiltCase, SpecError, case_file_name, family_of
-from .reading import describe_mode, read_bounded
+from .reading import describe_mode, read_bounded, strict_json
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "FORMAT_NAME", "manifest_digest",
@@ -612,7 +612,7 @@ class Bundle:
             if len(raw) > MAX_MANIFEST_BYTES:
                 raise BundleError(f"{path}: grew past {format_size(MAX_MANIFEST_BYTES)} while being read")
         try:
-            self.manifest = st.strict_json(raw.decode("utf-8"))
+            self.manifest = strict_json(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise BundleError(f"{path}: not UTF-8 text: {e}") from None
         except ValueError as e:

@@ -333,33 +333,10 @@ def load_thresholds(path: str | os.PathLike[str]) -> ThresholdTable:
     Strict: unknown keys, numbers that are not finite, negative tolerances, shares above 1 and
     unknown dtype names are refused (:class:`DGArgumentError` naming the file and the key)."""
     p = os.fspath(path)
-    from .reading import read_regular
+    from .reading import read_table_file
 
-    try:  # a regular file of at most 1 MiB: never a FIFO or a device read without end
-        raw = read_regular(p, "threshold table", limit=_MAX_TABLE_BYTES)
-    except DGArgumentError as e:
-        raise DGArgumentError(f"check: --thresholds {e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DGArgumentError(f"check: --thresholds {p}: not UTF-8 text ({e})") from None
-    data: Any
-    if p.endswith(".toml"):
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            raise DGArgumentError(f"check: --thresholds {p}: TOML needs Python >= 3.11 (use JSON)") from None
-        try:
-            data = tomllib.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise DGArgumentError(f"check: --thresholds {p}: not valid TOML: {e}") from None
-    else:
-        from .safetensors import strict_json
-
-        try:
-            data = strict_json(text)
-        except (ValueError, RecursionError) as e:
-            raise DGArgumentError(f"check: --thresholds {p}: not valid JSON: {e}") from None
+    # a regular file of at most 1 MiB: never a FIFO or a device read without end
+    data = read_table_file(p, "threshold table", "check: --thresholds", limit=_MAX_TABLE_BYTES)
     data = _known_table(p, "", data, _TOP_KEYS)
     name = data.get("name", os.path.basename(p))
     if not isinstance(name, str):

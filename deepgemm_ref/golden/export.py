@@ -93,6 +93,7 @@ from .._version import __version__
 from . import safetensors as st
 from .bundle import Bundle, BundleError, load_bundle, open_confined
 from .paths import temp_path
+from .reading import strict_json
 from .resources import default_memory_limit, format_size
 
 __all__ = ["FORMATS", "API_PREFIX", "MARKER", "encode_name", "decode_name", "api_name", "parse_api_name",
@@ -560,8 +561,8 @@ def _read_small(root: Path, rel: str, what: str, limit: int = MAX_JSON_BYTES) ->
 def _json_file(root: Path, rel: str, what: str) -> Any:
     raw = _read_small(root, rel, what)
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=st._unique_object)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return strict_json(raw.decode("utf-8"), allow_nan=True)
+    except (UnicodeDecodeError, ValueError) as e:
         raise BundleError(f"{root / rel}: not valid JSON ({what}): {e}") from None
 
 

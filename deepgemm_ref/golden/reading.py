@@ -13,18 +13,22 @@ an outputs file, a dump's files) goes through :func:`open_regular`:
 
 What is read can hold any string JSON can: :func:`printable` makes one writable to any report
 (a lone surrogate such as ``"\\ud800"`` is valid JSON but cannot be encoded as UTF-8).
+:func:`strict_json` parses JSON refusing duplicate keys (and NaN / infinity unless asked);
+:func:`read_table_file` reads a specification or threshold table, JSON or TOML.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import DGArgumentError
 
-__all__ = ["describe_mode", "open_regular", "printable", "read_bounded", "read_regular"]
+__all__ = ["describe_mode", "open_regular", "printable", "read_bounded", "read_regular", "read_table_file",
+           "strict_json"]
 
 
 def describe_mode(mode: int) -> str:
@@ -124,3 +128,56 @@ def printable(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def strict_json(text: str | bytes, *, allow_nan: bool = False) -> Any:
+    """``json.loads`` that refuses duplicate keys and (unless ``allow_nan``) the NaN / Infinity
+    constants (ValueError), and turns a nesting too deep for the parser into a ValueError too."""
+    try:
+        if allow_nan:
+            return json.loads(text, object_pairs_hook=_unique_object)
+        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def read_table_file(path: str | os.PathLike[str], what: str, option: str, *, limit: int) -> Any:
+    """The data of a JSON file, or a TOML one (``.toml``), that a command's ``option`` names: a
+    regular file of at most ``limit`` bytes (:func:`read_regular`), UTF-8, parsed strictly
+    (:func:`strict_json`).  Every problem is a :class:`DGArgumentError` starting with ``option``
+    and naming the file (``"check: --thresholds t.toml: not valid TOML: ..."``)."""
+    p = os.fspath(path)
+    try:
+        raw = read_regular(p, what, limit=limit)
+    except DGArgumentError as e:
+        raise DGArgumentError(f"{option} {e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DGArgumentError(f"{option} {p}: not UTF-8 text ({e})") from None
+    if p.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise DGArgumentError(f"{option} {p}: TOML needs Python >= 3.11 (use JSON)") from None
+        try:
+            return tomllib.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise DGArgumentError(f"{option} {p}: not valid TOML: {e}") from None
+    try:
+        return strict_json(text)
+    except ValueError as e:
+        raise DGArgumentError(f"{option} {p}: not valid JSON: {e}") from None

@@ -64,6 +64,7 @@ from .call import entry_family, fresh_outputs, quiet_float_errors, run_case_call
 from .cases import validate_spec
 from .progress import as_progress
 from .ranks import agree, entry_ranks, gather_to_root, pack, rank_scope, runs_ranks_in_process, torchrun_env, unpack
+from .reading import strict_json
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["replay", "ReplayOutputs", "ERRORS_KEY", "CASES_KEY", "read_replay_record", "call_case", "module_profile"]
@@ -153,10 +154,10 @@ def read_replay_record(path: str | os.PathLike[str]) -> tuple[dict[str, str], li
     errors: dict[str, str] = {}
     cases: list[str] | None = None
     try:
-        raw = st.strict_json(meta[ERRORS_KEY]) if ERRORS_KEY in meta else {}
+        raw = strict_json(meta[ERRORS_KEY]) if ERRORS_KEY in meta else {}
         if isinstance(raw, dict):
             errors = {str(k): str(v) for k, v in raw.items()}
-        raw_cases = st.strict_json(meta[CASES_KEY]) if CASES_KEY in meta else None
+        raw_cases = strict_json(meta[CASES_KEY]) if CASES_KEY in meta else None
         if isinstance(raw_cases, list):
             cases = [str(c) for c in raw_cases]
     except ValueError as e:

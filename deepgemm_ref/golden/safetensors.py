@@ -55,6 +55,7 @@ import numpy.typing as npt
 
 from ..errors import DGArgumentError
 from ..formats import pack_fp4, unpack_fp4
+from .reading import open_regular, strict_json
 
 __all__ = [
     "F4",
@@ -71,7 +72,6 @@ __all__ = [
     "load_bytes",
     "load_file",
     "load_fileobj",
-    "strict_json",
     "read_header",
     "read_metadata",
     "save_bytes",
@@ -530,28 +530,6 @@ class _Entry(NamedTuple):
     end: int
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def strict_json(text: str) -> Any:
-    """``json.loads`` that refuses NaN / Infinity constants and duplicate keys (ValueError), and
-    turns a nesting too deep for the parser into a ValueError too."""
-    try:
-        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -729,8 +707,6 @@ def _open_and_parse(f: BinaryIO, where: str) -> tuple[dict[str, Any], list[_Entr
 def _open_file(path: PathLike) -> BinaryIO:
     """``path`` opened for reading: a regular file, never blocking on a FIFO or reading a device
     (:class:`SafetensorsError` naming the file otherwise)."""
-    from .reading import open_regular
-
     return open_regular(path, "safetensors file", error=SafetensorsError)
 
 
