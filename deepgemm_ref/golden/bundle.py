@@ -46,7 +46,7 @@ from ..errors import DGArgumentError
 from ..profiles import PROFILES
 from . import safetensors as st
 from .cases import FAMILIES, ArgRef, BuiltCase, SpecError, case_file_name, family_of
-from .reading import describe_mode, read_bounded, strict_json
+from .reading import open_regular, read_bounded, strict_json
 from .resources import ResourceError, default_memory_limit, format_size
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "MANIFEST_HASH_KEY", "FORMAT_NAME", "manifest_digest",
@@ -530,32 +530,16 @@ def open_confined(root: Path, rel: str, what: str) -> BinaryIO:
             raise BundleError(f"{parent}: cannot read the {what}'s directory: {e.strerror}") from None
         if stat.S_ISLNK(st_parent.st_mode) or not stat.S_ISDIR(st_parent.st_mode):
             raise BundleError(f"{parent}: is a symlink or not a directory (refused: bundle files stay in the bundle)")
-    # O_NONBLOCK: a FIFO in a file's place cannot block the open (it is refused below, by lstat
-    # before the open and by fstat after it)
-    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-             | getattr(os, "O_NONBLOCK", 0))
     try:
         st_file = os.lstat(path)
-        if stat.S_ISLNK(st_file.st_mode):
-            raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)")
-        if not stat.S_ISREG(st_file.st_mode):
-            raise BundleError(f"{path}: not a regular file but {describe_mode(st_file.st_mode)} ({what})")
-        fd = os.open(path, flags)
-    except BundleError:
-        raise
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)") from None
         if e.errno == errno.ENOENT:
             raise BundleError(f"{path}: missing ({what})") from None
         raise BundleError(f"{path}: cannot read the {what}: {e.strerror}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise BundleError(f"{path}: not a regular file but {describe_mode(mode)} ({what})")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    if stat.S_ISLNK(st_file.st_mode):
+        raise BundleError(f"{path}: is a symlink (refused: bundle files stay in the bundle)")
+    # the rest as for any file read (a FIFO or device in a file's place refused, never blocking)
+    return open_regular(path, what, error=BundleError, follow=False)
 
 
 def _sha256_of(f: BinaryIO) -> str:
