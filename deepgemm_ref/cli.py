@@ -166,34 +166,39 @@ def _wrapped(text: str, width: int, indent: str = "") -> str:
 
 
 def _list_data() -> dict[str, Any]:
-    """Everything ``list -v`` shows, in full, as JSON-ready data (``list --json``)."""
+    """Everything ``list -v`` shows, in full, as JSON-ready data (``list --json``): each preset's
+    cases and its estimates (disk, the largest case's peak memory, serial time on this machine)."""
     from .golden import PRESETS, preset
-    from .golden.cases import FAMILIES
+    from .golden.cases import FAMILIES, estimate_case
     from .golden.generation import validate_specs
     from .golden.schema import common_key_docs, describe_key
 
-    presets = {name: [{"id": s.id, "kernel": s.kernel, "profile": s.profile, "shape": s.shape(),
-                       "spec": s.to_dict()} for s in validate_specs(preset(name))] for name in PRESETS}
+    presets: dict[str, list[dict[str, Any]]] = {}
+    estimates: dict[str, dict[str, float]] = {}
+    for name in PRESETS:
+        specs = validate_specs(preset(name))
+        presets[name] = [{"id": s.id, "kernel": s.kernel, "profile": s.profile, "shape": s.shape(),
+                          "spec": s.to_dict()} for s in specs]
+        ests = [e for e in (estimate_case(s) for s in specs) if e is not None]
+        estimates[name] = {"disk_bytes": sum(e.file_bytes for e in ests),
+                           "peak_bytes": max((e.peak_bytes for e in ests), default=0),
+                           "seconds": round(sum(e.seconds for e in ests), 3)}
     families = {fam.name: {"kernels": {k: list(p) for k, p in fam.schema.kernels.items()},
                            "why_not": dict(fam.schema.why_not),
                            "keys": [describe_key(key, fam.schema) for key in fam.schema.keys],
                            "checks": [rule.doc for rule in fam.schema.rules]}
                 for fam in FAMILIES.values() if fam.schema is not None}
-    return {"presets": presets, "common_keys": common_key_docs(), "families": families}
+    return {"presets": presets, "estimates": estimates, "common_keys": common_key_docs(), "families": families}
 
 
-def _preset_estimates(name: str) -> str:
+def _estimate_text(est: dict[str, float]) -> str:
     """A preset's estimated disk, peak memory (its largest case) and serial time on this machine."""
-    from .golden import preset
-    from .golden.cases import estimate_case
-    from .golden.generation import validate_specs
     from .golden.resources import format_seconds
     from .toolkit.sizes import format_size
 
-    ests = [e for e in (estimate_case(s) for s in validate_specs(preset(name))) if e is not None]
-    return (f"; estimated disk {format_size(sum(e.file_bytes for e in ests))}, peak memory "
-            f"{format_size(max((e.peak_bytes for e in ests), default=0))} (its largest case), time "
-            f"{format_seconds(sum(e.seconds for e in ests))} (serial, this machine)")
+    return (f"; estimated disk {format_size(int(est['disk_bytes']))}, peak memory "
+            f"{format_size(int(est['peak_bytes']))} (its largest case), time "
+            f"{format_seconds(est['seconds'])} (serial, this machine)")
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -205,8 +210,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     width = _list_width()
     for name, cases in data["presets"].items():
-        print(_wrapped(f"{name}: {count(len(cases), 'case')}" + (_preset_estimates(name) if args.verbose else ""),
-                       width))
+        print(_wrapped(f"{name}: {count(len(cases), 'case')}"
+                       + (_estimate_text(data["estimates"][name]) if args.verbose else ""), width))
         if args.verbose:
             id_width = min(max(len(c["id"]) for c in cases), width // 2)
             for c in cases:

@@ -211,6 +211,12 @@ def test_list_verbose_wraps_to_100_columns_and_json_has_the_full_text(capsys):
             assert re.sub(r"\s+", " ", full) in flat, (fam, full)  # nothing lost by the wrapping
     first = data["presets"]["smoke"][0]
     assert {"id", "kernel", "profile", "shape", "spec"} <= set(first)
+    # the estimates list -v prints, from the same data
+    from deepgemm_ref.golden.resources import format_size
+
+    est = data["estimates"]["deepgemm-tests"]
+    assert est["disk_bytes"] > 60 << 30 and 0 < est["peak_bytes"] < est["disk_bytes"] and est["seconds"] > 0
+    assert f"deepgemm-tests: 125 cases; estimated disk {format_size(est['disk_bytes'])}" in flat
 
 
 def test_list_wraps_to_the_terminal_width(capsys, monkeypatch):
