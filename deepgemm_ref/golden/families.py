@@ -23,14 +23,14 @@ import ml_dtypes
 import numpy as np
 
 from .. import quant
-from .._memory import MIN_WORK_BUDGET, allocation_limit
+from .._memory import allocation_limit
 from .._parallel import num_threads
 from ..core import gemm_work_bytes
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .ranges import scale_product_range
 from .ranges_mqa import mqa_range
-from .resources import PEAK_FIXED, Estimate, row_block, tensor_bytes
+from .resources import PEAK_FIXED, Estimate, row_block, tensor_bytes, work_room
 from .schema import MAX_DIM, Key, Only, Params, Rule, Schema
 
 __all__ = ["build_gemm", "build_grouped", "build_einsum", "build_mqa", "GEMM_SCHEMA", "GROUPED_SCHEMA",
@@ -77,7 +77,7 @@ def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -
 
 
 def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_bytes: float, batch: float = 1,
-                   extra: float = 0, cost: float = 1.0, split: bool = False) -> Estimate:
+                   extra: float = 0, cost: float = 1.0, split: str = "", align: int = 1) -> Estimate:
     """A GEMM-shaped case: ``batch`` products of (rows, depth) x (depth, cols).
 
     File: stored operands (``in_bytes`` per element, scales included) and per output element the
@@ -89,21 +89,26 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     blocks; quantiser temporaries), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
     benchmarks/estimates.md).
 
-    split: the case's golden may go in blocks of output rows (:func:`.resources.row_block`; a
-    dense GEMM): when its own tensors would take more than their share of the limit, only the
-    inputs and one block's outputs are held at once, and the float64 work is one block's.
+    split: whether the case's golden may go in blocks along its output's leading axis
+    (:func:`.resources.row_block`, ``align`` rows at a time): ``"rows"`` (the rows of every
+    product, one after the other: dense and m-grouped contiguous GEMMs) or ``"batch"`` (whole
+    products: masked grouped GEMMs); "" never.  When its own tensors would take more than their
+    share of the limit, only the inputs and one block's outputs are held at once, and the
+    float64 work is one block's.
     """
     src = batch * (rows + cols) * depth
     outs = batch * rows * cols
     file = tensor_bytes((src, in_bytes), (outs, out_bytes + 17)) + int(extra)
-    per_row = batch * cols * (out_bytes + 17 + (2 if out_bytes <= 2 else 4))
+    per_elem = out_bytes + 17 + (2 if out_bytes <= 2 else 4)
     own = file + outs * (2 if out_bytes <= 2 else 4)
     limit = allocation_limit()
-    block = row_block(int(rows), own - rows * per_row, per_row, limit) if split and batch == 1 else 0
+    lead, per_lead = (batch * rows, cols * per_elem) if split == "rows" else (batch, rows * cols * per_elem)
+    block = row_block(int(lead), own - lead * per_lead, per_lead, limit, align) if split else 0
     if block:
-        own = own - (rows - block) * per_row
-    budget = int(max(MIN_WORK_BUDGET, limit - own - PEAK_FIXED))
-    work = gemm_work_bytes(int(block or rows), int(cols), int(depth), budget)
+        own = own - (lead - block) * per_lead
+    budget = work_room(limit, own)
+    work = gemm_work_bytes(int(min(block, rows) if block and split == "rows" else rows), int(cols), int(depth),
+                           budget)
     # building the inputs (measured): quantised operands hold about 6 bytes per element of the
     # larger operand (its bf16 draw, its codes, the quantiser's temporaries) and 18 more per
     # padding element (K padded to 128); bf16 ones are drawn in blocks
@@ -115,7 +120,7 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     # per output and per input element the passes beside them; ``cost`` weighs the whole
     madds = cost * (2.0 * batch * rows * cols * depth + 320 * outs + 500 * src)
     if block:  # each block converts the other operand again
-        madds += cost * 50 * cols * depth * (-(-rows // block) - 1)
+        madds += cost * 50 * cols * depth * (-(-lead // block) - 1)
     return Estimate.of(file, PEAK_FIXED + own + max(work, build), madds, own, row_block=block)
 
 
@@ -435,7 +440,7 @@ def estimate_gemm(p: Params) -> Estimate:
                 if p.kernel in _SKIP else 0)
     c_bytes = m * n * out_b if p["c"] != "none" else 0
     # row blocks: A's rows are whole rows or columns of its stored form (not packed FP4 along M)
-    split = not (_layout(p.kernel)[0] == "t" and p["a"] == "fp4")
+    split = "" if _layout(p.kernel)[0] == "t" and p["a"] == "fp4" else "rows"
     return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes, split=split)
 
 
@@ -724,12 +729,27 @@ def estimate_grouped(p: Params) -> Estimate:
         est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
         return Estimate(est.file_bytes, est.peak_bytes, est.work)  # the (groups, m, n) GEMMs' time (measured)
     rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
-    # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each
-    return _gemm_estimate(rows, n, k, fmt, 2, batch=groups)
+    # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each.
+    # Blocks: whole groups (masked), or rows in whole alignment blocks (m_indices)
+    split = "batch" if p.kernel in _MASKED else ("" if p["psum"] or p.ascend else "rows")
+    return _gemm_estimate(rows, n, k, fmt, 2, batch=groups, split=split, align=al if split == "rows" else 1)
+
+
+def grouped_rows(built: BuiltCase) -> dict[str, int] | None:
+    """The inputs of an m-grouped case that hold rows of its output (see :func:`gemm_rows`):
+    masked, every per-group input along the groups (blocks of whole groups); contiguous with
+    ``m_indices``, ``a``, its scales and the indices along the rows (blocks of whole alignment
+    blocks: each holds one group's rows or padding).  None for psum ends and K-grouped cases."""
+    kernel = built.spec.kernel
+    if kernel in _MASKED:
+        return {k: 0 for k in ("a", "a_sf", "b", "b_sf", "masked_m") if k in built.inputs}
+    if kernel in _CONTIGUOUS and not built.kwargs["use_psum_layout"].value:
+        return {k: 0 for k in ("a", "a_sf", "grouped_layout") if k in built.inputs}
+    return None
 
 
 register_family("grouped", build_grouped, schema=GROUPED_SCHEMA, estimate=estimate_grouped, range=scale_product_range,
-                functions=("set_mk_alignment_for_contiguous_layout",))
+                functions=("set_mk_alignment_for_contiguous_layout",), row_split=grouped_rows)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._memory import MIN_WORK_BUDGET, limit_work, work_progress
+from .._memory import limit_work, work_progress
 from .._parallel import limit_blas_threads
 from .._state import isolated
 from ..core import release_scratch
@@ -64,7 +64,7 @@ from .cases import BuiltCase, CaseSpec, SpecError, build_case, estimate_case, fa
 from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, stale_siblings
 from .progress import as_progress
 from .ranks import spec_ranks
-from .resources import PEAK_FIXED, Estimate, ResourceError, default_memory_limit, format_seconds, format_size
+from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size, work_room
 from .rowblocks import write_case_in_row_blocks
 from .text import count, plural
 
@@ -456,7 +456,7 @@ def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: in
         # the core's streaming work gets what the case's own tensors leave of it.
         limit = default_memory_limit() if max_memory is None else max_memory
         est = estimate_case(spec, limit)
-        work = limit_work(max(MIN_WORK_BUDGET, limit - est.own_bytes - PEAK_FIXED)) \
+        work = limit_work(work_room(limit, est.own_bytes)) \
             if est is not None and est.own_bytes else contextlib.nullcontext()
         fam = family_for(spec)
         axes = fam.row_split(built) if est is not None and est.row_block and fam.row_split is not None else None

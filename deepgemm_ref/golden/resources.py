@@ -22,8 +22,8 @@ from ..errors import DGArgumentError
 from ..toolkit.sizes import default_memory_limit, format_size, physical_memory
 
 __all__ = ["Estimate", "ResourceError", "default_memory_limit", "physical_memory", "parse_size", "format_size",
-           "format_seconds", "WORK_PER_SECOND", "CASE_WORK", "BYTE_WORK", "tensor_bytes",
-           "HEADER_BYTES_PER_TENSOR", "PEAK_FIXED", "OWN_SHARE", "row_block", "blas_rate", "work_per_second",
+           "format_seconds", "WORK_PER_SECOND", "CASE_WORK", "BYTE_WORK", "tensor_bytes", "HEADER_BYTES_PER_TENSOR",
+           "PEAK_FIXED", "OWN_SHARE", "FILL_SHARE", "row_block", "work_room", "blas_rate", "work_per_second",
            "EXACT_COST"]
 
 #: Work units per second of a reference core, where the BLAS cannot be timed (the plan's times
@@ -131,20 +131,36 @@ class Estimate:
 #: The share of the limit a case's own tensors may take before its golden goes in row blocks
 #: (the rest is the core's streaming float64 work).
 OWN_SHARE = 0.75
+#: The share of the limit the own tensors and the streaming work of a case fill at most: the rest
+#: is a margin for what the estimates do not count (a large case's measured peak RSS came to
+#: 0.98 of the limit without it: benchmarks/estimates.md).
+FILL_SHARE = 0.9
 
 
-def row_block(rows: int, fixed_bytes: float, row_bytes: float, limit: int) -> int:
+def work_room(limit: int, own_bytes: float) -> int:
+    """The core's work budget (:func:`deepgemm_ref._memory.limit_work`) of a case whose own
+    tensors take ``own_bytes`` under the memory limit ``limit``: what they leave of
+    :data:`FILL_SHARE` of it (at least :data:`deepgemm_ref._memory.MIN_WORK_BUDGET`).  Generation
+    sets it and the estimates size the work with it."""
+    from .._memory import MIN_WORK_BUDGET
+
+    return int(max(MIN_WORK_BUDGET, FILL_SHARE * limit - own_bytes - PEAK_FIXED))
+
+
+def row_block(rows: int, fixed_bytes: float, row_bytes: float, limit: int, align: int = 1) -> int:
     """Rows per block of a case whose outputs can be computed and written a block of rows at a
     time (:class:`.cases.Family` ``row_split``): 0 (the whole case at once) when its own tensors
     (``fixed_bytes`` held throughout, ``row_bytes`` per output row) take at most
     :data:`OWN_SHARE` of ``limit``; else the most rows that fit in that share, balanced over the
-    blocks (at least 1: a case whose fixed tensors leave no room is refused by its peak)."""
+    blocks, a multiple of ``align`` (at least ``align``: a case whose fixed tensors leave no room
+    is refused by its peak)."""
     room = OWN_SHARE * limit - PEAK_FIXED - fixed_bytes
-    if rows <= 1 or row_bytes <= 0 or rows * row_bytes <= room:
+    if rows <= align or row_bytes <= 0 or rows * row_bytes <= room:
         return 0
-    most = max(1, int(room // row_bytes))
+    most = max(1, int(room // row_bytes) // align) * align
     blocks = -(-rows // most)
-    return -(-rows // blocks)
+    even = -(-rows // blocks)  # the rows of each block, balanced
+    return -(-even // align) * align
 
 
 def tensor_bytes(*sizes: tuple[float, float]) -> int:
