@@ -130,11 +130,11 @@ class Estimate:
 
 #: The share of the limit a case's own tensors may take before its golden goes in row blocks
 #: (the rest is the core's streaming float64 work).
-OWN_SHARE = 0.75
+OWN_SHARE = 0.5
 #: The share of the limit the own tensors and the streaming work of a case fill at most: the rest
-#: is a margin for what the estimates do not count (a large case's measured peak RSS came to
-#: 0.98 of the limit without it: benchmarks/estimates.md).
-FILL_SHARE = 0.9
+#: is a margin for what the estimates do not count (with the whole limit, the largest case's
+#: measured peak RSS came to 0.98 of it, with 0.9 to 0.96: benchmarks/estimates.md).
+FILL_SHARE = 0.8
 
 
 def work_room(limit: int, own_bytes: float) -> int:
