@@ -200,6 +200,9 @@ def test_verify_reads_a_case_larger_than_the_limit_in_chunks(tmp_path: Path) -> 
     with pytest.raises(ResourceError, match="over the memory limit"):
         load_bundle(tmp_path / "b", max_memory=small).case("rb")  # loading whole is refused
     assert verify(tmp_path / "b", max_memory=small)["ok"]  # verifying streams
+    # regenerating computes in row blocks as generation did, comparing digests (nothing held whole)
+    report = verify(tmp_path / "b", max_memory=limit, regenerate=True)
+    assert report["ok"] and report["regenerated"] == 1, report
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1  # one bit of a golden tensor
     path.write_bytes(bytes(data))

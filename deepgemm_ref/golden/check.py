@@ -954,11 +954,13 @@ def check_outputs(bundle: Bundle, outputs: dict[str, np.ndarray], options: Check
              if i in bundle.cases else 1.0 for i in ids}
     prog.start(len(ids), sum(sizes.values()))
     done_work = 0.0
-    for n, case_id in enumerate(ids, start=1):
-        reports += _check_one_case(bundle, case_id, outputs, single, errors, options)
-        done_work += sizes[case_id]
-        prog.update(n, done_work, case_id)
-    prog.finish()
+    try:
+        for n, case_id in enumerate(ids, start=1):
+            reports += _check_one_case(bundle, case_id, outputs, single, errors, options)
+            done_work += sizes[case_id]
+            prog.update(n, done_work, case_id)
+    finally:
+        prog.finish()
     for r in reports:
         r.options = options.summary()
     if not single:

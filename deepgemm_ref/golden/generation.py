@@ -65,7 +65,7 @@ from .lifecycle import LOCK_NAME, BundleLock, die_with_parent, sibling_name, sta
 from .progress import as_progress
 from .ranks import spec_ranks
 from .resources import Estimate, ResourceError, default_memory_limit, format_seconds, format_size, work_room
-from .rowblocks import write_case_in_row_blocks
+from .rowblocks import digests_in_row_blocks, write_case_in_row_blocks
 from .text import count, plural
 
 __all__ = ["generate", "plan_generation", "Plan", "PlannedCase", "GenerationInterrupted", "CaseFailures", "verify",
@@ -1302,6 +1302,7 @@ def _execute(plan: Plan, scheduler: str | None, progress: Any, note: Callable[[s
                                                                  checkpoint if in_place else None)) from None
         except BaseException:
             with _Critical(sig):
+                progress.finish()
                 if results is not None:
                     results.close()
                 if in_place:
@@ -1397,29 +1398,27 @@ def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: 
     prog.start(len(b.cases), sum(costs.values()))
     done_work = 0.0
     regenerated = 0
-    for n, case_id in enumerate(b.cases, start=1):
-        try:
-            if not regenerate:  # the file's and every tensor's digest, read in chunks (any size)
-                b.verify_case(case_id)
-            else:
-                data = b.case(case_id)
-                built = build_case(CaseSpec.from_dict(data.entry["spec"]), max_memory=b.max_memory)
-                golden, _ = compute_golden(built)
-                fresh = {f"input.{k}": v for k, v in built.inputs.items()}
-                fresh.update({f"golden.{k}": v for k, v in golden.items()})
-                for name, meta in data.entry["tensors"].items():
-                    if name not in fresh:
-                        problems.append(f"case {case_id!r}: regenerated case lacks {name!r}")
-                    elif st.tensor_sha256(fresh[name]) != meta["sha256"]:
-                        problems.append(f"case {case_id!r}: regenerated {name!r} differs from the stored bytes")
-                for name in sorted(set(fresh) - set(data.entry["tensors"])):
-                    problems.append(f"case {case_id!r}: regenerated case has an extra tensor {name!r}")
-                regenerated += 1
-        except DGArgumentError as e:
-            problems.append(str(e))
-        done_work += costs[case_id]
-        prog.update(n, done_work, case_id)
-    prog.finish()
+    try:
+        for n, case_id in enumerate(b.cases, start=1):
+            try:
+                b.verify_case(case_id)  # the file's and every tensor's digest, read in chunks (any size)
+                if regenerate:
+                    entry = b.cases[case_id]
+                    fresh = _regenerated_digests(CaseSpec.from_dict(entry["spec"]), b.max_memory)
+                    for name, meta in entry["tensors"].items():
+                        if name not in fresh:
+                            problems.append(f"case {case_id!r}: regenerated case lacks {name!r}")
+                        elif fresh[name] != meta["sha256"]:
+                            problems.append(f"case {case_id!r}: regenerated {name!r} differs from the stored bytes")
+                    for name in sorted(set(fresh) - set(entry["tensors"])):
+                        problems.append(f"case {case_id!r}: regenerated case has an extra tensor {name!r}")
+                    regenerated += 1
+            except DGArgumentError as e:
+                problems.append(str(e))
+            done_work += costs[case_id]
+            prog.update(n, done_work, case_id)
+    finally:
+        prog.finish()
     if b.incomplete:
         n_left = len(b.incomplete)
         problems.append(f"the bundle is incomplete: {count(n_left, 'case')} {plural(n_left, 'was')} not generated "
@@ -1427,6 +1426,29 @@ def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: 
                         "finish it with golden --resume")
     return {"cases": len(b.cases), "ok": not problems, "problems": problems, "incomplete": list(b.incomplete),
             "regenerated": regenerated}
+
+
+def _regenerated_digests(spec: CaseSpec, limit: int) -> dict[str, str]:
+    """Every tensor's sha256 of the case computed again as generation computes it under ``limit``
+    (in row blocks where its estimate says so: nothing is held whole that generation did not)."""
+    with isolated():
+        built = build_case(spec, max_memory=limit)
+        est = estimate_case(spec, limit)
+        fam = family_for(spec)
+        axes = fam.row_split(built) if est is not None and est.row_block and fam.row_split is not None else None
+        work = limit_work(work_room(limit, est.own_bytes)) if est is not None and est.own_bytes \
+            else contextlib.nullcontext()
+        try:
+            with limit_allocations(limit), work:
+                if axes is not None:
+                    assert est is not None
+                    return digests_in_row_blocks(built, axes, est.row_block)
+                golden, _ = compute_golden(built)
+        finally:
+            release_scratch()
+    fresh = {f"input.{k}": v for k, v in built.inputs.items()}
+    fresh.update({f"golden.{k}": v for k, v in golden.items()})
+    return {k: st.tensor_sha256(v) for k, v in fresh.items()}
 
 
 def _entry_cost(entry: Mapping[str, Any], regenerate: bool) -> float:

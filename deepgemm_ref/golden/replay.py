@@ -350,19 +350,21 @@ def _replay_here(bundle_dir: str | os.PathLike[str], out_path: str | os.PathLike
     costs = _costs(b, ids)
     prog.start(len(ids), sum(costs.values()))
     done_work = 0.0
-    for n, case_id in enumerate(ids, start=1):
-        try:
-            results.update(_replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation,
-                                        limit, p.profile))
-        except KeyboardInterrupt:
-            raise
-        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
-            errors[case_id] = _exit_text(e)
-        except Exception as e:  # one failing case must not stop the others
-            errors[case_id] = _error_text(e)
-        done_work += costs[case_id]
-        prog.update(n, done_work, case_id)
-    prog.finish()
+    try:
+        for n, case_id in enumerate(ids, start=1):
+            try:
+                results.update(_replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
+                                            accumulation, limit, p.profile))
+            except KeyboardInterrupt:
+                raise
+            except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+                errors[case_id] = _exit_text(e)
+            except Exception as e:  # one failing case must not stop the others
+                errors[case_id] = _error_text(e)
+            done_work += costs[case_id]
+            prog.update(n, done_work, case_id)
+    finally:
+        prog.finish()
     _save(results, errors, ids, bundle_dir, module, out_path, force)
     results.notes = _profile_notes(b, ids, p.profile, errors)
     return results
@@ -520,52 +522,53 @@ def _replay_in_world(w: _World, bundle_dir: str | os.PathLike[str], out_path: st
     prog = as_progress(progress if w.rank == 0 else None)
     costs = _costs(b, ids)
     prog.start(len(ids), sum(costs.values()))
-    done, done_work = 0, 0.0
-    for case_id in together:
-        got: dict[str, np.ndarray] = {}
-        err: str | None = None
-        try:
-            with rank_scope(w.group, w.rank, w.size):
-                got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation, limit,
-                                   p.profile)
-        except KeyboardInterrupt:
-            raise
-        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
-            err = _exit_text(e)
-        except Exception as e:  # one failing case must not stop the others
-            err = _error_text(e)
-        statuses = agree(w.tr, {"error": err})
-        failed = [(r, s["error"]) for r, s in enumerate(statuses) if s.get("error")]
-        if failed:
-            errors[case_id] = _rank_errors(failed, w.size)
-        else:
-            rows = {name: np.ascontiguousarray(v[w.rank]) for name, v in got.items()}
-            parts = gather_to_root(w.tr, pack(rows))
-            if parts is not None:
-                per = [unpack(part)[0] for part in parts]
-                per_case[case_id] = {name: np.ascontiguousarray(np.stack([q[name] for q in per])) for name in rows}
-        done, done_work = done + 1, done_work + costs[case_id]
-        prog.update(done, done_work, case_id)
-    if w.rank != 0:
+    try:
+        done, done_work = 0, 0.0
+        for case_id in together:
+            got: dict[str, np.ndarray] = {}
+            err: str | None = None
+            try:
+                with rank_scope(w.group, w.rank, w.size):
+                    got = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms, accumulation,
+                                       limit, p.profile)
+            except KeyboardInterrupt:
+                raise
+            except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+                err = _exit_text(e)
+            except Exception as e:  # one failing case must not stop the others
+                err = _error_text(e)
+            statuses = agree(w.tr, {"error": err})
+            failed = [(r, s["error"]) for r, s in enumerate(statuses) if s.get("error")]
+            if failed:
+                errors[case_id] = _rank_errors(failed, w.size)
+            else:
+                rows = {name: np.ascontiguousarray(v[w.rank]) for name, v in got.items()}
+                parts = gather_to_root(w.tr, pack(rows))
+                if parts is not None:
+                    per = [unpack(part)[0] for part in parts]
+                    per_case[case_id] = {name: np.ascontiguousarray(np.stack([q[name] for q in per])) for name in rows}
+            done, done_work = done + 1, done_work + costs[case_id]
+            prog.update(done, done_work, case_id)
+        if w.rank != 0:
+            out = ReplayOutputs()
+            out.errors, out.written, out.rank, out.world = errors, False, w.rank, w.size
+            return out
+        for case_id in alone:
+            try:
+                scope = rank_scope(one_rank, 0, 1) if ranked[case_id] == 1 else contextlib.nullcontext()
+                with scope:
+                    per_case[case_id] = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
+                                                     accumulation, limit, p.profile)
+            except KeyboardInterrupt:
+                raise
+            except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
+                errors[case_id] = _exit_text(e)
+            except Exception as e:
+                errors[case_id] = _error_text(e)
+            done, done_work = done + 1, done_work + costs[case_id]
+            prog.update(done, done_work, case_id)
+    finally:
         prog.finish()
-        out = ReplayOutputs()
-        out.errors, out.written, out.rank, out.world = errors, False, w.rank, w.size
-        return out
-    for case_id in alone:
-        try:
-            scope = rank_scope(one_rank, 0, 1) if ranked[case_id] == 1 else contextlib.nullcontext()
-            with scope:
-                per_case[case_id] = _replay_case(b, case_id, p.module, p.ours, p.use_torch, device, transforms,
-                                                 accumulation, limit, p.profile)
-        except KeyboardInterrupt:
-            raise
-        except SystemExit as e:  # the module's kernel called sys.exit(): this case failed, the replay goes on
-            errors[case_id] = _exit_text(e)
-        except Exception as e:
-            errors[case_id] = _error_text(e)
-        done, done_work = done + 1, done_work + costs[case_id]
-        prog.update(done, done_work, case_id)
-    prog.finish()
     results = ReplayOutputs()
     for case_id in ids:
         results.update(per_case.get(case_id, {}))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from .bundle import BundleError, case_entry, case_relpath
 from .call import compute_golden
 from .cases import BuiltCase
 
-__all__ = ["block_case", "write_case_in_row_blocks"]
+__all__ = ["block_case", "golden_in_row_blocks", "digests_in_row_blocks", "write_case_in_row_blocks"]
 
 
 def block_case(built: BuiltCase, axes: Mapping[str, int], r0: int, r1: int) -> BuiltCase:
@@ -58,6 +58,57 @@ def _merge_stats(total: dict[str, Any], part: Mapping[str, Any], case_id: str) -
                               f"({total[k]!r}, {v!r}); the case cannot be computed in blocks")
 
 
+def golden_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int
+                         ) -> Iterator[tuple[int, dict[str, np.ndarray], dict[str, Any]]]:
+    """The golden of ``built`` in blocks of ``block`` output rows: each block's first row, golden
+    tensors and statistics, in order (the share of the work done is reported per block to the
+    caller's :func:`deepgemm_ref._memory.work_progress`).  Every golden tensor must follow the
+    main output's rows, with the same dtype and trailing shape in every block."""
+    rows = int(next(iter(built.outputs.values()))["shape"][0])
+    outer = work_reporter()
+    starts = list(range(0, rows, block))
+    kinds: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
+    for i, r0 in enumerate(starts):
+        r1 = min(rows, r0 + block)
+
+        def share(x: float, i: int = i) -> None:
+            if outer is not None:
+                outer((i + x) / len(starts))
+
+        with work_progress(share):
+            golden, stats = compute_golden(block_case(built, axes, r0, r1))
+        found = {k: (v.dtype, v.shape[1:]) for k, v in golden.items()}
+        bad = [k for k, v in golden.items() if v.ndim == 0 or v.shape[0] != r1 - r0]
+        if bad or (kinds and found != kinds):
+            raise BundleError(f"case {built.spec.id!r}: golden tensors {bad or sorted(found)} do not follow "
+                              "the output's rows; the case cannot be computed in blocks")
+        kinds = found
+        yield r0, golden, stats
+
+
+def _layout(built: BuiltCase, golden: Mapping[str, np.ndarray]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """The case file's tensors (inputs whole, goldens of every row), from one block's goldens."""
+    rows = int(next(iter(built.outputs.values()))["shape"][0])
+    layout: dict[str, tuple[Any, tuple[int, ...]]] = {f"input.{k}": (v.dtype, v.shape) for k, v in built.inputs.items()}
+    layout.update({f"golden.{k}": (v.dtype, (rows, *v.shape[1:])) for k, v in golden.items()})
+    return layout
+
+
+def digests_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int) -> dict[str, str]:
+    """Every tensor's sha256 (as the manifest records them) of the case computed in row blocks,
+    nothing written (``verify --regenerate`` of a case too large to hold whole)."""
+    digests: st.TensorDigests | None = None
+    for r0, golden, _ in golden_in_row_blocks(built, axes, block):
+        if digests is None:
+            digests = st.TensorDigests(_layout(built, golden), f"case {built.spec.id!r}")
+            for k, v in built.inputs.items():
+                digests.write(f"input.{k}", v)
+        for k, v in golden.items():
+            digests.write(f"golden.{k}", v, r0)
+    assert digests is not None
+    return {name: digests.tensor_sha256(name) for name in digests.layout}
+
+
 def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int, workdir: Path,
                              overwrite: bool, metadata: Mapping[str, str],
                              commit: Callable[[Callable[[], dict[str, Any]]], dict[str, Any]],
@@ -69,35 +120,15 @@ def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: i
     entry (generation runs it with signals deferred, like an ordinary case's write).
     stats_clean: what makes the summed golden statistics fit for the manifest.
     """
-    rows = int(next(iter(built.outputs.values()))["shape"][0])
     path = workdir / case_relpath(built.spec.id)
-    outer = work_reporter()
     stats: dict[str, Any] = {}
-    names: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
     with contextlib.ExitStack() as stack:
         writer: st.StreamWriter | None = None
-        starts = list(range(0, rows, block))
-        for i, r0 in enumerate(starts):
-            r1 = min(rows, r0 + block)
-            part = block_case(built, axes, r0, r1)
-
-            def share(x: float, i: int = i) -> None:
-                if outer is not None:
-                    outer((i + x) / len(starts))
-
-            with work_progress(share):
-                golden, part_stats = compute_golden(part)
-            found = {k: (v.dtype, v.shape[1:]) for k, v in golden.items()}
-            bad = [k for k, v in golden.items() if v.ndim == 0 or v.shape[0] != r1 - r0]
-            if bad or (names and found != {k: (d, s[1:]) for k, (d, s) in names.items()}):
-                raise BundleError(f"case {built.spec.id!r}: golden tensors {bad or sorted(found)} do not follow "
-                                  "the output's rows; the case cannot be computed in blocks")
+        for r0, golden, part_stats in golden_in_row_blocks(built, axes, block):
             if writer is None:
-                names = {k: (v.dtype, (rows, *v.shape[1:])) for k, v in golden.items()}
-                layout = {f"input.{k}": (v.dtype, v.shape) for k, v in built.inputs.items()}
-                layout.update({f"golden.{k}": t for k, t in names.items()})
                 try:
-                    writer = stack.enter_context(st.StreamWriter(path, layout, metadata, overwrite=overwrite))
+                    writer = stack.enter_context(st.StreamWriter(path, _layout(built, golden), metadata,
+                                                                 overwrite=overwrite))
                 except st.SafetensorsError as e:
                     raise BundleError(str(e)) from None
                 for k, v in built.inputs.items():
@@ -105,7 +136,6 @@ def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: i
             for k, v in golden.items():
                 writer.write(f"golden.{k}", v, r0)
             _merge_stats(stats, part_stats, built.spec.id)
-            del golden, part
         assert writer is not None
         done = writer
 

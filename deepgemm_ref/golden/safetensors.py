@@ -67,6 +67,7 @@ __all__ = [
     "PackedFP4",
     "SafetensorsError",
     "StreamWriter",
+    "TensorDigests",
     "digest_fileobj",
     "file_sha256",
     "load_bytes",
@@ -365,30 +366,21 @@ def save_file(
     _fsync_directory(directory)
 
 
-class StreamWriter:
-    """A safetensors file written piece by piece, for tensors too large to hold at once.
+class TensorDigests:
+    """The :func:`tensor_sha256` digests of tensors given piece by piece (what
+    :class:`StreamWriter` writes, or what ``verify --regenerate`` compares without writing).
 
     ``layout``: every tensor's ``name -> (dtype, shape)`` (a numpy / ml_dtypes dtype; no packed
-    FP4).  The header is written first and the file sized; :meth:`write` then gives each tensor's
-    leading-axis slices (rows) in order, from row 0, as arrays of the tensor's dtype and trailing
-    shape, or the whole tensor at once.  :meth:`commit` checks that every row was written, fsyncs
-    and renames the temporary file onto ``path`` (the directory fsynced too); :meth:`abort`, or
-    leaving the ``with`` block by an exception, removes it.  The finished file's bytes are exactly
-    those :func:`save_file` writes for the whole tensors, and :meth:`tensor_sha256` gives each
-    tensor's :func:`tensor_sha256` digest, computed from the rows as they are written.
-
-    path: the target (refused when it exists unless ``overwrite``; a device, FIFO, directory or
-    symlink is never replaced).
+    FP4).  :meth:`write` gives each tensor's leading-axis slices (rows) in order, from row 0, as
+    arrays of the tensor's dtype and trailing shape, or the whole tensor at once.
     """
 
-    def __init__(self, path: PathLike, layout: Mapping[str, tuple[Any, tuple[int, ...]]],
-                 metadata: Mapping[str, str] | None = None, *, overwrite: bool = False) -> None:
-        self.target = os.fspath(path)
-        where = self._where = _where(self.target)
-        meta = _check_metadata_arg(metadata, where)
-        entries: list[tuple[str, str, tuple[int, ...], int]] = []
+    def __init__(self, layout: Mapping[str, tuple[Any, tuple[int, ...]]], where: str = "tensors") -> None:
+        self._where = where
+        self._entries: list[tuple[str, str, tuple[int, ...], int]] = []
         self._dtype: dict[str, np.dtype[Any]] = {}
         self._shape: dict[str, tuple[int, ...]] = {}
+        self._sha: dict[str, Any] = {}
         for name in sorted(layout):
             dt, shape = layout[name]
             dtype = np.dtype(dt)
@@ -398,47 +390,26 @@ class StreamWriter:
             if code is None:
                 raise SafetensorsError(f"{where}: tensor {name!r}: unsupported dtype {dtype}")
             shape = tuple(int(s) for s in shape)
-            entries.append((name, code, shape, int(math.prod(shape)) * dtype.itemsize))
+            self._entries.append((name, code, shape, int(math.prod(shape)) * dtype.itemsize))
             self._dtype[name], self._shape[name] = dtype, shape
-        header = _header_of(entries, meta)
-        self._offset: dict[str, int] = {}
-        offset = len(header)
-        for name, _code, _shape, size in entries:
-            self._offset[name] = offset
-            offset += size
-        self._size = offset
-        self._next = {name: 0 for name in self._shape}
-        self._sha: dict[str, Any] = {}
-        for name, code, shape, _ in entries:
             prefix = json.dumps({"dtype": code, "shape": list(shape)}, sort_keys=True, separators=(",", ":"))
             self._sha[name] = hashlib.sha256(prefix.encode("ascii") + b"\n")
-        if not overwrite and os.path.lexists(self.target):
-            raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
-        from .paths import refuse_special
+        self._next = {name: 0 for name in self._shape}
 
-        refuse_special(self.target)
-        self._overwrite = overwrite
-        self._dir = os.path.dirname(os.path.abspath(self.target))
-        self._tmp, self._fd = _create_temp(self._dir, os.path.basename(self.target))
-        try:
-            self._pwrite(header, 0)
-            os.ftruncate(self._fd, self._size)
-        except BaseException:
-            self.abort()
-            raise
-
-    def _pwrite(self, data: Any, offset: int) -> None:
-        view = memoryview(data).cast("B")
-        try:
-            while view.nbytes:
-                done = os.pwrite(self._fd, view, offset)
-                view, offset = view[done:], offset + done
-        except OSError as e:  # a full disk names the file, not the temporary one
-            raise OSError(e.errno, e.strerror or str(e), self.target) from None
+    @property
+    def layout(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+        """Every tensor's ``name -> (dtype, shape)``, in file order."""
+        return {name: (self._dtype[name], self._shape[name]) for name, *_ in self._entries}
 
     def write(self, name: str, rows: np.ndarray, start: int = 0) -> None:
-        """Write ``rows`` as the tensor's leading-axis slice ``[start:start + len(rows)]``
-        (``start`` must be the first row not yet written)."""
+        """Give ``rows`` as the tensor's leading-axis slice ``[start:start + len(rows)]``
+        (``start`` must be the first row not yet given)."""
+        raw, _ = self._take(name, rows, start)
+        if raw.size:
+            self._sha[name].update(raw.data)
+
+    def _take(self, name: str, rows: np.ndarray, start: int) -> tuple[np.ndarray, int]:
+        """Check ``rows`` and mark them given: their little-endian bytes and byte offset in the tensor."""
         if name not in self._shape:
             raise SafetensorsError(f"{self._where}: no tensor {name!r} in the layout")
         shape, dtype = self._shape[name], self._dtype[name]
@@ -457,19 +428,12 @@ class StreamWriter:
         raw = raw.view(np.uint8)
         if dtype == np.bool_ and raw.size and int(raw.max()) > 1:
             raise SafetensorsError(f"{self._where}: tensor {name!r}: bool array holds bytes other than 0 and 1")
-        row_bytes = int(math.prod(shape[1:])) * dtype.itemsize if shape else dtype.itemsize
-        if raw.size:
-            self._pwrite(raw.data, self._offset[name] + start * row_bytes)
-            self._sha[name].update(raw.data)
         self._next[name] = start + count
-
-    @property
-    def layout(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
-        """Every tensor's ``name -> (dtype, shape)``, in file order."""
-        return {name: (self._dtype[name], self._shape[name]) for name in self._offset}
+        row_bytes = int(math.prod(shape[1:])) * dtype.itemsize if shape else dtype.itemsize
+        return raw, start * row_bytes
 
     def tensor_sha256(self, name: str) -> str:
-        """The :func:`tensor_sha256` digest of a tensor whose rows are all written."""
+        """The :func:`tensor_sha256` digest of a tensor whose rows are all given."""
         self._check_done(name)
         return str(self._sha[name].hexdigest())
 
@@ -478,6 +442,66 @@ class StreamWriter:
         if self._next[name] != (shape[0] if shape else 1):
             raise SafetensorsError(f"{self._where}: tensor {name!r}: {self._next[name]} of "
                                    f"{shape[0] if shape else 1} rows written")
+
+
+class StreamWriter(TensorDigests):
+    """A safetensors file written piece by piece, for tensors too large to hold at once.
+
+    ``layout`` and :meth:`write` as :class:`TensorDigests`.  The header is written first and the
+    file sized; each row written goes to its place.  :meth:`commit` checks that every row was
+    written, fsyncs and renames the temporary file onto ``path`` (the directory fsynced too);
+    :meth:`abort`, or leaving the ``with`` block by an exception, removes it.  The finished
+    file's bytes are exactly those :func:`save_file` writes for the whole tensors, and
+    :meth:`tensor_sha256` gives each tensor's digest, computed from the rows as they are written.
+
+    path: the target (refused when it exists unless ``overwrite``; a device, FIFO, directory or
+    symlink is never replaced).
+    """
+
+    def __init__(self, path: PathLike, layout: Mapping[str, tuple[Any, tuple[int, ...]]],
+                 metadata: Mapping[str, str] | None = None, *, overwrite: bool = False) -> None:
+        self.target = os.fspath(path)
+        self._tmp, self._fd = "", -1
+        where = _where(self.target)
+        meta = _check_metadata_arg(metadata, where)
+        super().__init__(layout, where)
+        header = _header_of(self._entries, meta)
+        self._offset: dict[str, int] = {}
+        offset = len(header)
+        for name, _code, _shape, size in self._entries:
+            self._offset[name] = offset
+            offset += size
+        if not overwrite and os.path.lexists(self.target):
+            raise SafetensorsError(f"{where}: file exists; pass overwrite=True (CLI: --force) to replace it")
+        from .paths import refuse_special
+
+        refuse_special(self.target)
+        self._overwrite = overwrite
+        self._dir = os.path.dirname(os.path.abspath(self.target))
+        self._tmp, self._fd = _create_temp(self._dir, os.path.basename(self.target))
+        try:
+            self._pwrite(header, 0)
+            os.ftruncate(self._fd, offset)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _pwrite(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        try:
+            while view.nbytes:
+                done = os.pwrite(self._fd, view, offset)
+                view, offset = view[done:], offset + done
+        except OSError as e:  # a full disk names the file, not the temporary one
+            raise OSError(e.errno, e.strerror or str(e), self.target) from None
+
+    def write(self, name: str, rows: np.ndarray, start: int = 0) -> None:
+        """Write ``rows`` as the tensor's leading-axis slice ``[start:start + len(rows)]``
+        (``start`` must be the first row not yet written)."""
+        raw, offset = self._take(name, rows, start)
+        if raw.size:
+            self._pwrite(raw.data, self._offset[name] + offset)
+            self._sha[name].update(raw.data)
 
     def commit(self) -> None:
         """Check that every row was written, make the file durable and rename it onto the target."""
