@@ -201,3 +201,23 @@ def test_progress_line_with_several_cases_in_flight():
     assert p.line().endswith("0% of a, 25% of c")
     p.update(2, 20.0)
     assert p.cases == {}
+
+
+def test_the_heartbeat_stops_when_a_run_fails(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from deepgemm_ref.golden.bundle import Bundle
+    from deepgemm_ref.golden.generation import generate, verify
+    from deepgemm_ref.golden.progress import Progress
+
+    generate([{"id": "x", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 8, "n": 8, "k": 32}], tmp_path / "b")
+
+    def broken(self, case_id):
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr(Bundle, "verify_case", broken)
+    with pytest.raises(RuntimeError, match="disk gone"):
+        verify(tmp_path / "b", progress=Progress("verify", io.StringIO(), tty=False, interval=0.05))
+    time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name == "deepgemm-ref-progress" and t.is_alive()]
