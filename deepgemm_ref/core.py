@@ -1472,7 +1472,12 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
     # float32 outputs have 2^16 times finer roundings than bf16 ones: the GEMM's a priori bound
     # leaves a few percent of the elements undecided at large K unless K is blocked.
     kblock = _KBLOCK_F32 if ep.out is fm.F32 and k > 4 * _KBLOCK_F32 else 0
-    gemm = _Gemm(a, b, blocked, _chunk_rows(m, n, k), kblock)
+    step = _chunk_rows(m, n, k)
+    if acc is None and S_all is None and blas_pinned():
+        # Codes alone are certified whatever the GEMM's last bits: with a one-thread BLAS every pool
+        # thread takes a chunk (its conversion, GEMM and certificates overlap the others').
+        step = min(step, -(-m // max(1, num_threads())))
+    gemm = _Gemm(a, b, blocked, step, kblock)
     lock = threading.Lock()
     open_rows: list[np.ndarray] = []
     open_cols: list[np.ndarray] = []
@@ -1618,8 +1623,10 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             _convert(a, r0, r1, a_s[:rows], want_norms=False)
             # Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
             # GEMM has about the same work whatever the block), and the tiles stay in the cache.
+            # Tall tiles (all of a chunk's rows up to _FP32_TILE_ROWS) measured fastest on a
+            # one-thread OpenBLAS: the small-K GEMMs are dearer per call than per row.
             tile = _FP32_TILE * max(1, min(blk // 32, 4))
-            tr = min(rows, _FP32_TILE_ROWS * (2 if tile > 2 * _FP32_TILE else 1))
+            tr = min(rows, _FP32_TILE_ROWS)
             tc = max(16, tile // tr)
             tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
 
@@ -1659,8 +1666,13 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             parallel_chunks(rows, _tile_rows(n), epi)
 
 
-_FP32_TILE = 1 << 16  # output elements per tile of the fp32 model (a float64 block sum and a float32 accumulator)
-_FP32_TILE_ROWS = 256  # rows per tile of the fp32 model
+#: Rows per pool thread from which the exact model's GEMM runs in chunks on the package's pool (a
+#: one-thread BLAS each) rather than as one GEMM with the BLAS's threads.
+_POOL_GEMM_ROWS = 256
+
+_FP32_TILE = 1 << 17  # output elements per tile of the fp32 model at block 32 (a float64 block sum and a
+# float32 accumulator; blocks of 64 and 128 take two and four times as many)
+_FP32_TILE_ROWS = 512  # rows per tile of the fp32 model (at most)
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
@@ -1848,8 +1860,14 @@ def scaled_matmul(
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
-        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.
-        with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
+        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.  Codes alone
+        # take the same road when the pool has threads and every thread gets rows enough for the
+        # BLAS at full speed: a multi-threaded BLAS would leave the conversions and certificates
+        # between its GEMMs to the pool, after and before them instead of beside them.
+        pool = num_threads()
+        rows = max(m, n) if _swap_operands(m, n, k) else m
+        pin = want_acc or want_S or (pool > 1 and rows >= pool * _POOL_GEMM_ROWS and not blas_pinned())
+        with single_threaded_blas() if pin else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, output, fp32_block, mma_block_scaling, want_acc=want_acc)
