@@ -821,6 +821,9 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
     # is exact over all K columns), which saves gathering the columns; all rows: no gather.
     dense_cols = 2 * cols.size >= xa.shape[1]
     if ua.size * ub.size <= 16 * f:
+        sparse = _sparse_pair(sa, s, sb, t, ua, ub, cols)
+        if sparse is not None:
+            return sparse.reshape(-1) if points.grid else sparse[ia, ib]
         if dense_cols:
             x = xa if ua.size == xa.shape[0] else xa[ua]
             y = xb if ub.size == xb.shape[0] else xb[ub]
@@ -837,6 +840,55 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
         y = xb[np.ix_(ub[ib[i0:i1]], cols)]
         out[i0:i1] = np.einsum("ij,ij->i", x, y)
     return out
+
+
+#: A pair whose sparse part (:attr:`Slices.entries`) has at most this share of non-zero values over
+#: the pair's rows and columns takes its products value by value (:func:`_entries_product`)
+#: instead of by a GEMM.
+_SPARSE_SHARE = 1 / 32
+
+
+def _sparse_pair(sa: Slices, s: int, sb: Slices, t: int, ua: np.ndarray, ub: np.ndarray,
+                 cols: np.ndarray) -> np.ndarray | None:
+    """``parts[s][ua] @ parts[t][ub].T`` (the grid of :func:`_pair_values`) when one of the two
+    parts is sparse (a window that holds the low bits of a few values per row: a GEMM would
+    multiply zeros), else None.  Exact like the GEMM: every partial sum of the products is
+    (:class:`Slices`)."""
+    ea = sa.entries[s] if s < len(sa.entries) else None
+    eb = sb.entries[t] if t < len(sb.entries) else None
+    cost_a = ea[0].size * ub.size if ea is not None else math.inf
+    cost_b = eb[0].size * ua.size if eb is not None else math.inf
+    if min(cost_a, cost_b) > _SPARSE_SHARE * ua.size * ub.size * cols.size:
+        return None
+    xa, xb = sa.parts[s], sb.parts[t]
+    if cost_a <= cost_b:
+        assert ea is not None
+        return _entries_product(ea, ua, xa.shape[0], xb if ub.size == xb.shape[0] else xb[ub])
+    assert eb is not None
+    return _entries_product(eb, ub, xb.shape[0], xa if ua.size == xa.shape[0] else xa[ua]).T
+
+
+def _entries_product(entries: tuple[np.ndarray, np.ndarray, np.ndarray], u: np.ndarray, r_count: int,
+                     xd: np.ndarray) -> np.ndarray:
+    """``xs[u] @ xd.T`` (float64 (u.size, Q)) for the part ``xs`` (r_count rows) whose non-zero
+    values are ``entries`` (rows ascending): per value, that value times a column of ``xd``, summed
+    per row in chunks (exact in any order for slice parts)."""
+    rows, cc, vals = entries
+    where = np.full(r_count, -1, np.intp)
+    where[u] = np.arange(u.size)
+    wr = where[rows]
+    keep = wr >= 0  # u ascends (_index_set), so the kept rows still ascend
+    r, c, v = wr[keep], cc[keep], vals[keep]
+    out_t = np.zeros((xd.shape[0], u.size))  # the transpose: a row's sums land in a column
+    per = max(1, (16 << 20) // (8 * max(xd.shape[0], 1)))
+    for i0 in range(0, r.size, per):
+        i1 = min(r.size, i0 + per)
+        g = np.take(xd, c[i0:i1], axis=1)  # (Q, chunk)
+        g *= v[i0:i1]
+        rr = r[i0:i1]
+        starts = np.flatnonzero(np.concatenate(([True], rr[1:] != rr[:-1])))
+        out_t[:, rr[starts]] += np.add.reduceat(g, starts, axis=1)
+    return out_t.T
 
 
 def _sliced_tier(
@@ -871,20 +923,45 @@ def _sliced_tier(
         if sa is None:
             continue
         ub, ib = _index_set(cols[in_a])
-        for h0 in range(0, ub.size, group):
+
+        def group_b(h0: int, st: dict[str, int], sa: Slices = sa, g0: int = g0, in_a: np.ndarray = in_a,
+                    ub: np.ndarray = ub, ib: np.ndarray = ib) -> None:
             sel = (ib >= h0) & (ib < h0 + group)
             pts = in_a[sel]
             sb = split_windows(_gather(b, ub[h0:h0 + group]), bits)
             if sb is None or not sa.products_exact(sb, k):
-                continue
-            c, hi, lo = _slice_levels(sa, sb, ia[pts] - g0, ib[sel] - h0, ep, rows[pts], cols[pts], full, stats)
-            codes[pts] = c
+                return
+            c, hi, lo = _slice_levels(sa, sb, ia[pts] - g0, ib[sel] - h0, ep, rows[pts], cols[pts], full, st)
+            codes[pts] = c  # the groups' points are disjoint
             done[pts] = True
             if acc is not None:
                 acc[rows[pts], cols[pts]] = hi
             if acc_lo is not None:
                 acc_lo[rows[pts], cols[pts]] = lo
+
+        _groups_on_pool(list(range(0, ub.size, group)), group_b, stats)
     return codes, done
+
+
+def _groups_on_pool(starts: list[int], fn: Callable[[int, dict[str, int]], None], stats: dict[str, int]) -> None:
+    """``fn(start, stats)`` for every group of the sliced tier: on the package's pool with a
+    one-thread BLAS each when there are several groups and threads (every group's codes are its
+    points' exact roundings, whichever thread computes them), else in order."""
+    if len(starts) > 1 and num_threads() > 1:
+        own: list[dict[str, int]] = [{} for _ in starts]
+
+        def run(i0: int, i1: int) -> None:
+            for i in range(i0, i1):
+                fn(starts[i], own[i])
+
+        with single_threaded_blas():
+            parallel_chunks(len(starts), 1, run)
+        for st in own:
+            for key, v in st.items():
+                stats[key] = stats.get(key, 0) + v
+    else:
+        for h0 in starts:
+            fn(h0, stats)
 
 
 def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
@@ -918,6 +995,8 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
         for level in range(last + 1):
             for s, t in pairs:
                 if s + t == level:
+                    if not (sa.columns[s] & sb.columns[t]).any():
+                        continue  # no column where both parts have values: the pair adds zeros
                     if points is None or points.pa.size != live.size:
                         points = _PointSet(pa[live], pb[live])
                     v = _pair_values(sa, s, sb, t, points.pa, points.pb, points)
@@ -928,6 +1007,10 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     tail += q
             if level < last and full:
                 continue
+            if level < last and live.size >= _PROBE_MIN and not _level_decides(
+                    sa, sb, pa[live], pb[live], ep, rows[live], cols[live], run_s, run_e, tail, len(terms),
+                    [(s, t) for s, t in pairs if s + t > level], rest_factor):
+                continue  # a sample of the points says the margin test would decide few of them here
             s_, e_ = two_sum(run_s, run_e)
             s_ += 0.0  # an exact zero sum is +0
             bound = tail * (1 + 2 * gamma(len(terms) + 2)) if tail.any() else tail
@@ -974,6 +1057,32 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
             if not ok.all():
                 stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
     return codes, hi, lo
+
+
+#: Live points from which a level's margin test is first tried on a sample of them (_PROBE points).
+_PROBE_MIN = 1 << 14
+_PROBE = 1 << 10
+
+
+def _level_decides(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
+                   cols: np.ndarray, run_s: np.ndarray, run_e: np.ndarray, tail: np.ndarray, n_terms: int,
+                   later: list[tuple[int, int]], rest_factor: float) -> bool:
+    """Whether the margin test of :func:`_slice_levels` at this level is worth its passes over all
+    the live points: it is run on ``_PROBE`` of them, evenly spaced, and must decide at least a
+    quarter.  Only where a level's test runs changes, never a code: every level's test and the
+    last level's ends decide by the same exact value."""
+    idx = np.linspace(0, pa.size - 1, _PROBE).astype(np.intp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s_, e_ = two_sum(run_s[idx], run_e[idx])
+        s_ += 0.0
+        tl = tail[idx]
+        bound = tl * (1 + 2 * gamma(n_terms + 2))
+        rest = np.zeros(idx.size)
+        for s, t in later:
+            rest += sa.norms[s][pa[idx]] * sb.norms[t][pb[idx]]
+        err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
+        _, ok = ep.margin_points(s_, rows[idx], cols[idx], err)
+    return 4 * int(np.count_nonzero(ok)) >= idx.size
 
 
 def _exact_points(a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray,
