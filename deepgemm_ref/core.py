@@ -273,6 +273,11 @@ class OutputStage:
         """Output codes for scattered elements (rows[i], cols[i]) with accumulator values x[i]."""
         return self._apply(x, None if self.c is None else self.c[rows, cols])
 
+    @property
+    def dd_exact(self) -> bool:
+        """Whether :meth:`apply_points_dd` rounds the double-double exactly (``up`` unused)."""
+        return self.alpha is None and self.via is None and (self.c is None or self._round_first)
+
     def apply_points_dd(
         self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray, cols: np.ndarray, up: bool
     ) -> np.ndarray:
@@ -282,7 +287,7 @@ class OutputStage:
         double-double; otherwise the value is first rounded outward (``up``) to float64, which
         keeps the interval valid.
         """
-        if self.alpha is None and self.via is None and (self.c is None or self._round_first):
+        if self.dd_exact:
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
@@ -842,10 +847,10 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
     return out
 
 
-#: A pair whose sparse part (:attr:`Slices.entries`) has at most this share of non-zero values over
-#: the pair's rows and columns takes its products value by value (:func:`_entries_product`)
-#: instead of by a GEMM.
-_SPARSE_SHARE = 1 / 32
+#: A pair with a sparse part (:attr:`Slices.entries`) takes its products value by value
+#: (:func:`_entries_product`) instead of by a GEMM where that is estimated cheaper (the GEMM's cost
+#: times this factor; 0: never).
+_SPARSE_GAIN = 1.0
 
 
 def _sparse_pair(sa: Slices, s: int, sb: Slices, t: int, ua: np.ndarray, ub: np.ndarray,
@@ -858,7 +863,9 @@ def _sparse_pair(sa: Slices, s: int, sb: Slices, t: int, ua: np.ndarray, ub: np.
     eb = sb.entries[t] if t < len(sb.entries) else None
     cost_a = ea[0].size * ub.size if ea is not None else math.inf
     cost_b = eb[0].size * ua.size if eb is not None else math.inf
-    if min(cost_a, cost_b) > _SPARSE_SHARE * ua.size * ub.size * cols.size:
+    # value by value costs some 256 multiply-adds of a GEMM per product, and its (rows, Q) result
+    # some 512 per element (its zeros, scatter and transpose), as measured on OpenBLAS
+    if not 256 * min(cost_a, cost_b) + 512 * ua.size * ub.size < _SPARSE_GAIN * ua.size * ub.size * cols.size:
         return None
     xa, xb = sa.parts[s], sb.parts[t]
     if cost_a <= cost_b:
@@ -879,16 +886,21 @@ def _entries_product(entries: tuple[np.ndarray, np.ndarray, np.ndarray], u: np.n
     wr = where[rows]
     keep = wr >= 0  # u ascends (_index_set), so the kept rows still ascend
     r, c, v = wr[keep], cc[keep], vals[keep]
-    out_t = np.zeros((xd.shape[0], u.size))  # the transpose: a row's sums land in a column
-    per = max(1, (16 << 20) // (8 * max(xd.shape[0], 1)))
+    q_count, k = xd.shape
+    out = np.zeros((u.size, q_count))
+    flat = xd.reshape(-1)
+    offsets = np.arange(q_count) * k
+    per = max(1, (16 << 20) // (8 * max(q_count, 1)))
     for i0 in range(0, r.size, per):
         i1 = min(r.size, i0 + per)
-        g = np.take(xd, c[i0:i1], axis=1)  # (Q, chunk)
-        g *= v[i0:i1]
+        # the columns c of xd by one flat take ((Q, values): a take along axis 1 copies value by
+        # value, twice as slow), then one value per row, times its value
+        g = np.take(flat, offsets[:, None] + c[i0:i1]).T.copy()
+        g *= v[i0:i1, None]
         rr = r[i0:i1]
         starts = np.flatnonzero(np.concatenate(([True], rr[1:] != rr[:-1])))
-        out_t[:, rr[starts]] += np.add.reduceat(g, starts, axis=1)
-    return out_t.T
+        out[rr[starts]] += np.add.reduceat(g, starts, axis=0)  # rows unique within a chunk
+    return out
 
 
 def _sliced_tier(
@@ -1039,10 +1051,14 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     break
                 continue
             # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
-            e_lo, e_hi = dd_interval(s_, e_, bound)
-            c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
-            c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
-            ok = c_lo == c_hi
+            if ep.dd_exact and not bound.any():  # both ends are the exact value: one rounding
+                c_lo = ep.apply_points_dd(s_, e_, pr, pc, up=False)
+                ok = np.ones(live.size, bool)
+            else:
+                e_lo, e_hi = dd_interval(s_, e_, bound)
+                c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
+                c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
+                ok = c_lo == c_hi
             codes[live[ok]] = c_lo[ok]
             hi[live], lo[live] = s_, e_
             stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))

@@ -641,7 +641,7 @@ def _dense_slices_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sliced tier as before its shortcuts: dense splits and pair GEMMs, a margin test at every
     level, the groups in order."""
     monkeypatch.setattr(exact, "SPARSE_PART", 1 << 62)
-    monkeypatch.setattr(core, "_SPARSE_SHARE", 0.0)
+    monkeypatch.setattr(core, "_SPARSE_GAIN", 0.0)
     monkeypatch.setattr(core, "_PROBE_MIN", 1 << 62)
     monkeypatch.setattr(core, "_groups_on_pool", lambda starts, fn, stats: [fn(h0, stats) for h0 in starts])
 
@@ -686,6 +686,7 @@ def test_sliced_tier_shortcuts_give_the_bytes_of_the_dense_tier(fill, monkeypatc
             mp.setattr(core, "_SLICE_BUDGET", 8 * k * 3 * 48)  # groups of 48 rows: three groups of b
             mp.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
             mp.setattr(core, "_PROBE_MIN", 256)
+            mp.setattr(core, "_SPARSE_GAIN", 1e6)  # value by value wherever a part is sparse
             mp.setattr(core, "_sparse_pair", count("sparse", core._sparse_pair))
             mp.setattr(core, "_level_decides", count("probe", core._level_decides))
             got = run(out)
