@@ -1013,6 +1013,9 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                         points = _PointSet(pa[live], pb[live])
                     v = _pair_values(sa, s, sb, t, points.pa, points.pb, points)
                     terms.append(v)
+                    if len(terms) == 1:  # TwoSum(0, v) = (v + 0, +0) and TwoSum(0, +0) = (+0, +0)
+                        run_s = v + 0.0
+                        continue
                     run_s, r = two_sum(run_s, v)
                     run_e, q = two_sum(run_e, r)
                     np.abs(q, out=q)

@@ -346,7 +346,7 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
     """
     if x.size and not np.isfinite(x).all():
         return None
-    r_count, k = x.shape
+    k = x.shape[1]
     rest = np.array(x, dtype=np.float64, copy=True)
     out = Slices(bits, [], [], [], [])
     norm_up = 1 + 2 * gamma(k + 2)
@@ -425,6 +425,7 @@ def _split_sparse(rest: np.ndarray, bits: int, out: Slices, norm_up: float) -> S
             left = vals != 0
             idx, vals = idx[left], vals[left]
     return out
+
 
 # ----------------------------------------------------------------------------------------------
 # integers
