@@ -100,7 +100,12 @@ def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Knuth's TwoSum: ``s = fl(a + b)`` and ``e`` with ``s + e == a + b`` exactly (no overflow)."""
     s = a + b
     bb = s - a
-    e = (a - (s - bb)) + (b - bb)
+    if not isinstance(bb, np.ndarray) or bb.ndim == 0:
+        return s, (a - (s - bb)) + (b - bb)
+    e = s - bb  # e = (a - (s - bb)) + (b - bb), with two temporaries fewer (the same operations)
+    np.subtract(a, e, out=e)
+    np.subtract(b, bb, out=bb)
+    e += bb
     return s, e
 
 
@@ -360,15 +365,16 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
             low = np.where(live, e.astype(np.int64) - bits, 0)
             if int(low[live].min()) < -1000 or int(e[live].max()) > 1000:
                 return None
-            up = np.ldexp(1.0, -low)[:, None]
-            part = np.trunc(rest * up)  # integers below 2^bits (values under 2^low truncate to 0)
+            part = rest * np.ldexp(1.0, -low)[:, None]
+            np.trunc(part, out=part)  # integers below 2^bits (values under 2^low truncate to 0)
             ss = np.einsum("ij,ij->i", part, part)  # exact: integers below 2^(2 bits) * k <= 2^53
             part *= np.ldexp(1.0, low)[:, None]  # exact: integers times a normal power of two
             rest -= part  # exact: the bits below the window
             out.parts.append(part)
             out.low.append(low)
             out.norms.append(np.sqrt(ss) * norm_up * np.ldexp(1.0, low))
-            nz = int(np.count_nonzero(part))
+            nonzero = part != 0
+            nz = int(np.count_nonzero(nonzero))
             if nz * SPARSE_PART <= part.size:
                 idx = np.flatnonzero(part)
                 rr, cc = np.divmod(idx, k) if k else (idx, idx)
@@ -378,7 +384,7 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
                 out.columns.append(cols)
             else:
                 out.entries.append(None)
-                out.columns.append(np.any(part != 0, axis=0))
+                out.columns.append(np.any(nonzero, axis=0))
             if int(np.count_nonzero(rest)) * SPARSE_PART <= rest.size:
                 return _split_sparse(rest, bits, out, norm_up)
 
