@@ -957,9 +957,12 @@ def _sliced_tier(
 
 def _groups_on_pool(starts: list[int], fn: Callable[[int, dict[str, int]], None], stats: dict[str, int]) -> None:
     """``fn(start, stats)`` for every group of the sliced tier: on the package's pool with a
-    one-thread BLAS each when there are several groups and threads (every group's codes are its
-    points' exact roundings, whichever thread computes them), else in order."""
-    if len(starts) > 1 and num_threads() > 1:
+    one-thread BLAS each when there are several groups and threads and the work budget holds a
+    group's slices per thread (about four times ``_SLICE_BUDGET``: its gathered rows, their parts
+    and remainder), else in order.  Every group's codes are its points' exact roundings,
+    whichever thread computes them."""
+    threads = min(len(starts), num_threads())
+    if threads > 1 and threads * 4 * _SLICE_BUDGET <= work_budget():
         own: list[dict[str, int]] = [{} for _ in starts]
 
         def run(i0: int, i1: int) -> None:
