@@ -1756,7 +1756,7 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             # GEMM has about the same work whatever the block), and the tiles stay in the cache.
             # Tall tiles (all of a chunk's rows up to _FP32_TILE_ROWS) measured fastest on a
             # one-thread OpenBLAS: the small-K GEMMs are dearer per call than per row.
-            tile = _FP32_TILE * max(1, min(blk // 32, 4))
+            tile = _FP32_TILE * max(1, min(blk // 32, 2))
             tr = min(rows, _FP32_TILE_ROWS)
             tc = max(16, tile // tr)
             tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
@@ -1802,7 +1802,7 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
 _POOL_GEMM_ROWS = 256
 
 _FP32_TILE = 1 << 17  # output elements per tile of the fp32 model at block 32 (a float64 block sum and a
-# float32 accumulator; blocks of 64 and 128 take two and four times as many)
+# float32 accumulator; blocks of 64 and more take twice as many: 512 x 512)
 _FP32_TILE_ROWS = 512  # rows per tile of the fp32 model (at most)
 
 
