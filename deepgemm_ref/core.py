@@ -273,6 +273,11 @@ class OutputStage:
         """Output codes for scattered elements (rows[i], cols[i]) with accumulator values x[i]."""
         return self._apply(x, None if self.c is None else self.c[rows, cols])
 
+    @property
+    def dd_exact(self) -> bool:
+        """Whether :meth:`apply_points_dd` rounds the double-double exactly (``up`` unused)."""
+        return self.alpha is None and self.via is None and (self.c is None or self._round_first)
+
     def apply_points_dd(
         self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray, cols: np.ndarray, up: bool
     ) -> np.ndarray:
@@ -282,7 +287,7 @@ class OutputStage:
         double-double; otherwise the value is first rounded outward (``up``) to float64, which
         keeps the interval valid.
         """
-        if self.alpha is None and self.via is None and (self.c is None or self._round_first):
+        if self.dd_exact:
             if self.c is None:
                 return fm.round_dd(hi, lo, self.out).view(self.out.code_dtype)
             z = fm.round_dd(hi, lo, self.out).astype(np.float64)
@@ -821,6 +826,9 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
     # is exact over all K columns), which saves gathering the columns; all rows: no gather.
     dense_cols = 2 * cols.size >= xa.shape[1]
     if ua.size * ub.size <= 16 * f:
+        sparse = _sparse_pair(sa, s, sb, t, ua, ub, cols)
+        if sparse is not None:
+            return sparse.reshape(-1) if points.grid else sparse[ia, ib]
         if dense_cols:
             x = xa if ua.size == xa.shape[0] else xa[ua]
             y = xb if ub.size == xb.shape[0] else xb[ub]
@@ -836,6 +844,62 @@ def _pair_values(sa: Slices, s: int, sb: Slices, t: int, pa: np.ndarray, pb: np.
         x = xa[np.ix_(ua[ia[i0:i1]], cols)]
         y = xb[np.ix_(ub[ib[i0:i1]], cols)]
         out[i0:i1] = np.einsum("ij,ij->i", x, y)
+    return out
+
+
+#: A pair with a sparse part (:attr:`Slices.entries`) takes its products value by value
+#: (:func:`_entries_product`) instead of by a GEMM where that is estimated cheaper (the GEMM's cost
+#: times this factor; 0: never).
+_SPARSE_GAIN = 1.0
+
+
+def _sparse_pair(sa: Slices, s: int, sb: Slices, t: int, ua: np.ndarray, ub: np.ndarray,
+                 cols: np.ndarray) -> np.ndarray | None:
+    """``parts[s][ua] @ parts[t][ub].T`` (the grid of :func:`_pair_values`) when one of the two
+    parts is sparse (a window that holds the low bits of a few values per row: a GEMM would
+    multiply zeros), else None.  Exact like the GEMM: every partial sum of the products is
+    (:class:`Slices`)."""
+    ea = sa.entries[s] if s < len(sa.entries) else None
+    eb = sb.entries[t] if t < len(sb.entries) else None
+    cost_a = ea[0].size * ub.size if ea is not None else math.inf
+    cost_b = eb[0].size * ua.size if eb is not None else math.inf
+    # value by value costs some 256 multiply-adds of a GEMM per product, and its (rows, Q) result
+    # some 512 per element (its zeros, scatter and transpose), as measured on OpenBLAS
+    if not 256 * min(cost_a, cost_b) + 512 * ua.size * ub.size < _SPARSE_GAIN * ua.size * ub.size * cols.size:
+        return None
+    xa, xb = sa.parts[s], sb.parts[t]
+    if cost_a <= cost_b:
+        assert ea is not None
+        return _entries_product(ea, ua, xa.shape[0], xb if ub.size == xb.shape[0] else xb[ub])
+    assert eb is not None
+    return _entries_product(eb, ub, xb.shape[0], xa if ua.size == xa.shape[0] else xa[ua]).T
+
+
+def _entries_product(entries: tuple[np.ndarray, np.ndarray, np.ndarray], u: np.ndarray, r_count: int,
+                     xd: np.ndarray) -> np.ndarray:
+    """``xs[u] @ xd.T`` (float64 (u.size, Q)) for the part ``xs`` (r_count rows) whose non-zero
+    values are ``entries`` (rows ascending): per value, that value times a column of ``xd``, summed
+    per row in chunks (exact in any order for slice parts)."""
+    rows, cc, vals = entries
+    where = np.full(r_count, -1, np.intp)
+    where[u] = np.arange(u.size)
+    wr = where[rows]
+    keep = wr >= 0  # u ascends (_index_set), so the kept rows still ascend
+    r, c, v = wr[keep], cc[keep], vals[keep]
+    q_count, k = xd.shape
+    out = np.zeros((u.size, q_count))
+    flat = xd.reshape(-1)
+    offsets = np.arange(q_count) * k
+    per = max(1, (16 << 20) // (8 * max(q_count, 1)))
+    for i0 in range(0, r.size, per):
+        i1 = min(r.size, i0 + per)
+        # the columns c of xd by one flat take ((Q, values): a take along axis 1 copies value by
+        # value, twice as slow), then one value per row, times its value
+        g = np.take(flat, offsets[:, None] + c[i0:i1]).T.copy()
+        g *= v[i0:i1, None]
+        rr = r[i0:i1]
+        starts = np.flatnonzero(np.concatenate(([True], rr[1:] != rr[:-1])))
+        out[rr[starts]] += np.add.reduceat(g, starts, axis=0)  # rows unique within a chunk
     return out
 
 
@@ -871,20 +935,48 @@ def _sliced_tier(
         if sa is None:
             continue
         ub, ib = _index_set(cols[in_a])
-        for h0 in range(0, ub.size, group):
+
+        def group_b(h0: int, st: dict[str, int], sa: Slices = sa, g0: int = g0, in_a: np.ndarray = in_a,
+                    ub: np.ndarray = ub, ib: np.ndarray = ib) -> None:
             sel = (ib >= h0) & (ib < h0 + group)
             pts = in_a[sel]
             sb = split_windows(_gather(b, ub[h0:h0 + group]), bits)
             if sb is None or not sa.products_exact(sb, k):
-                continue
-            c, hi, lo = _slice_levels(sa, sb, ia[pts] - g0, ib[sel] - h0, ep, rows[pts], cols[pts], full, stats)
-            codes[pts] = c
+                return
+            c, hi, lo = _slice_levels(sa, sb, ia[pts] - g0, ib[sel] - h0, ep, rows[pts], cols[pts], full, st)
+            codes[pts] = c  # the groups' points are disjoint
             done[pts] = True
             if acc is not None:
                 acc[rows[pts], cols[pts]] = hi
             if acc_lo is not None:
                 acc_lo[rows[pts], cols[pts]] = lo
+
+        _groups_on_pool(list(range(0, ub.size, group)), group_b, stats)
     return codes, done
+
+
+def _groups_on_pool(starts: list[int], fn: Callable[[int, dict[str, int]], None], stats: dict[str, int]) -> None:
+    """``fn(start, stats)`` for every group of the sliced tier: on the package's pool with a
+    one-thread BLAS each when there are several groups and threads and the work budget holds a
+    group's slices per thread (about four times ``_SLICE_BUDGET``: its gathered rows, their parts
+    and remainder), else in order.  Every group's codes are its points' exact roundings,
+    whichever thread computes them."""
+    threads = min(len(starts), num_threads())
+    if threads > 1 and threads * 4 * _SLICE_BUDGET <= work_budget():
+        own: list[dict[str, int]] = [{} for _ in starts]
+
+        def run(i0: int, i1: int) -> None:
+            for i in range(i0, i1):
+                fn(starts[i], own[i])
+
+        with single_threaded_blas():
+            parallel_chunks(len(starts), 1, run)
+        for st in own:
+            for key, v in st.items():
+                stats[key] = stats.get(key, 0) + v
+    else:
+        for h0 in starts:
+            fn(h0, stats)
 
 
 def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
@@ -918,16 +1010,25 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
         for level in range(last + 1):
             for s, t in pairs:
                 if s + t == level:
+                    if not (sa.columns[s] & sb.columns[t]).any():
+                        continue  # no column where both parts have values: the pair adds zeros
                     if points is None or points.pa.size != live.size:
                         points = _PointSet(pa[live], pb[live])
                     v = _pair_values(sa, s, sb, t, points.pa, points.pb, points)
                     terms.append(v)
+                    if len(terms) == 1:  # TwoSum(0, v) = (v + 0, +0) and TwoSum(0, +0) = (+0, +0)
+                        run_s = v + 0.0
+                        continue
                     run_s, r = two_sum(run_s, v)
                     run_e, q = two_sum(run_e, r)
                     np.abs(q, out=q)
                     tail += q
             if level < last and full:
                 continue
+            if level < last and live.size >= _PROBE_MIN and not _level_decides(
+                    sa, sb, pa[live], pb[live], ep, rows[live], cols[live], run_s, run_e, tail, len(terms),
+                    [(s, t) for s, t in pairs if s + t > level], rest_factor):
+                continue  # a sample of the points says the margin test would decide few of them here
             s_, e_ = two_sum(run_s, run_e)
             s_ += 0.0  # an exact zero sum is +0
             bound = tail * (1 + 2 * gamma(len(terms) + 2)) if tail.any() else tail
@@ -956,10 +1057,14 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     break
                 continue
             # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
-            e_lo, e_hi = dd_interval(s_, e_, bound)
-            c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
-            c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
-            ok = c_lo == c_hi
+            if ep.dd_exact and not bound.any():  # both ends are the exact value: one rounding
+                c_lo = ep.apply_points_dd(s_, e_, pr, pc, up=False)
+                ok = np.ones(live.size, bool)
+            else:
+                e_lo, e_hi = dd_interval(s_, e_, bound)
+                c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
+                c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
+                ok = c_lo == c_hi
             codes[live[ok]] = c_lo[ok]
             hi[live], lo[live] = s_, e_
             stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
@@ -974,6 +1079,32 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
             if not ok.all():
                 stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
     return codes, hi, lo
+
+
+#: Live points from which a level's margin test is first tried on a sample of them (_PROBE points).
+_PROBE_MIN = 1 << 14
+_PROBE = 1 << 10
+
+
+def _level_decides(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: OutputStage, rows: np.ndarray,
+                   cols: np.ndarray, run_s: np.ndarray, run_e: np.ndarray, tail: np.ndarray, n_terms: int,
+                   later: list[tuple[int, int]], rest_factor: float) -> bool:
+    """Whether the margin test of :func:`_slice_levels` at this level is worth its passes over all
+    the live points: it is run on ``_PROBE`` of them, evenly spaced, and must decide at least a
+    quarter.  Only where a level's test runs changes, never a code: every level's test and the
+    last level's ends decide by the same exact value."""
+    idx = np.linspace(0, pa.size - 1, _PROBE).astype(np.intp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s_, e_ = two_sum(run_s[idx], run_e[idx])
+        s_ += 0.0
+        tl = tail[idx]
+        bound = tl * (1 + 2 * gamma(n_terms + 2))
+        rest = np.zeros(idx.size)
+        for s, t in later:
+            rest += sa.norms[s][pa[idx]] * sb.norms[t][pb[idx]]
+        err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
+        _, ok = ep.margin_points(s_, rows[idx], cols[idx], err)
+    return 4 * int(np.count_nonzero(ok)) >= idx.size
 
 
 def _exact_points(a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray,
@@ -1472,7 +1603,12 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
     # float32 outputs have 2^16 times finer roundings than bf16 ones: the GEMM's a priori bound
     # leaves a few percent of the elements undecided at large K unless K is blocked.
     kblock = _KBLOCK_F32 if ep.out is fm.F32 and k > 4 * _KBLOCK_F32 else 0
-    gemm = _Gemm(a, b, blocked, _chunk_rows(m, n, k), kblock)
+    step = _chunk_rows(m, n, k)
+    if acc is None and S_all is None and blas_pinned():
+        # Codes alone are certified whatever the GEMM's last bits: with a one-thread BLAS every pool
+        # thread takes a chunk (its conversion, GEMM and certificates overlap the others').
+        step = min(step, -(-m // max(1, num_threads())))
+    gemm = _Gemm(a, b, blocked, step, kblock)
     lock = threading.Lock()
     open_rows: list[np.ndarray] = []
     open_cols: list[np.ndarray] = []
@@ -1618,8 +1754,10 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             _convert(a, r0, r1, a_s[:rows], want_norms=False)
             # Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
             # GEMM has about the same work whatever the block), and the tiles stay in the cache.
-            tile = _FP32_TILE * max(1, min(blk // 32, 4))
-            tr = min(rows, _FP32_TILE_ROWS * (2 if tile > 2 * _FP32_TILE else 1))
+            # Tall tiles (all of a chunk's rows up to _FP32_TILE_ROWS) measured fastest on a
+            # one-thread OpenBLAS: the small-K GEMMs are dearer per call than per row.
+            tile = _FP32_TILE * max(1, min(blk // 32, 2))
+            tr = min(rows, _FP32_TILE_ROWS)
             tc = max(16, tile // tr)
             tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
 
@@ -1659,8 +1797,13 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             parallel_chunks(rows, _tile_rows(n), epi)
 
 
-_FP32_TILE = 1 << 16  # output elements per tile of the fp32 model (a float64 block sum and a float32 accumulator)
-_FP32_TILE_ROWS = 256  # rows per tile of the fp32 model
+#: Rows per pool thread from which the exact model's GEMM runs in chunks on the package's pool (a
+#: one-thread BLAS each) rather than as one GEMM with the BLAS's threads.
+_POOL_GEMM_ROWS = 256
+
+_FP32_TILE = 1 << 17  # output elements per tile of the fp32 model at block 32 (a float64 block sum and a
+# float32 accumulator; blocks of 64 and more take twice as many: 512 x 512)
+_FP32_TILE_ROWS = 512  # rows per tile of the fp32 model (at most)
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
@@ -1848,8 +1991,14 @@ def scaled_matmul(
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
-        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.
-        with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
+        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.  Codes alone
+        # take the same road when the pool has threads and every thread gets rows enough for the
+        # BLAS at full speed: a multi-threaded BLAS would leave the conversions and certificates
+        # between its GEMMs to the pool, after and before them instead of beside them.
+        pool = num_threads()
+        rows = max(m, n) if _swap_operands(m, n, k) else m
+        pin = want_acc or want_S or (pool > 1 and rows >= pool * _POOL_GEMM_ROWS and not blas_pinned())
+        with single_threaded_blas() if pin else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, output, fp32_block, mma_block_scaling, want_acc=want_acc)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TypeVar
 
@@ -100,7 +100,12 @@ def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Knuth's TwoSum: ``s = fl(a + b)`` and ``e`` with ``s + e == a + b`` exactly (no overflow)."""
     s = a + b
     bb = s - a
-    e = (a - (s - bb)) + (b - bb)
+    if not isinstance(bb, np.ndarray) or bb.ndim == 0:
+        return s, (a - (s - bb)) + (b - bb)
+    e = s - bb  # e = (a - (s - bb)) + (b - bb), with two temporaries fewer (the same operations)
+    np.subtract(a, e, out=e)
+    np.subtract(b, bb, out=bb)
+    e += bb
     return s, e
 
 
@@ -294,6 +299,8 @@ class Slices:
     low:     int64 (R,) arrays (0 for a row whose part is zero).
     columns: bool (K,) arrays: the columns where the part has a non-zero value.
     norms:   float64 (R,) upper bounds of the 2-norms of the parts' rows.
+    entries: per part, its non-zero values as (rows, columns, values) in row-major order when
+             they are few (at most ``1 / SPARSE_PART`` of the part), else None.
 
     Two parts ``p`` of ``x`` and ``q`` of ``y`` with ``bits <= slice_bits(K)`` have an exact float64
     product ``p @ q.T`` in any summation order: every product is a multiple of
@@ -307,6 +314,7 @@ class Slices:
     low: list[np.ndarray]
     columns: list[np.ndarray]
     norms: list[np.ndarray]
+    entries: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = field(default_factory=list)
 
     def lowest(self, s: int) -> int:
         """Smallest ``low`` of part ``s`` over the rows where it is not zero (0 if none)."""
@@ -336,6 +344,10 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
     ``2^(e - bits)``; the remainder keeps the bits below.  ``x`` must be finite; None where a window
     would leave float64's normal range (values beyond 2^1000 or below 2^-1000: the caller falls
     back to per-element sums).  ``x`` is not modified.
+
+    Once the remainder is sparse (at most ``1 / SPARSE_PART`` of it non-zero: the low bits of a
+    few values per row) the later windows work on its non-zero values alone, with the same
+    arithmetic value by value (the same parts, norms and columns as the dense passes).
     """
     if x.size and not np.isfinite(x).all():
         return None
@@ -353,15 +365,72 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
             low = np.where(live, e.astype(np.int64) - bits, 0)
             if int(low[live].min()) < -1000 or int(e[live].max()) > 1000:
                 return None
-            up = np.ldexp(1.0, -low)[:, None]
-            part = np.trunc(rest * up)  # integers below 2^bits (values under 2^low truncate to 0)
+            part = rest * np.ldexp(1.0, -low)[:, None]
+            np.trunc(part, out=part)  # integers below 2^bits (values under 2^low truncate to 0)
             ss = np.einsum("ij,ij->i", part, part)  # exact: integers below 2^(2 bits) * k <= 2^53
             part *= np.ldexp(1.0, low)[:, None]  # exact: integers times a normal power of two
             rest -= part  # exact: the bits below the window
             out.parts.append(part)
             out.low.append(low)
-            out.columns.append(np.any(part != 0, axis=0))
             out.norms.append(np.sqrt(ss) * norm_up * np.ldexp(1.0, low))
+            nonzero = part != 0
+            nz = int(np.count_nonzero(nonzero))
+            if nz * SPARSE_PART <= part.size:
+                idx = np.flatnonzero(part)
+                rr, cc = np.divmod(idx, k) if k else (idx, idx)
+                out.entries.append((rr, cc, part.reshape(-1)[idx]))
+                cols = np.zeros(k, bool)
+                cols[cc] = True
+                out.columns.append(cols)
+            else:
+                out.entries.append(None)
+                out.columns.append(np.any(nonzero, axis=0))
+            if int(np.count_nonzero(rest)) * SPARSE_PART <= rest.size:
+                return _split_sparse(rest, bits, out, norm_up)
+
+
+#: A part (or remainder) with at most one value in SPARSE_PART non-zero is handled value by value.
+SPARSE_PART = 32
+
+
+def _split_sparse(rest: np.ndarray, bits: int, out: Slices, norm_up: float) -> Slices | None:
+    """The later windows of :func:`split_windows` on the non-zero values of a sparse remainder
+    ``rest`` (R, K): per window the same truncation, row maxima and sums of squares as the dense
+    passes, on those values alone."""
+    r_count, k = rest.shape
+    idx = np.flatnonzero(rest)
+    vals = rest.reshape(-1)[idx]
+    with np.errstate(under="ignore"):
+        while idx.size:
+            rr = idx // k
+            starts = np.flatnonzero(np.concatenate(([True], rr[1:] != rr[:-1])))  # rows ascend
+            rows = rr[starts]
+            amax = np.zeros(r_count)
+            amax[rows] = np.maximum.reduceat(np.abs(vals), starts)
+            live = amax > 0
+            _, e = np.frexp(amax)
+            low = np.where(live, e.astype(np.int64) - bits, 0)
+            if int(low[live].min()) < -1000 or int(e[live].max()) > 1000:
+                return None
+            ints = np.trunc(vals * np.ldexp(1.0, -low)[rr])
+            ss = np.zeros(r_count)
+            ss[rows] = np.add.reduceat(ints * ints, starts)  # exact: integers, as the dense einsum
+            pv = ints * np.ldexp(1.0, low)[rr]
+            vals = vals - pv
+            keep = pv != 0
+            part = np.zeros(r_count * k)
+            part[idx[keep]] = pv[keep]
+            cc = idx[keep] % k
+            cols = np.zeros(k, bool)
+            cols[cc] = True
+            out.parts.append(part.reshape(r_count, k))
+            out.low.append(low)
+            out.columns.append(cols)
+            out.norms.append(np.sqrt(ss) * norm_up * np.ldexp(1.0, low))
+            out.entries.append((rr[keep], cc, pv[keep]))
+            left = vals != 0
+            idx, vals = idx[left], vals[left]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -635,3 +635,72 @@ def test_sliced_tier_with_one_operand_zero_and_many_slices_on_the_other(zero_sid
             assert done.all() and not codes.any() and stats == {"sliced": rows.size}
             if full:
                 assert not np.signbit(acc).any() and not acc.any() and not acc_lo.any()
+
+
+def _dense_slices_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sliced tier as before its shortcuts: dense splits and pair GEMMs, a margin test at every
+    level, the groups in order."""
+    monkeypatch.setattr(exact, "SPARSE_PART", 1 << 62)
+    monkeypatch.setattr(core, "_SPARSE_GAIN", 0.0)
+    monkeypatch.setattr(core, "_PROBE_MIN", 1 << 62)
+    monkeypatch.setattr(core, "_groups_on_pool", lambda starts, fn, stats: [fn(h0, stats) for h0 in starts])
+
+
+@pytest.mark.parametrize("fill", ["cancel", pytest.param("random", marks=pytest.mark.slow)])
+def test_sliced_tier_shortcuts_give_the_bytes_of_the_dense_tier(fill, monkeypatch):
+    """The sliced tier's shortcuts (sparse remainders split value by value, pair products of sparse
+    parts value by value, a level's margin test skipped when a sample of the points says it
+    decides few, groups of ``b`` on the pool) against the dense tier, bit for bit: codes, acc and
+    its low part, stats, and the slices themselves; the adversarial rows leave a few low bits per
+    row below the main window (sparse parts on both sides)."""
+    m, n, k = 136, 130, 384
+    av, bv = tie_cancel_breaker(m, n, k, seed=7, fill=fill)
+    rng = np.random.default_rng(7)
+    av[:, 5::7] *= np.exp2(-rng.integers(10, 30, av[:, 5::7].shape))  # values whose low bits need a third window
+    a, b = _bf16_op(av), _bf16_op(bv)
+    rows, cols = _all_points(m, n)
+    x = core._gather(a, np.arange(m))
+    fast_split = exact.split_windows(x, exact.slice_bits(k))
+    assert fast_split is not None and any(e is not None for e in fast_split.entries)
+    used = {"sparse": 0, "probe": 0}
+
+    def count(name, fn):
+        def wrapped(*args):
+            r = fn(*args)
+            used[name] += r is not None if name == "sparse" else 1
+            return r
+        return wrapped
+
+    def run(out):
+        results = []
+        for want_acc in (True, False):
+            acc, lo = (np.zeros((m, n)), np.zeros((m, n))) if want_acc else (None, None)
+            st: dict[str, int] = {}
+            codes, done = core._sliced_tier(a, b, core.OutputStage(out), rows, cols, acc, lo, st)
+            assert done.all()
+            results.append((codes.tobytes(), None if acc is None else acc.tobytes() + lo.tobytes(), st))
+        return results
+
+    for out in (fm.BF16, fm.F32):
+        with monkeypatch.context() as mp:
+            mp.setattr(core, "_SLICE_BUDGET", 8 * k * 3 * 48)  # groups of 48 rows: three groups of b
+            mp.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
+            mp.setattr(core, "_PROBE_MIN", 256)
+            mp.setattr(core, "_SPARSE_GAIN", 1e6)  # value by value wherever a part is sparse
+            mp.setattr(core, "_sparse_pair", count("sparse", core._sparse_pair))
+            mp.setattr(core, "_level_decides", count("probe", core._level_decides))
+            got = run(out)
+            with mp.context() as slow:
+                _dense_slices_only(slow)
+                want = run(out)
+                dense_split = exact.split_windows(x, exact.slice_bits(k))
+        assert got == want
+        assert got[0][0] == got[1][0]
+        for i, j in zip(rows[::97].tolist(), cols[::97].tolist(), strict=True):
+            code = int(np.frombuffer(got[1][0], core.OutputStage(out).out.code_dtype)[i * n + j])
+            assert code == ref.ref_epilogue(ref.exact_dot(av[i], bv[j]), out), (i, j)
+    assert used["sparse"] > 0 and used["probe"] > 0
+    assert dense_split is not None and len(dense_split.parts) == len(fast_split.parts) >= 3
+    for field_ in ("parts", "low", "columns", "norms"):
+        for p, q in zip(getattr(fast_split, field_), getattr(dense_split, field_), strict=True):
+            assert np.array_equal(p, q), field_
