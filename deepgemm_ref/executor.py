@@ -29,14 +29,16 @@ stage arrays report them with :func:`record`; nothing else writes the trace.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from . import core, dryrun, trace
+from ._memory import allocation_limit, limit_allocations, limit_work, work_budget, work_progress, work_reporter
 from ._parallel import num_threads, parallel_chunks, single_threaded_blas
 from .config import get_numerics
 from .profiles import Profile
@@ -260,9 +262,12 @@ def execute(
         col.add(t.index, res)
 
     if req.parallel and len(computed) > 1 and num_threads() > 1:
+        inherit = _inherited(min(num_threads(), len(computed)))
+
         def chunk(i0: int, i1: int) -> None:
-            for t in computed[i0:i1]:
-                one(t)
+            with inherit():
+                for t in computed[i0:i1]:
+                    one(t)
 
         # The tasks share the cores: a one-thread BLAS each (the pool's threads are the
         # parallelism), so that two tasks' BLAS calls do not compete for the same cores.
@@ -278,6 +283,21 @@ def execute(
         mask = None if defined is None else _expand(None if isinstance(defined, str) else defined, tuple(d.shape))
         record(req.func, col, mask, extra=extra or {})
     return col
+
+
+def _inherited(inflight: int) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """What the calling thread's limits are, for tasks running on the pool's threads: its
+    allocation limit, an ``inflight``-th of its work budget each (that many tasks hold their float64
+    work at once) and its progress callback (the settings travel with ``_state.propagate``)."""
+    limit, budget, report = allocation_limit(), work_budget() // max(1, inflight), work_reporter()
+
+    @contextlib.contextmanager
+    def inherit() -> Iterator[None]:
+        with limit_allocations(limit), limit_work(budget), \
+                (work_progress(report) if report is not None else contextlib.nullcontext()):
+            yield
+
+    return inherit
 
 
 def _fill(f: Fill, d: np.ndarray, col: Collected) -> None:
