@@ -1115,3 +1115,24 @@ def test_clamp_returns_the_other_operand_for_nan():
         assert gc.tolist() == [4.0, 1.0, 4.0] and uc.tolist() == [-4.0, -4.0, 2.0]
     gc, uc = clamp(g, u, None, True)  # no clamp: NaN stays
     assert np.isnan(gc[0]) and np.isnan(uc[0])
+
+
+def test_experts_on_the_pool_give_the_bytes_of_one_expert_after_the_other(monkeypatch):
+    """The layer's experts run on the package's pool (issue 30); one pool thread runs them one
+    after the other in the calling thread.  Every output, stage golden, accumulator, error scale,
+    stat and task label is the same byte for byte (FP8 x FP4 and BF16)."""
+
+    def layer(threads, bf16):
+        monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", threads)
+        p = Problem(2, 4, 5, 3, 512, 512, seed=37, masked_ratio=0.2)
+        with trace.capture(want_acc=True, want_S=True) as cap:
+            ys, stats, _ = run_cuda(p, bf16=bf16)
+        got = [_bits(y).tobytes() for y in ys] + [s.tobytes() for s in stats]
+        for rec in cap.records:
+            got += [np.ascontiguousarray(rec.acc).tobytes(), np.ascontiguousarray(rec.S).tobytes(),
+                    repr(sorted(rec.stats.items())), repr(rec.tasks), repr(list(rec.extra))]
+            got += [np.ascontiguousarray(v).tobytes() for v in rec.extra.values()]
+        return got
+
+    for bf16 in (False, True):
+        assert layer("3", bf16) == layer("1", bf16)
