@@ -887,16 +887,26 @@ def test_masked_d_with_gapped_groups_is_rejected():
 # ---------------------------------------------------------------------------------------------
 
 def _grouped_call(arch, a, b, ends, fp8_kw=None):
-    """d, and the trace's acc, S and stats of one psum-layout m-grouped call (bf16 out)."""
+    """d, and the trace's acc, S, stats and task labels of one psum-layout m-grouped call (bf16
+    out), and d of the same call without a trace (a captured call runs its tasks one after the
+    other; an uncaptured one on the pool)."""
     m = a[0].shape[0] if fp8_kw is not None else a.shape[0]
-    d = np.full((m, (b[0] if fp8_kw is not None else b).shape[1]), 3.0, BF16)
-    with dg.numerics(arch=arch), trace.capture(want_acc=True, want_S=True) as cap:
+
+    def call():
+        d = np.full((m, (b[0] if fp8_kw is not None else b).shape[1]), 3.0, BF16)
         if fp8_kw is not None:
             G.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True, **fp8_kw)
         else:
             G.m_grouped_bf16_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True)
+        return _codes(d)
+
+    with dg.numerics(arch=arch):
+        with trace.capture(want_acc=True, want_S=True) as cap:
+            d = call()
+        free = call()
+    assert np.array_equal(d, free)
     rec = cap.last
-    return _codes(d), rec.acc, rec.S, rec.stats, rec.tasks
+    return d, rec.acc, rec.S, rec.stats, rec.tasks
 
 
 def _same(x, y):
@@ -951,7 +961,7 @@ def test_m_grouped_column_pieces_at_their_default_size_keep_every_byte(monkeypat
     inexact accumulators keep their bits; FP8 runs are never split (their chunk-wide exactness
     certificate labels the stats) but run on the pool too."""
     rng = np.random.default_rng(5)
-    sizes, n, k = [8, 12], 4096, 1024
+    sizes, n, k = [16, 24], 4096, 512
     _, ends, m = _layout(sizes, 128)
     a = rng.standard_normal((m, k), dtype=np.float32).astype(BF16)
     b = rng.standard_normal((len(sizes), n, k), dtype=np.float32).astype(BF16)

@@ -1118,16 +1118,20 @@ def test_clamp_returns_the_other_operand_for_nan():
 
 
 def test_experts_on_the_pool_give_the_bytes_of_one_expert_after_the_other(monkeypatch):
-    """The layer's experts run on the package's pool (issue 30); one pool thread runs them one
-    after the other in the calling thread.  Every output, stage golden, accumulator, error scale,
-    stat and task label is the same byte for byte (FP8 x FP4 and BF16)."""
+    """The layer's experts run on the package's pool (issue 30); one pool thread, or a call a
+    trace captures (the golden workflow), runs them one after the other.  The outputs are the same
+    byte for byte, and so is every record (accumulators, error scales, stage goldens, stats, task
+    labels) whatever the thread count (FP8 x FP4 and BF16)."""
+    p = Problem(2, 4, 5, 3, 512, 512, seed=37, masked_ratio=0.2)
 
     def layer(threads, bf16):
         monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", threads)
-        p = Problem(2, 4, 5, 3, 512, 512, seed=37, masked_ratio=0.2)
+        ys, stats, _ = run_cuda(p, bf16=bf16)
+        return [_bits(y).tobytes() for y in ys] + [s.tobytes() for s in stats]
+
+    def captured(threads, bf16):
         with trace.capture(want_acc=True, want_S=True) as cap:
-            ys, stats, _ = run_cuda(p, bf16=bf16)
-        got = [_bits(y).tobytes() for y in ys] + [s.tobytes() for s in stats]
+            got = layer(threads, bf16)
         for rec in cap.records:
             got += [np.ascontiguousarray(rec.acc).tobytes(), np.ascontiguousarray(rec.S).tobytes(),
                     repr(sorted(rec.stats.items())), repr(rec.tasks), repr(list(rec.extra))]
@@ -1135,7 +1139,11 @@ def test_experts_on_the_pool_give_the_bytes_of_one_expert_after_the_other(monkey
         return got
 
     for bf16 in (False, True):
-        assert layer("3", bf16) == layer("1", bf16)
+        pooled = layer("3", bf16)
+        assert pooled == layer("1", bf16)
+        with_trace = captured("3", bf16)
+        assert with_trace[:len(pooled)] == pooled
+        assert with_trace == captured("1", bf16)
 
 
 def test_certified_f32_margin_decides_what_the_interval_test_decided():

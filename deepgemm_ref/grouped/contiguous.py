@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import core
+from .. import core, trace
 from ..api import profiled
 from ..errors import arg_error
 from ..executor import Fill, Request, Task, execute
@@ -72,8 +72,10 @@ class MGroupedRequest(Request):
     scales:  float64 scales of every row and K block of A and of every B[g] (None: unscaled),
              with their K block sizes ``gran_k``.
     output:  the output stage: d's format and DeepGEMM-Ascend's alpha.
-    parallel: True: the runs (and their column pieces) write disjoint parts of d and run on the
-             package's pool, one task per thread, each with a one-thread BLAS.
+    parallel: the runs (and their column pieces) write disjoint parts of d and run on the
+             package's pool, one task per thread, each with a one-thread BLAS; not for a call a
+             trace captures (the golden workflow, whose memory estimates plan one run's float64
+             work at a time): its runs go one after the other.
     """
 
     layout: RowGroups
@@ -153,6 +155,7 @@ def _b_rows(b: core.Operand, c0: int, c1: int) -> core.Operand:
 
 
 def _launch(req: MGroupedRequest) -> None:
+    req.parallel = trace.active() is None
     execute(req, _tasks(req))
 
 

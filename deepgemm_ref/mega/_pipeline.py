@@ -480,7 +480,9 @@ def _owners(owners: Sequence[int], routes: Routes, selected: Callable[[int], np.
     The experts are independent (their rows go to disjoint places of ``sink``): they run on the
     package's pool (:func:`deepgemm_ref.executor.on_pool`, a one-thread BLAS each), every stage
     of one expert in one thread; their stats, stage goldens and task labels are then taken in
-    (owner, local expert) order, as one expert after the other gives them.
+    (owner, local expert) order, as one expert after the other gives them.  A call that keeps its
+    stage goldens (a trace capture: the golden workflow, whose memory estimates plan one expert's
+    float64 work at a time) runs them one after the other.
     """
     jobs: list[tuple[int, np.ndarray, np.ndarray, _Expert]] = []
     ends: dict[int, list[int]] = {}
@@ -502,7 +504,8 @@ def _owners(owners: Sequence[int], routes: Routes, selected: Callable[[int], np.
         own: dict[str, int] = {}
         return _expert(e, cfg, sink, own), own
 
-    outs = executor.on_pool([partial(job, e) for *_, e in jobs])
+    calls = [partial(job, e) for *_, e in jobs]
+    outs = [c() for c in calls] if cfg.want_stages else executor.on_pool(calls)
     done = 0
     for r in owners:
         for (jr, sel, wts, _), (res, own) in zip(jobs[done:], outs[done:], strict=True):
