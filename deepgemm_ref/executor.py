@@ -29,19 +29,25 @@ stage arrays report them with :func:`record`; nothing else writes the trace.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from . import core, dryrun, trace
+from ._memory import allocation_limit, limit_allocations, limit_work, work_budget, work_progress, work_reporter
 from ._parallel import num_threads, parallel_chunks, single_threaded_blas
 from .config import get_numerics
 from .profiles import Profile
 
-__all__ = ["Request", "Task", "Fill", "Collected", "active_accumulation", "run", "execute", "record"]
+__all__ = ["Request", "Task", "Fill", "Collected", "active_accumulation", "run", "execute", "record", "on_pool"]
+
+T = TypeVar("T")
 
 
 def active_accumulation(profile: Profile) -> core.Accumulation:
@@ -259,15 +265,8 @@ def execute(
             col.add_stats(t.sink(res, col))
         col.add(t.index, res)
 
-    if req.parallel and len(computed) > 1 and num_threads() > 1:
-        def chunk(i0: int, i1: int) -> None:
-            for t in computed[i0:i1]:
-                one(t)
-
-        # The tasks share the cores: a one-thread BLAS each (the pool's threads are the
-        # parallelism), so that two tasks' BLAS calls do not compete for the same cores.
-        with single_threaded_blas():
-            parallel_chunks(len(computed), 1, chunk)
+    if req.parallel:
+        on_pool([partial(one, t) for t in computed])
     else:
         for t in computed:
             one(t)
@@ -278,6 +277,46 @@ def execute(
         mask = None if defined is None else _expand(None if isinstance(defined, str) else defined, tuple(d.shape))
         record(req.func, col, mask, extra=extra or {})
     return col
+
+
+def on_pool(jobs: Sequence[Callable[[], T]]) -> list[T]:
+    """Independent jobs on the package's thread pool; their results in order.
+
+    The jobs share the cores: a one-thread BLAS each (the pool's threads are the parallelism),
+    so that two jobs' BLAS calls do not compete for the same cores; each job sees the calling
+    thread's allocation limit, its share of the work budget and its progress callback
+    (:func:`_inherited`) and runs in a copy of its context variables (NumPy's error state, the
+    settings in force).  One job or one pool thread: in order, in the calling thread.
+    """
+    if len(jobs) <= 1 or num_threads() <= 1:
+        return [job() for job in jobs]
+    out: list[Any] = [None] * len(jobs)
+    inherit = _inherited(min(num_threads(), len(jobs)))
+    contexts = [contextvars.copy_context() for _ in jobs]  # NumPy's errstate, the settings, ...
+
+    def chunk(i0: int, i1: int) -> None:
+        with inherit():
+            for i in range(i0, i1):
+                out[i] = contexts[i].run(jobs[i])
+
+    with single_threaded_blas():
+        parallel_chunks(len(jobs), 1, chunk)
+    return out
+
+
+def _inherited(inflight: int) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """What the calling thread's limits are, for tasks running on the pool's threads: its
+    allocation limit, an ``inflight``-th of its work budget each (that many tasks hold their float64
+    work at once) and its progress callback (the settings travel with ``_state.propagate``)."""
+    limit, budget, report = allocation_limit(), work_budget() // max(1, inflight), work_reporter()
+
+    @contextlib.contextmanager
+    def inherit() -> Iterator[None]:
+        with limit_allocations(limit), limit_work(budget), \
+                (work_progress(report) if report is not None else contextlib.nullcontext()):
+            yield
+
+    return inherit
 
 
 def _fill(f: Fill, d: np.ndarray, col: Collected) -> None:

@@ -383,3 +383,15 @@ def test_no_warnings_from_the_public_names():
         warnings.simplefilter("error")
         core.OutputStage(fm.BF16)
         core.Accumulation()
+
+
+def test_bf16_decode_gives_the_bits_of_widening_the_top_half_of_a_float32():
+    """Every bf16 code (NaN payloads, -0, subnormals, infinities) through the core's decode (issue
+    30: ml_dtypes' cast) has the float64 bits of the previous path: the code shifted into the top
+    half of a float32, widened."""
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    out = np.empty((256, 256))
+    with np.errstate(invalid="ignore"):
+        core._decode_into(core.Operand(codes.view(ml_dtypes.bfloat16)), 0, 256, out)
+        want = (codes.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert np.array_equal(out.view(np.uint64), want.view(np.uint64))

@@ -880,3 +880,103 @@ def test_masked_d_with_gapped_groups_is_rejected():
     with pytest.raises(DGArgumentError, match="stride"):
         G.m_grouped_bf16_gemm_nt_masked(a, b, d, np.array([50, 70], np.int32), 64)
     assert np.all(wide == 3.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# runs in column pieces on the pool (issue 30): the same bytes as one task per run, in order
+# ---------------------------------------------------------------------------------------------
+
+def _grouped_call(arch, a, b, ends, fp8_kw=None):
+    """d, and the trace's acc, S, stats and task labels of one psum-layout m-grouped call (bf16
+    out), and d of the same call without a trace (a captured call runs its tasks one after the
+    other; an uncaptured one on the pool)."""
+    m = a[0].shape[0] if fp8_kw is not None else a.shape[0]
+
+    def call():
+        d = np.full((m, (b[0] if fp8_kw is not None else b).shape[1]), 3.0, BF16)
+        if fp8_kw is not None:
+            G.m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True, **fp8_kw)
+        else:
+            G.m_grouped_bf16_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True)
+        return _codes(d)
+
+    with dg.numerics(arch=arch):
+        with trace.capture(want_acc=True, want_S=True) as cap:
+            d = call()
+        free = call()
+    assert np.array_equal(d, free)
+    rec = cap.last
+    return d, rec.acc, rec.S, rec.stats, rec.tasks
+
+
+def _same(x, y):
+    assert np.array_equal(x[0], y[0])  # d
+    assert np.array_equal(x[1].view(np.uint64), y[1].view(np.uint64))  # acc
+    assert np.array_equal(x[2].view(np.uint64), y[2].view(np.uint64))  # S
+    assert x[3] == y[3]  # stats
+
+
+def _unsplit(monkeypatch, threads):
+    from deepgemm_ref.grouped import contiguous
+
+    monkeypatch.setattr(contiguous, "_column_pieces", lambda a, b: [(0, b.shape[0])])
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", threads)
+
+
+@pytest.mark.parametrize("fill", ["cancel", "random"])
+def test_m_grouped_column_pieces_keep_the_bytes_on_adversarial_inputs(monkeypatch, fill):
+    """Small pieces (thresholds lowered): every element needs an exact tier ("cancel": rounding
+    ties decided by a tiny term) or many do ("random"); d and the stats are those of one task per
+    run computed in order, and so are the exact tiers' accumulators and the error scale."""
+    from deepgemm_ref.grouped import contiguous
+
+    from .adversarial import tie_cancel_breaker
+
+    sizes, n, k = [5, 9, 3], 96, 40
+    _, ends, m = _layout(sizes, 128)
+    a64, _ = tie_cancel_breaker(m, n, k, seed=1, fill=fill)
+    b64 = np.stack([tie_cancel_breaker(m, n, k, seed=2 + g, fill=fill)[1] for g in range(len(sizes))])
+    a, b = a64.astype(BF16), b64.astype(BF16)
+    monkeypatch.setattr(contiguous, "_PIECE_COLS", 16)
+    monkeypatch.setattr(contiguous, "_PIECE_ALIGN", 8)
+    monkeypatch.setattr(contiguous, "_PIECE_WORK", 1)
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
+    split = _grouped_call("sm100", a, b, ends)
+    assert len(split[4]) == len(sizes) * 6 and split[4][1] == "group 0: d[0:5, 16:32]"
+    with monkeypatch.context() as mp:
+        _unsplit(mp, "1")
+        whole = _grouped_call("sm100", a, b, ends)
+    assert len(whole[4]) == len(sizes)
+    assert np.array_equal(split[0], whole[0]) and split[3] == whole[3]
+    # every element decided by an exact tier ("cancel"): its accumulator is the tier's, not the BLAS's
+    if fill == "cancel":
+        _same(split, whole)
+    # and the Fraction reference of every group
+    for g, (r0, r1) in enumerate(_ranges(ends, 128)):
+        assert np.array_equal(split[0][r0:r1], ref.ref_gemm(a64[r0:r1], b64[g], fm.BF16)), g
+
+
+def test_m_grouped_column_pieces_at_their_default_size_keep_every_byte(monkeypatch):
+    """At the default piece size (N = 4096 in two pieces of 2048 columns) even the float64 GEMM's
+    inexact accumulators keep their bits; FP8 runs are never split (their chunk-wide exactness
+    certificate labels the stats) but run on the pool too."""
+    rng = np.random.default_rng(5)
+    sizes, n, k = [16, 24], 4096, 512
+    _, ends, m = _layout(sizes, 128)
+    a = rng.standard_normal((m, k), dtype=np.float32).astype(BF16)
+    b = rng.standard_normal((len(sizes), n, k), dtype=np.float32).astype(BF16)
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
+    split = _grouped_call("sm100", a, b, ends)
+    assert len(split[4]) == 4
+    with monkeypatch.context() as mp:
+        _unsplit(mp, "1")
+        whole = _grouped_call("sm100", a, b, ends)
+    _same(split, whole)
+    _, ends3, m3 = _layout([7, 1, 20], 128)
+    qa, qb, kw, _, _ = _quant("sm100", _rand((m3, 256), 3), _rand((3, 256, 256), 4))
+    par = _grouped_call("sm100", qa, qb, ends3, kw)
+    assert len(par[4]) == 3
+    with monkeypatch.context() as mp:
+        mp.setenv("DEEPGEMM_REF_NUM_THREADS", "1")
+        seq = _grouped_call("sm100", qa, qb, ends3, kw)
+    _same(par, seq)

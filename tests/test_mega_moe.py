@@ -1115,3 +1115,66 @@ def test_clamp_returns_the_other_operand_for_nan():
         assert gc.tolist() == [4.0, 1.0, 4.0] and uc.tolist() == [-4.0, -4.0, 2.0]
     gc, uc = clamp(g, u, None, True)  # no clamp: NaN stays
     assert np.isnan(gc[0]) and np.isnan(uc[0])
+
+
+def test_experts_on_the_pool_give_the_bytes_of_one_expert_after_the_other(monkeypatch):
+    """The layer's experts run on the package's pool (issue 30); one pool thread, or a call a
+    trace captures (the golden workflow), runs them one after the other.  The outputs are the same
+    byte for byte, and so is every record (accumulators, error scales, stage goldens, stats, task
+    labels) whatever the thread count (FP8 x FP4 and BF16)."""
+    p = Problem(2, 4, 5, 3, 512, 512, seed=37, masked_ratio=0.2)
+
+    def layer(threads, bf16):
+        monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", threads)
+        ys, stats, _ = run_cuda(p, bf16=bf16)
+        return [_bits(y).tobytes() for y in ys] + [s.tobytes() for s in stats]
+
+    def captured(threads, bf16):
+        with trace.capture(want_acc=True, want_S=True) as cap:
+            got = layer(threads, bf16)
+        for rec in cap.records:
+            got += [np.ascontiguousarray(rec.acc).tobytes(), np.ascontiguousarray(rec.S).tobytes(),
+                    repr(sorted(rec.stats.items())), repr(rec.tasks), repr(list(rec.extra))]
+            got += [np.ascontiguousarray(v).tobytes() for v in rec.extra.values()]
+        return got
+
+    for bf16 in (False, True):
+        pooled = layer("3", bf16)
+        assert pooled == layer("1", bf16)
+        with_trace = captured("3", bf16)
+        assert with_trace[:len(pooled)] == pooled
+        assert with_trace == captured("1", bf16)
+
+
+def test_certified_f32_margin_decides_what_the_interval_test_decided():
+    """SwiGLU's float32 certificate (issue 30: a margin test on the float64 bits first) against
+    the interval test over the whole array (the previous code path): the same codes and the same
+    elements sent to the exact fallback, on estimates at and around float32 midpoints, binade
+    edges, float32's subnormal and overflow ranges, zeros and non-finite values."""
+    from deepgemm_ref.certified import round_certified
+
+    rng = np.random.default_rng(53)
+    f32 = (rng.standard_normal(400) * np.exp2(rng.integers(-140, 127, 400))).astype(np.float32)
+    mid = f32.astype(np.float64) + np.spacing(f32).astype(np.float64) / 2  # float32 midpoints
+    offs = np.array([-200, -69, -68, -67, -40, -33, -1, 0, 1, 33, 40, 67, 68, 69, 200])
+    near = (mid.view(np.int64)[:, None] + offs[None, :]).reshape(-1).view(np.float64)
+    edges = np.ldexp(1.0, np.arange(-150, 130))
+    edges = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf), -edges])
+    x = np.concatenate([near, -near, edges, rng.standard_normal(500), [0.0, -0.0, np.inf, -np.inf, np.nan,
+                                                                      3.5e38, -3.4e38, 1e-46]])
+    final = rng.random(x.size) < 0.05
+    for fin in (None, final):
+        called_new: list[int] = []
+        called_old: list[int] = []
+
+        def exact(i, called):
+            called.append(i)
+            return float(np.float32(x[i]))
+
+        new, n_new = sw._certified(x, fin, lambda i, c=called_new: exact(i, c))
+        keep = ~np.isfinite(x) if fin is None else ~np.isfinite(x) | fin
+        old, pend = round_certified(x, lambda at: np.abs(x if at is None else x[at]) * sw.CERT_REL, sw._F32Cast(),
+                                    final=keep, fallback=lambda at, c=called_old: np.array(
+                                        [exact(i, c) for i in at[0].tolist()], np.float32).view(np.uint32))
+        assert np.array_equal(new.view(np.uint32), old) and n_new == int(np.count_nonzero(pend))
+        assert sorted(called_new) == sorted(called_old) and len(called_new) > 20

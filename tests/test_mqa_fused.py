@@ -147,3 +147,52 @@ def test_fused_equals_sink_path_paged(monkeypatch):
         (q8, None), cache, w, ctx, table, meta, int(pages.max()) * page))
     assert calls["fused"] >= 1
     assert fused == old
+
+
+@pytest.mark.parametrize("far_apart", [False, True])
+def test_fused_spans_equal_the_sink_paths_chunks(monkeypatch, far_apart):
+    """The fused path's larger tasks (FUSED_TASK_ELEMENTS), accepted (FP8) or declined into the
+    sink path over TASK_ELEMENTS key spans (far-apart FP4 scales), against the previous code path
+    (a trace that asks for error scales: the sink's tasks of TASK_ELEMENTS): logits, accumulators
+    and stats byte for byte."""
+    seq, seq_kv, heads, d = 7, 260, 8, 64
+    rng = np.random.default_rng(43)
+    if far_apart:
+        qp = fm.pack_fp4(rng.integers(0, 16, (seq, heads, d))).astype(np.int8)
+        kp = fm.pack_fp4(rng.integers(0, 16, (seq_kv, d))).astype(np.int8)
+        pad = lambda b: np.concatenate([b, np.full(b.shape[:-1] + (2,), 127, np.uint8)], axis=-1)  # noqa: E731
+        qs = fm.pack_ue8m0_int32(pad(rng.choice([27, 127, 227], size=(seq, heads, 2)).astype(np.uint8)))[..., 0]
+        ksf = fm.pack_ue8m0_int32(pad(rng.choice([27, 127, 227], size=(seq_kv, 2)).astype(np.uint8)))[..., 0]
+        q, kv = (qp, qs), (kp, ksf)
+    else:
+        _, _, q8, kv = ta._fp8_inputs(seq, seq_kv, heads, d, 44)
+        q = (q8, None)
+    w = ta._rand((seq, heads), 45)
+    ks = np.array([0, 3, 30, 259, 0, 100, 0], np.int32)
+    ke = np.array([260, 3, 200, 260, 1, 220, 180], np.int32)
+    monkeypatch.setattr(L, "TASK_ELEMENTS", 600)
+    monkeypatch.setattr(L, "FUSED_TASK_ELEMENTS", 5000)
+    spans = []
+    task = L._task
+
+    def counting(req, r0, r1, k0, k1, fused_span=False):
+        spans.append((k1 - k0, fused_span))
+        return task(req, r0, r1, k0, k1, fused_span)
+
+    monkeypatch.setattr(L, "_task", counting)
+
+    def run(want_S):
+        spans.clear()
+        with trace.capture(want_acc=True, want_S=want_S) as cap:
+            out = att.fp8_fp4_mqa_logits(q, kv, w, ks, ke, clean_logits=False)
+        rec = cap.last
+        return (np.ascontiguousarray(out).tobytes(), np.ascontiguousarray(rec.acc).tobytes(), dict(rec.stats)), \
+            list(spans)
+
+    new, new_spans = run(False)
+    old, old_spans = run(True)
+    assert new == old
+    assert all(f for _, f in new_spans[:1]) and not any(f for _, f in old_spans)
+    # the fused tasks span more keys than the sink's; declined, they ran the sink's spans
+    assert max(n for n, f in new_spans if f) > max(n for n, _ in old_spans)
+    assert any(not f for _, f in new_spans) == far_apart

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import core, dryrun
+from .. import core, dryrun, trace
 from .. import formats as fm
 from ..certified import FormatRounding, Points, round_certified
 from ..exact import U64, gamma
@@ -44,6 +44,10 @@ __all__ = ["LogitsRequest", "TASK_ELEMENTS", "launch", "allocate", "range_mask",
 
 #: Query-head x key products per task (one ``scaled_matmul`` call); bounds the working memory.
 TASK_ELEMENTS = 1 << 21
+#: The same for the fused exact path (:func:`_fused_exact`), which never holds a task's products
+#: at once (float64 row chunks of :data:`_FUSED_CHUNK_BYTES`, and (rows, keys) arrays): fewer
+#: tasks, each converting the query rows once for more keys.
+FUSED_TASK_ELEMENTS = 1 << 23
 _MIN_KEYS = 256  # smallest key chunk of a task
 _SLACK_KEYS = 256  # keys per row a row group may compute beyond the rows' own ranges
 
@@ -130,12 +134,15 @@ def _chunks(req: LogitsRequest, budget: int) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int) -> Task:
+def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int, fused_span: bool = False) -> Task:
     """The task of query rows [r0, r1) against virtual keys [k0, k1): the per-head dot products,
     finished by the sink into logits (exact, or the target's device model) and written to ``req.d``.
 
     Exact model without error scales: the task computes itself (:func:`_fused_exact`), the core's
-    row chunks reduced over heads while they are in cache; the same bytes as the sink's path."""
+    row chunks reduced over heads while they are in cache; the same bytes as the sink's path.
+    ``fused_span``: the span was cut for the fused path (up to :data:`FUSED_TASK_ELEMENTS`
+    products, whose float64 values it never holds at once); where that path declines, the sink's
+    path runs over key chunks of at most :data:`TASK_ELEMENTS` products (:func:`_sink_spans`)."""
     rows, heads, n = r1 - r0, req.heads, k1 - k0
     qop = req.queries.operand(r0, r1)
     keys = req.keys.get(k0, k1)
@@ -169,9 +176,30 @@ def _task(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int) -> Task:
             if got is not None:
                 _write(req, r0, r1, k0, k1, got[0], got[1], None, col)
                 return stats
+        if fused_span:
+            stats = {}
+            for s0, s1 in _sink_spans(rows * heads, k0, k1):
+                sub = _task(req, r0, r1, s0, s1)
+                got_stats = _sink_of(sub)(core.dot_products(sub.a, sub.b, accumulation, want_S=col.want_S), col)
+                for key, v in got_stats.items():
+                    stats[key] = stats.get(key, 0) + v
+            return stats
         return sink(core.dot_products(qop, keys.operand, accumulation, want_S=col.want_S), col)
 
     return Task(qop, keys.operand, None, sink=sink, label="MQA logits", compute=compute)
+
+
+def _sink_of(task: Task) -> Callable[[Any, Collected], dict[str, int]]:
+    """A logits task's sink (every task :func:`_task` makes has one)."""
+    assert task.sink is not None
+    return task.sink  # type: ignore[return-value]
+
+
+def _sink_spans(qrows: int, k0: int, k1: int) -> list[tuple[int, int]]:
+    """Keys [k0, k1) in spans of about :data:`TASK_ELEMENTS` products with ``qrows`` query-head rows
+    (the materialised dot products of the sink's path), as :func:`_chunks` cuts them."""
+    n = max(_MIN_KEYS, TASK_ELEMENTS // max(1, qrows))
+    return [(a, min(k1, a + n)) for a in range(k0, k1, n)]
 
 
 def _write(req: LogitsRequest, r0: int, r1: int, k0: int, k1: int, codes: np.ndarray, value: np.ndarray,
@@ -298,8 +326,9 @@ class _NotAllExact(Exception):
     """A row chunk without the chunk-wide exactness certificate (the task takes the sink's path)."""
 
 
-#: Bytes of float64 head scores per row chunk of :func:`_fused_exact` (about a core's L2 share).
-_FUSED_CHUNK_BYTES = 1 << 20
+#: Bytes of float64 head scores per row chunk of :func:`_fused_exact` (a few L2s: the GEMM of a
+#: chunk runs at the BLAS's speed and the passes over it stay in the last-level cache).
+_FUSED_CHUNK_BYTES = 1 << 22
 
 
 def _fused_exact(req: LogitsRequest, qop: core.Operand, keys: Keys, w: np.ndarray, needed: np.ndarray,
@@ -441,7 +470,10 @@ def _tasks(req: LogitsRequest) -> list[Item]:
     kernel): -inf at columns [0, ks) and [ke, clean_to) of every row, in the view (the trace
     reports acc = -inf, S = 0 there) and in the allocation's columns past the view.
     """
-    items: list[Item] = [partial(_task, req, *chunk) for chunk in _chunks(req, TASK_ELEMENTS)]
+    # the fused exact path holds (rows, keys) arrays, not (rows, heads, keys) ones: larger spans
+    fused = req.accumulation.model == "exact" and not trace.wants()[1]
+    budget = FUSED_TASK_ELEMENTS if fused else TASK_ELEMENTS
+    items: list[Item] = [partial(_task, req, *chunk, fused_span=fused) for chunk in _chunks(req, budget)]
     if req.clean_to is not None:
         rows, width = req.d.shape
         outside = _outside(req.d.shape, req.ks - req.shift, req.ke - req.shift)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import core
+from .. import core, trace
 from ..api import profiled
 from ..errors import arg_error
 from ..executor import Fill, Request, Task, execute
@@ -72,6 +72,10 @@ class MGroupedRequest(Request):
     scales:  float64 scales of every row and K block of A and of every B[g] (None: unscaled),
              with their K block sizes ``gran_k``.
     output:  the output stage: d's format and DeepGEMM-Ascend's alpha.
+    parallel: the runs (and their column pieces) write disjoint parts of d and run on the
+             package's pool, one task per thread, each with a one-thread BLAS; not for a call a
+             trace captures (the golden workflow, whose memory estimates plan one run's float64
+             work at a time): its runs go one after the other.
     """
 
     layout: RowGroups
@@ -80,6 +84,7 @@ class MGroupedRequest(Request):
     scales: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
     gran_k: tuple[int, int] = (0, 0)
     output: core.OutputStage
+    parallel: bool = True
 
 
 def _tasks(req: MGroupedRequest) -> list[Task | Fill]:
@@ -99,11 +104,58 @@ def _tasks(req: MGroupedRequest) -> list[Task | Fill]:
         if g not in b_ops:
             b_ops[g] = req.b.operand(req.scales[1], req.gran_k[1], group=g)
         a_op = req.a.operand(req.scales[0], req.gran_k[0], rows=(r0, r1))
-        tasks.append(Task(a_op, b_ops[g], req.output, (slice(r0, r1),), label=f"group {g}: d[{r0}:{r1}]"))
+        pieces = _column_pieces(a_op, b_ops[g])
+        if len(pieces) == 1:
+            tasks.append(Task(a_op, b_ops[g], req.output, (slice(r0, r1),), label=f"group {g}: d[{r0}:{r1}]"))
+            continue
+        for c0, c1 in pieces:
+            tasks.append(Task(a_op, _b_rows(b_ops[g], c0, c1), req.output, (slice(r0, r1), slice(c0, c1)),
+                              label=f"group {g}: d[{r0}:{r1}, {c0}:{c1}]"))
     return tasks
 
 
+# Column pieces of one run: N split at multiples of _PIECE_ALIGN into pieces of at least
+# _PIECE_COLS columns and _PIECE_WORK multiply-adds.  The split depends on the shapes alone
+# (never on the thread count); the float64 GEMM then sums every element in the same order as
+# the unsplit one (OpenBLAS: whole register blocks, no small-matrix kernel), so even the
+# inexact accumulators a trace stores keep their bits.
+_PIECE_COLS = 2048
+_PIECE_ALIGN = 256
+_PIECE_WORK = 1 << 24
+_MAX_PIECES = 8
+
+
+def _column_pieces(a: core.Operand, b: core.Operand) -> list[tuple[int, int]]:
+    """[(c0, c1)] column ranges of ``d[run]`` computed as separate tasks (one range: unsplit).
+
+    A run of a few hundred rows against a (N, K) B is one GEMM whose B conversion dominates its
+    non-BLAS work; in pieces, the tasks of all runs share the package's pool evenly (each with a
+    one-thread BLAS, :attr:`~deepgemm_ref.executor.Request.parallel`) and every element of B is
+    still converted once.  Unsplit: operands whose chunks may carry the chunk-wide exactness
+    certificate (both with a fixed quantum: FP8 / FP4, whose trace stats label chunks by it),
+    a GEMM the core computes transposed, and pieces too small for the BLAS's blocked kernels.
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    if a.fixed_quantum is not None and b.fixed_quantum is not None:
+        return [(0, n)]
+    if core._swap_operands(m, n, k):
+        return [(0, n)]
+    p = min(_MAX_PIECES, n // _PIECE_COLS)
+    if p < 2 or m * k * _PIECE_COLS < _PIECE_WORK:
+        return [(0, n)]
+    cuts = [0] + [(n * i // p) // _PIECE_ALIGN * _PIECE_ALIGN for i in range(1, p)] + [n]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _b_rows(b: core.Operand, c0: int, c1: int) -> core.Operand:
+    """Rows [c0, c1) of a B operand (its scale-power-of-two flag kept from the whole)."""
+    return core.Operand(b.values[c0:c1], None if b.scales is None else b.scales[c0:c1], b.block, b.codes_fmt,
+                        b.pow2_scales)
+
+
 def _launch(req: MGroupedRequest) -> None:
+    req.parallel = trace.active() is None
     execute(req, _tasks(req))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -469,27 +470,54 @@ def route_counts(routes: Routes, num_ranks: int, num_local_experts: int) -> np.n
 Fetch = Callable[[np.ndarray], tuple[np.ndarray, "np.ndarray | None", np.ndarray]]
 
 
-def _owner(r: int, routes: Routes, selected: Callable[[int], np.ndarray], fetch: Fetch,
-           place: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | int]], sink: np.ndarray,
-           weights: ExpertWeights, options: RankOptions, cfg: PipelineConfig, stats: dict[str, int],
-           ranks: _Ranks) -> None:
-    """Expert owner r: every local expert's rows (``selected(global expert)``: route indices),
-    fetched, run through :func:`_expert` and filled into ``sink`` at ``place(sel)``."""
-    e_l = weights.num_local_experts
-    ends, total = [], 0
-    for i in range(e_l):
-        sel = selected(r * e_l + i)
-        total += sel.size
-        ends.append(total)
-        if sel.size == 0:
-            continue
-        x, x_sf, wts = fetch(sel)
-        res = _expert(_Expert(f"rank {r} expert {i}", x, x_sf, weights.l1(i), weights.l2(i), wts, options,
-                              place(sel), True), cfg, sink, stats)
-        ranks.keep(r, "dispatch.src", np.stack([routes.src[sel], routes.tok[sel], routes.slot[sel]], axis=1))
-        ranks.keep(r, "dispatch.topk_weights", wts.astype(np.float32))
-        ranks.expert(r, res, shared=False)
-    ranks.keep(r, "dispatch.psum", np.array(ends, np.int32))
+def _owners(owners: Sequence[int], routes: Routes, selected: Callable[[int], np.ndarray], fetch: Fetch,
+            place: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | int]], sink: np.ndarray,
+            weights: Callable[[int], ExpertWeights], options: Callable[[int], RankOptions], cfg: PipelineConfig,
+            stats: dict[str, int], ranks: _Ranks) -> None:
+    """Expert owners ``owners``: every local expert's rows (``selected(global expert)``: route
+    indices), fetched, run through :func:`_expert` and filled into ``sink`` at ``place(sel)``.
+
+    The experts are independent (their rows go to disjoint places of ``sink``): they run on the
+    package's pool (:func:`deepgemm_ref.executor.on_pool`, a one-thread BLAS each), every stage
+    of one expert in one thread; their stats, stage goldens and task labels are then taken in
+    (owner, local expert) order, as one expert after the other gives them.  A call that keeps its
+    stage goldens (a trace capture: the golden workflow, whose memory estimates plan one expert's
+    float64 work at a time) runs them one after the other.
+    """
+    jobs: list[tuple[int, np.ndarray, np.ndarray, _Expert]] = []
+    ends: dict[int, list[int]] = {}
+    for r in owners:
+        w, e_l = weights(r), weights(r).num_local_experts
+        total = 0
+        ends[r] = []
+        for i in range(e_l):
+            sel = selected(r * e_l + i)
+            total += sel.size
+            ends[r].append(total)
+            if sel.size == 0:
+                continue
+            x, x_sf, wts = fetch(sel)
+            jobs.append((r, sel, wts, _Expert(f"rank {r} expert {i}", x, x_sf, w.l1(i), w.l2(i), wts, options(r),
+                                              place(sel), True)))
+
+    def job(e: _Expert) -> tuple[_ExpertOut, dict[str, int]]:
+        own: dict[str, int] = {}
+        return _expert(e, cfg, sink, own), own
+
+    calls = [partial(job, e) for *_, e in jobs]
+    outs = [c() for c in calls] if cfg.want_stages else executor.on_pool(calls)
+    done = 0
+    for r in owners:
+        for (jr, sel, wts, _), (res, own) in zip(jobs[done:], outs[done:], strict=True):
+            if jr != r:
+                break
+            done += 1
+            for key, val in own.items():
+                stats[key] = stats.get(key, 0) + val
+            ranks.keep(r, "dispatch.src", np.stack([routes.src[sel], routes.tok[sel], routes.slot[sel]], axis=1))
+            ranks.keep(r, "dispatch.topk_weights", wts.astype(np.float32))
+            ranks.expert(r, res, shared=False)
+        ranks.keep(r, "dispatch.psum", np.array(ends[r], np.int32))
 
 
 def _source(s: int, tokens: RankTokens, comb: np.ndarray, shared: ExpertWeights | None, options: RankOptions,
@@ -580,8 +608,8 @@ def run(
     def place(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return first[routes.src[sel]] + routes.tok[sel], routes.slot[sel]
 
-    for r in range(R):
-        _owner(r, routes, selected, fetch, place, comb, weights[r], options[r], cfg, routed, ranks)
+    _owners(range(R), routes, selected, fetch, place, comb, weights.__getitem__, options.__getitem__, cfg, routed,
+            ranks)
     result = PipelineResult({}, {}, {}, route_counts(routes, R, E_l), {}, {})
     own: dict[str, int] = {}
     for s in out:
@@ -648,7 +676,7 @@ def run_rank(
     def place(sel: np.ndarray) -> tuple[np.ndarray, int]:
         return arrived[sel], 0
 
-    _owner(me, routes, selected, fetch, place, out_rows, weights, options, cfg, routed, ranks)
+    _owners([me], routes, selected, fetch, place, out_rows, lambda _: weights, lambda _: options, cfg, routed, ranks)
     # back to the sources, in the order each one sent its rows
     back = transport.all_to_all([out_rows[start[s]:start[s + 1], 0] for s in range(R)])
     comb = np.zeros((tokens.num_tokens, K + int(shared is not None), H), BF16)

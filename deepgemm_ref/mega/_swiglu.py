@@ -104,15 +104,55 @@ def _certified(v64: np.ndarray, final: np.ndarray | None,
     """
     flat = v64.reshape(-1)
     keep = ~np.isfinite(flat) if final is None else ~np.isfinite(flat) | final.reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):  # IEEE casts: inf and NaN are the results
+        codes = _F32Cast().block(flat)
+    # The margin certificate first (one pass of integer tests); the few elements it leaves open
+    # take the interval test of round_certified, which decides exactly the elements it decided
+    # over the whole array (a margin-certified element passes the interval test too).
+    open_ = np.flatnonzero(~(_far_from_f32_midpoints(flat) | keep))
+    if open_.size == 0:
+        return codes.view(np.float32).reshape(v64.shape), 0
+    sub = flat[open_]
 
     def bound(at: Points | None) -> np.ndarray:
-        return np.abs(flat if at is None else flat[at]) * CERT_REL
+        return np.abs(sub if at is None else sub[at]) * CERT_REL
 
     def fallback(at: Points) -> np.ndarray:
-        return np.array([exact(i) for i in at[0].tolist()], np.float32).view(np.uint32)
+        return np.array([exact(i) for i in open_[at[0]].tolist()], np.float32).view(np.uint32)
 
-    codes, pending = round_certified(flat, bound, _F32Cast(), final=keep, fallback=fallback)
+    sub_codes, pending = round_certified(sub, bound, _F32Cast(), fallback=fallback)
+    codes[open_] = sub_codes
     return codes.view(np.float32).reshape(v64.shape), int(np.count_nonzero(pending))
+
+
+#: float64 bits below float32's 23 fraction bits, and their value at a float32 midpoint
+_LOW29 = np.uint64((1 << 29) - 1)
+_MID29 = 1 << 28
+#: float64 ulps between an estimate and a float32 midpoint that the certificate interval never
+#: spans: ``|v64| CERT_REL`` is below 2^5 ulps of ``v64`` (|v64| < 2^(e+1), ulp = 2^(e-52)),
+#: and its ends are rounded outward by one ulp each; twice that for room
+_MIDPOINT_ULPS = 2 * (2**5 + 2)
+
+
+def _far_from_f32_midpoints(x: np.ndarray) -> np.ndarray:
+    """bool: every real within ``|x| CERT_REL`` of float64 ``x`` rounds to float32 like ``x``.
+
+    For ``2^-126 <= |x| < 2^127`` (float32's normal range with room below overflow) a float32
+    rounding boundary is a midpoint between consecutive float32 values (a power of two is itself
+    a float32 value), that is, a float64 whose 29 bits below float32's fraction are exactly
+    ``2^28``; the interval cannot reach one when those bits are more than
+    :data:`_MIDPOINT_ULPS` from it.  False outside that range (the interval test decides).
+    """
+    bits = x.view(np.uint64)
+    # unsigned wrap-around: the low bits within _MIDPOINT_ULPS of 2^28 map to [0, 2 _MIDPOINT_ULPS]
+    t = bits & _LOW29
+    t -= np.uint64(_MID29 - _MIDPOINT_ULPS)
+    ok = t > np.uint64(2 * _MIDPOINT_ULPS)
+    # the biased exponent in [1023 - 126, 1023 + 127), the same way
+    np.bitwise_and(bits, np.uint64(0x7FF << 52), out=t)
+    t -= np.uint64((1023 - 126) << 52)
+    ok &= t < np.uint64(253 << 52)
+    return ok
 
 
 def _rn_f32_fraction(x: Fraction) -> float:
