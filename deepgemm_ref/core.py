@@ -1798,10 +1798,6 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             parallel_chunks(rows, _tile_rows(n), epi)
 
 
-#: Rows per pool thread from which the exact model's GEMM runs in chunks on the package's pool (a
-#: one-thread BLAS each) rather than as one GEMM with the BLAS's threads.
-_POOL_GEMM_ROWS = 256
-
 _FP32_TILE = 1 << 17  # output elements per tile of the fp32 model at block 32 (a float64 block sum and a
 # float32 accumulator; blocks of 64 and more take twice as many: 512 x 512)
 _FP32_TILE_ROWS = 512  # rows per tile of the fp32 model (at most)
@@ -1993,13 +1989,9 @@ def scaled_matmul(
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
         # (see _parallel.single_threaded_blas); chunks then run on the package's pool.  Codes alone
-        # take the same road when the pool has threads and every thread gets rows enough for the
-        # BLAS at full speed: a multi-threaded BLAS would leave the conversions and certificates
-        # between its GEMMs to the pool, after and before them instead of beside them.
-        pool = num_threads()
-        rows = max(m, n) if _swap_operands(m, n, k) else m
-        pin = want_acc or want_S or (pool > 1 and rows >= pool * _POOL_GEMM_ROWS and not blas_pinned())
-        with single_threaded_blas() if pin else contextlib.nullcontext():
+        # keep the BLAS's threads: chunks of one-thread GEMMs on the pool measured slower on an
+        # idle machine (1.40x one two-thread float64 matmul against 1.16x; benchmarks/speed-table.md).
+        with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, output, fp32_block, mma_block_scaling, want_acc=want_acc)
