@@ -629,6 +629,16 @@ class Bundle:
         sha256), reading it in chunks: a file of any size, in bounded memory."""
         entry, where = self._entry(case_id)
         with open_confined(self.root, entry["file"], f"case {case_id!r}") as f:
+            # a size its tensors cannot have is refused before a byte is read (a sparse 1 TiB file)
+            size = os.fstat(f.fileno()).st_size
+            try:
+                sizes = {k: (t["dtype"], tuple(t["shape"])) for k, t in entry["tensors"].items()}
+                low, high = st.file_size_range(sizes)
+            except (st.SafetensorsError, KeyError, TypeError) as e:
+                raise BundleError(f"{where}: the manifest's tensors cannot be sized: {e}") from None
+            if not low <= size <= high:
+                raise BundleError(f"{where}: {format_size(size)}, not the size of the tensors the manifest lists "
+                                  f"({format_size(low - 8)} and a header): altered or corrupted")
             whole = hashlib.sha256()
             try:
                 digests = st.digest_fileobj(f, where, whole)  # one pass: the file's digest too

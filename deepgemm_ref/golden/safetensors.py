@@ -69,6 +69,7 @@ __all__ = [
     "StreamWriter",
     "TensorDigests",
     "digest_fileobj",
+    "file_size_range",
     "file_sha256",
     "load_bytes",
     "load_file",
@@ -766,6 +767,13 @@ def load_fileobj(f: BinaryIO, where: str = "<file>") -> dict[str, np.ndarray | P
     _, entries, buffer_size = _open_and_parse(f, where)
     buffer = _read_exact(f, buffer_size, where)
     return _decode(entries, memoryview(buffer), where)
+
+
+def file_size_range(tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> tuple[int, int]:
+    """The smallest and largest size of a safetensors file holding ``tensors`` (name -> (dtype
+    string, shape)): their bytes plus a header of 8 bytes up to 8 + :data:`MAX_HEADER_BYTES`."""
+    data = sum(_expected_nbytes(dtype, tuple(shape), name, "tensors") for name, (dtype, shape) in tensors.items())
+    return data + 8, data + 8 + MAX_HEADER_BYTES
 
 
 def digest_fileobj(f: BinaryIO, where: str = "<file>", file_hash: Any = None) -> dict[str, str]:
