@@ -62,8 +62,8 @@ def _limit_for_blocks(spec: dict[str, Any]) -> int:
     raise AssertionError(f"no limit gives row blocks for {spec}")
 
 
-#: in the default run: one dense and one grouped case of each kind, normal values (the rest: slow)
-_QUICK = {"bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_contiguous"}
+#: in the default run: one dense and one grouped case, normal values (the rest: slow)
+_QUICK = {"bf16_gemm_nt", "m_grouped_fp8_gemm_nt_masked"}
 _PARAMS = [pytest.param(kernel, profile, extra, values, id=f"{kernel}-{profile}-{values}",
                         marks=() if kernel in _QUICK and values == "normal" else pytest.mark.slow)
            for kernel, profile, extra in CASES for values in ("normal", "adversarial")]
@@ -114,6 +114,7 @@ def _same_but_s(tmp_path: Path, whole: dict[str, Any], blocks: dict[str, Any], k
         assert np.all(np.abs(a_w - a_b)[~same] <= 2 * gamma64 * np.maximum(s_w, s_b)[~same])
 
 
+@pytest.mark.slow
 def test_special_values_in_row_blocks(tmp_path: Path) -> None:
     spec = {"id": "rb", "kernel": "fp8_gemm_nt", "profile": "sm100", "m": 300, "n": 256, "k": 384,
             "values": "special", "out": "f32"}
