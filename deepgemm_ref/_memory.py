@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = ["physical_memory", "cgroup_memory_limit", "default_memory_limit", "allocation_limit",
            "limit_allocations", "work_budget", "limit_work", "WORK_FRACTION", "MIN_WORK_BUDGET", "work_progress",
@@ -72,8 +73,28 @@ _local = threading.local()
 def allocation_limit() -> int:
     """The bytes one derived allocation may take: the innermost :func:`limit_allocations`, else
     :func:`default_memory_limit`."""
-    limits = getattr(_local, "limits", None)
-    return limits[-1] if limits else default_memory_limit()
+    limit = _innermost("limits")
+    return default_memory_limit() if limit is None else int(limit)
+
+
+def _innermost(name: str) -> Any:
+    """The value the innermost :func:`_pushed` of ``name`` set in this thread, else None."""
+    stack = getattr(_local, name, None)
+    return stack[-1] if stack else None
+
+
+@contextmanager
+def _pushed(name: str, value: Any) -> Iterator[None]:
+    """Within the block (this thread), ``value`` is the innermost of the thread-local stack ``name``."""
+    stack = getattr(_local, name, None)
+    if stack is None:
+        stack = []
+        setattr(_local, name, stack)
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 @contextmanager
@@ -84,56 +105,36 @@ def limit_allocations(limit: int) -> Iterator[None]:
         from .errors import arg_error
 
         raise arg_error("limit_allocations", "limit", "a positive number of bytes", repr(limit))
-    limits = getattr(_local, "limits", None)
-    if limits is None:
-        limits = _local.limits = []
-    limits.append(limit)
-    try:
+    with _pushed("limits", limit):
         yield
-    finally:
-        limits.pop()
 
 
 def work_budget() -> int:
     """Bytes of float64 work one call may hold at once: the innermost :func:`limit_work` of this
     thread, else :func:`allocation_limit` / :data:`WORK_FRACTION`; at least
     :data:`MIN_WORK_BUDGET`."""
-    stack = getattr(_local, "work", None)
-    if stack:
-        return max(MIN_WORK_BUDGET, stack[-1])
-    return max(MIN_WORK_BUDGET, allocation_limit() // WORK_FRACTION)
+    budget = _innermost("work")
+    return max(MIN_WORK_BUDGET, allocation_limit() // WORK_FRACTION if budget is None else budget)
 
 
 @contextmanager
 def limit_work(budget: int) -> Iterator[None]:
     """Within the block (this thread), :func:`work_budget` is ``budget`` bytes (the golden workflow:
     the case's limit less its own tensors)."""
-    stack = getattr(_local, "work", None)
-    if stack is None:
-        stack = _local.work = []
-    stack.append(int(budget))
-    try:
+    with _pushed("work", int(budget)):
         yield
-    finally:
-        stack.pop()
 
 
 def work_reporter() -> Callable[[float], None] | None:
     """The callback :func:`work_progress` installed for this thread (read it in the calling thread,
     call it from any thread): ``f(share)`` with the share of the call's work done, in [0, 1]."""
-    stack = getattr(_local, "progress", None)
-    return stack[-1] if stack else None
+    fn: Callable[[float], None] | None = _innermost("progress")
+    return fn
 
 
 @contextmanager
 def work_progress(fn: Callable[[float], None]) -> Iterator[None]:
     """Within the block (this thread), long calls report the share of their work done to ``fn``
     (from any thread; ``fn`` must be thread-safe and fast)."""
-    stack = getattr(_local, "progress", None)
-    if stack is None:
-        stack = _local.progress = []
-    stack.append(fn)
-    try:
+    with _pushed("progress", fn):
         yield
-    finally:
-        stack.pop()
