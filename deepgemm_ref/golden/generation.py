@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -442,43 +442,48 @@ class _Stopped(Exception):
     """The run this (Dask) task belongs to has stopped: nothing is written."""
 
 
+@contextlib.contextmanager
+def _computing(spec: CaseSpec, limit: int) -> Iterator[tuple[BuiltCase, int, Mapping[str, int] | None]]:
+    """Build a case and hold what computing its golden runs under: its own settings (isolated(): its
+    profile, numerics options and runtime settings, so runs in several threads are independent),
+    the run's memory limit for the kernels' allocation guard, the work budget its own tensors
+    leave for the core's streaming work, and the core's scratch memory released at the end (a
+    case's peak is its own, as estimated).  Yields the built case, its rows per block and the
+    inputs' row axes (None: computed whole; see :mod:`.rowblocks`)."""
+    with isolated():
+        built = build_case(spec, max_memory=limit)
+        est = estimate_case(spec, limit)
+        fam = family_for(spec)
+        block = est.row_block if est is not None else 0
+        axes = fam.row_split(built) if block and fam.row_split is not None else None
+        work = limit_work(work_room(limit, est.own_bytes)) if est is not None and est.own_bytes \
+            else contextlib.nullcontext()
+        try:
+            with limit_allocations(limit), work:
+                yield built, block, axes
+        finally:
+            release_scratch()
+
+
 def generate_case(spec: CaseSpec, workdir: Path, overwrite: bool, max_memory: int | None = None,
                   token: str | None = None, guard: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Build one case, compute its golden, write its file; returns its manifest entry.
 
     guard: a context manager factory around writing the file and making its entry (generation in
     this process defers a signal there, so that a written file is always recorded)."""
-    # isolated(): what the case depends on (its profile, the numerics options, the runtime
-    # settings) is its own, so runs in several threads at once are independent.
-    with isolated():
-        built = build_case(spec, max_memory=max_memory)
-        # The kernels' own allocation guard follows the run's limit (--max-memory), not its default;
-        # the core's streaming work gets what the case's own tensors leave of it.
-        limit = default_memory_limit() if max_memory is None else max_memory
-        est = estimate_case(spec, limit)
-        work = limit_work(work_room(limit, est.own_bytes)) \
-            if est is not None and est.own_bytes else contextlib.nullcontext()
-        fam = family_for(spec)
-        axes = fam.row_split(built) if est is not None and est.row_block and fam.row_split is not None else None
-        try:
-            with limit_allocations(limit), work:
-                if axes is not None:  # too large to hold whole: a block of output rows at a time
-                    assert est is not None
+    limit = default_memory_limit() if max_memory is None else max_memory
+    with _computing(spec, limit) as (built, block, axes):
+        if axes is not None:  # too large to hold whole: a block of output rows at a time
 
-                    def commit(finish: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-                        if token is not None and not (workdir / CASES_DIR / token).exists():
-                            raise _Stopped(spec.id)
-                        with (guard or contextlib.nullcontext)():
-                            return finish()
+            def commit(finish: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+                if token is not None and not (workdir / CASES_DIR / token).exists():
+                    raise _Stopped(spec.id)
+                with (guard or contextlib.nullcontext)():
+                    return finish()
 
-                    return write_case_in_row_blocks(built, axes, est.row_block, workdir, overwrite,
-                                                    {"case": spec.id, "format": FORMAT_NAME}, commit,
-                                                    stats_clean=_json_clean)
-                golden, stats = compute_golden(built)
-        finally:
-            # The core's scratch memory is for calls in a row: a case starts with none of the
-            # previous case's (its peak is its own, as estimated).
-            release_scratch()
+            return write_case_in_row_blocks(built, axes, block, workdir, overwrite,
+                                            {"case": spec.id, "format": FORMAT_NAME}, commit, stats_clean=_json_clean)
+        golden, stats = compute_golden(built)
     if token is not None and not (workdir / CASES_DIR / token).exists():
         raise _Stopped(spec.id)
     return write_case(built, golden, stats, workdir, overwrite, guard)
@@ -1431,21 +1436,10 @@ def verify(root: str | os.PathLike[str], *, regenerate: bool = False, progress: 
 def _regenerated_digests(spec: CaseSpec, limit: int) -> dict[str, str]:
     """Every tensor's sha256 of the case computed again as generation computes it under ``limit``
     (in row blocks where its estimate says so: nothing is held whole that generation did not)."""
-    with isolated():
-        built = build_case(spec, max_memory=limit)
-        est = estimate_case(spec, limit)
-        fam = family_for(spec)
-        axes = fam.row_split(built) if est is not None and est.row_block and fam.row_split is not None else None
-        work = limit_work(work_room(limit, est.own_bytes)) if est is not None and est.own_bytes \
-            else contextlib.nullcontext()
-        try:
-            with limit_allocations(limit), work:
-                if axes is not None:
-                    assert est is not None
-                    return digests_in_row_blocks(built, axes, est.row_block)
-                golden, _ = compute_golden(built)
-        finally:
-            release_scratch()
+    with _computing(spec, limit) as (built, block, axes):
+        if axes is not None:
+            return digests_in_row_blocks(built, axes, block)
+        golden, _ = compute_golden(built)
     fresh = {f"input.{k}": v for k, v in built.inputs.items()}
     fresh.update({f"golden.{k}": v for k, v in golden.items()})
     return {k: st.tensor_sha256(v) for k, v in fresh.items()}
