@@ -32,7 +32,7 @@ import math
 import os
 import platform
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -147,9 +147,15 @@ def _numerics_record() -> dict[str, Any]:
 def tensor_entry(x: Any) -> dict[str, Any]:
     """A tensor's manifest record: safetensors dtype, logical shape and sha256."""
     if isinstance(x, st.PackedFP4):
-        return {"dtype": st.F4, "shape": list(x.shape), "sha256": st.tensor_sha256(x)}
+        return tensor_record(st.F4, x.shape, st.tensor_sha256(x))
     arr = np.asarray(x)
-    return {"dtype": st.NUMPY_TO_SAFETENSORS[arr.dtype], "shape": list(arr.shape), "sha256": st.tensor_sha256(arr)}
+    return tensor_record(st.NUMPY_TO_SAFETENSORS[arr.dtype], arr.shape, st.tensor_sha256(arr))
+
+
+def tensor_record(dtype: str, shape: Iterable[int], sha256: str) -> dict[str, Any]:
+    """The manifest record of a tensor of safetensors ``dtype`` and ``shape`` whose
+    :func:`.safetensors.tensor_sha256` is ``sha256`` (:func:`tensor_entry` of a tensor held whole)."""
+    return {"dtype": dtype, "shape": [int(n) for n in shape], "sha256": sha256}
 
 
 def case_entry(built: BuiltCase, tensors: Mapping[str, Any], file_sha: str, stats: Mapping[str, Any], *,
@@ -542,13 +548,6 @@ def open_confined(root: Path, rel: str, what: str) -> BinaryIO:
     return open_regular(path, what, error=BundleError, follow=False)
 
 
-def _sha256_of(f: BinaryIO) -> str:
-    h = hashlib.sha256()
-    while chunk := f.read(1 << 20):
-        h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class CaseData:
     """One case of a loaded bundle: its manifest entry and verified tensors."""
@@ -661,7 +660,7 @@ class Bundle:
     @staticmethod
     def _check_file(f: BinaryIO, entry: Mapping[str, Any], where: str) -> None:
         """The file's sha256 against the manifest's; leaves ``f`` at its start."""
-        if _sha256_of(f) != entry["file_sha256"]:
+        if st.fileobj_sha256(f) != entry["file_sha256"]:
             raise BundleError(f"{where}: sha256 differs from the manifest (altered or corrupted)")
         f.seek(0)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .._memory import work_progress, work_reporter
 from . import safetensors as st
-from .bundle import BundleError, case_entry, case_relpath
+from .bundle import BundleError, case_entry, case_relpath, tensor_record
 from .call import compute_golden
 from .cases import BuiltCase
 
@@ -140,7 +140,7 @@ def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: i
         done = writer
 
         def finish() -> dict[str, Any]:
-            entries = {k: {"dtype": st.NUMPY_TO_SAFETENSORS[dt], "shape": list(shape), "sha256": done.tensor_sha256(k)}
+            entries = {k: tensor_record(st.NUMPY_TO_SAFETENSORS[dt], shape, done.tensor_sha256(k))
                        for k, (dt, shape) in done.layout.items()}
             done.commit()
             return case_entry(built, {}, st.file_sha256(path), stats_clean(stats), entries=entries)

@@ -71,6 +71,7 @@ __all__ = [
     "digest_fileobj",
     "file_size_range",
     "file_sha256",
+    "fileobj_sha256",
     "load_bytes",
     "load_file",
     "load_fileobj",
@@ -393,8 +394,7 @@ class TensorDigests:
             shape = tuple(int(s) for s in shape)
             self._entries.append((name, code, shape, int(math.prod(shape)) * dtype.itemsize))
             self._dtype[name], self._shape[name] = dtype, shape
-            prefix = json.dumps({"dtype": code, "shape": list(shape)}, sort_keys=True, separators=(",", ":"))
-            self._sha[name] = hashlib.sha256(prefix.encode("ascii") + b"\n")
+            self._sha[name] = _tensor_digest(code, shape)
         self._next = {name: 0 for name in self._shape}
 
     @property
@@ -788,14 +788,12 @@ def digest_fileobj(f: BinaryIO, where: str = "<file>", file_hash: Any = None) ->
         file_hash.update(_read_exact(f, data_start, where))
     out: dict[str, str] = {}
     for e in sorted(entries, key=lambda e: e.begin):  # they tile the data: every byte once, in order
-        prefix = json.dumps({"dtype": e.dtype, "shape": list(e.shape)}, sort_keys=True, separators=(",", ":"))
-        h = hashlib.sha256(prefix.encode("ascii"))
-        h.update(b"\n")
+        h = _tensor_digest(e.dtype, e.shape)
         f.seek(data_start + e.begin)
         left = e.end - e.begin
         while left:
             chunk = _read_exact(f, min(left, _CHUNK), where)
-            if e.dtype == "BOOL" and chunk and max(chunk) > 1:
+            if e.dtype == "BOOL" and chunk and int(np.frombuffer(chunk, np.uint8).max()) > 1:
                 raise SafetensorsError(f"{where}: tensor {e.name!r}: BOOL data holds bytes other than 0 and 1")
             h.update(chunk)
             if file_hash is not None:
@@ -819,17 +817,26 @@ def tensor_sha256(x: np.ndarray | PackedFP4) -> str:
     a tensor before saving and after loading, independent of strides and of the file it is in.
     """
     dtype, shape, raw = _raw_bytes(x, "tensor_sha256: x")
-    prefix = json.dumps({"dtype": dtype, "shape": list(shape)}, sort_keys=True, separators=(",", ":"))
-    h = hashlib.sha256(prefix.encode("ascii"))
-    h.update(b"\n")
+    h = _tensor_digest(dtype, shape)
     h.update(raw.data)
     return h.hexdigest()
 
 
+def _tensor_digest(dtype: str, shape: tuple[int, ...]) -> Any:
+    """A SHA-256 object fed the prefix of :func:`tensor_sha256`'s encoding (its raw bytes follow)."""
+    prefix = json.dumps({"dtype": dtype, "shape": list(shape)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(prefix.encode("ascii") + b"\n")
+
+
 def file_sha256(path: PathLike) -> str:
     """Hex SHA-256 of the bytes of the file ``path``."""
-    h = hashlib.sha256()
     with _open_file(path) as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+        return fileobj_sha256(f)
+
+
+def fileobj_sha256(f: BinaryIO) -> str:
+    """Hex SHA-256 of the rest of the open binary file ``f``, read in chunks."""
+    h = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
     return h.hexdigest()
