@@ -99,8 +99,9 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     src = batch * (rows + cols) * depth
     outs = batch * rows * cols
     file = tensor_bytes((src, in_bytes), (outs, out_bytes + 17)) + int(extra)
-    per_elem = out_bytes + 17 + (2 if out_bytes <= 2 else 4)
-    own = file + outs * (2 if out_bytes <= 2 else 4)
+    codes = 2 if out_bytes <= 2 else 4  # the core's output codes per element
+    per_elem = out_bytes + 17 + codes  # an output element's own bytes: file tensors and codes
+    own = file + outs * codes
     limit = allocation_limit()
     lead, per_lead = (batch * rows, cols * per_elem) if split == "rows" else (batch, rows * cols * per_elem)
     block = row_block(int(lead), own - lead * per_lead, per_lead, limit, align) if split else 0
