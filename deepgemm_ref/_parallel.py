@@ -9,6 +9,7 @@ row-wise operations.  ``DEEPGEMM_REF_NUM_THREADS`` caps the pool (default: the C
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -57,26 +58,47 @@ def _get_pool(n: int) -> ThreadPoolExecutor:
 
 
 def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> None:
-    """Call ``fn(start, stop)`` for consecutive chunks of ``range(total)``, in parallel."""
+    """Call ``fn(start, stop)`` for consecutive chunks of ``range(total)``, in parallel.
+
+    One task per pool thread (at most one per chunk) takes the next chunk from a shared counter
+    until none is left: a call costs a few task hand-overs whatever its number of chunks (a
+    task per chunk cost tens of microseconds each, which small in-cache tiles do not repay).
+    Every chunk runs on a pool thread, as before; the first error (in chunk order) is raised
+    once every task has stopped, and no chunk starts after one has failed.
+    """
     chunk = max(1, chunk)
     bounds = [(i, min(total, i + chunk)) for i in range(0, total, chunk)]
-    n = num_threads()
+    n = min(num_threads(), len(bounds))
     # Nested use (a chunk function that itself parallelises) runs inline.
-    if n == 1 or len(bounds) <= 1 or getattr(_local, "inside", False):
+    if n <= 1 or getattr(_local, "inside", False):
         for b in bounds:
             fn(*b)
         return
 
-    def run(b: tuple[int, int]) -> None:
+    taken = itertools.count()  # next() on it is atomic: each chunk is taken exactly once
+    failed: list[tuple[int, BaseException]] = []
+
+    def run() -> None:
         _local.inside = True
         try:
-            fn(*b)
+            while not failed:
+                i = next(taken)
+                if i >= len(bounds):
+                    return
+                try:
+                    fn(*bounds[i])
+                except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+                    failed.append((i, e))
+                    return
         finally:
             _local.inside = False
 
     task = _state.propagate(run)  # an isolated settings block's values travel to the pool's threads
-    for f in [_get_pool(n).submit(task, b) for b in bounds]:
+    pool = _get_pool(num_threads())
+    for f in [pool.submit(task) for _ in range(n)]:
         f.result()
+    if failed:
+        raise min(failed, key=lambda x: x[0])[1]
 
 
 _pinned = 0

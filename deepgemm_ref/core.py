@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -208,6 +209,25 @@ def _decode_table(fmt: fm.Format) -> np.ndarray:
     if t is None:
         t = fm.decode(np.arange(256), fmt) if fmt.bits == 8 else fm.decode(np.arange(256) & 0xF, fmt)
         _TABLES[fmt.name] = t
+    return t
+
+
+#: Pairs of codes read as one little-endian uint16 (the first code in the low byte).
+_PAIRS_OK = sys.byteorder == "little"
+_PAIR_TABLES: dict[str, np.ndarray] = {}
+
+
+def _pair_table(fmt: fm.Format) -> np.ndarray:
+    """complex128 (2^16,): entry ``lo + 256 hi`` holds the values of codes ``lo`` and ``hi`` as its
+    (real, imaginary) float64 pair, so that one lookup decodes two adjacent codes (1 MiB a format)."""
+    t = _PAIR_TABLES.get(fmt.name)
+    if t is None:
+        single = _decode_table(fmt)
+        idx = np.arange(1 << 16)
+        pairs = np.empty((1 << 16, 2))
+        pairs[:, 0] = single[idx & 0xFF]
+        pairs[:, 1] = single[idx >> 8]
+        t = _PAIR_TABLES[fmt.name] = pairs.view(np.complex128).reshape(-1)
     return t
 
 
@@ -596,8 +616,14 @@ def _decode_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
     """Unscaled element values of rows [r0, r1) of ``op`` into the float64 array ``out``."""
     v = op.values[r0:r1]
     fmt = op.codes_fmt or _BYTE_FORMATS.get(v.dtype)
-    if fmt is not None:  # one-byte formats: a 256-entry table
-        np.take(_decode_table(fmt), v.view(np.uint8), out=out, mode="clip")
+    if fmt is not None:  # one-byte formats: a table lookup
+        codes = v.view(np.uint8)
+        if (_PAIRS_OK and codes.ndim == 2 and codes.shape[1] % 2 == 0 and codes.flags.c_contiguous
+                and out.flags.c_contiguous):
+            # two codes at once: a 2^16-entry table of value pairs (one lookup per two elements)
+            np.take(_pair_table(fmt), codes.view(np.uint16), out=out.view(np.complex128), mode="clip")
+        else:
+            np.take(_decode_table(fmt), codes, out=out, mode="clip")
     else:
         # bfloat16 (ml_dtypes' cast: the same bits as widening the top half of a float32, NaN
         # payloads included, about 1.4x faster than the shift), float16, float32 and float64
@@ -621,18 +647,47 @@ def _scale_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
         out[:, full * blk:] *= s[:, full:full + 1]
 
 
+def _norm_bounds(sumsq: np.ndarray, k: int) -> np.ndarray:
+    """Upper bounds of 2-norms from float64 sums of squares of K values (squares that underflow
+    lose at most 2^-1075 each: the floor keeps the bound rigorous)."""
+    return np.sqrt(sumsq) * (1 + 2 * gamma(k + 2)) + math.sqrt(k) * 2.0**-537
+
+
 def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True,
-             scaled_norms: bool = True, want_norms: bool = True) -> tuple[np.ndarray, np.ndarray]:
+             scaled_norms: bool = True, want_norms: bool = True,
+             norms: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rows [r0, r1) of ``op`` as float64 into ``out`` (C-contiguous (rows, K)), tile by tile on the
     package's pool, with the rows' norms from the values just written (no second conversion).
 
     Returns (upper bounds of the 2-norms of the *scaled* rows, whether each row is finite).
     ``scaled=False`` writes the unscaled elements (their scaled norms are still returned unless
     ``scaled_norms`` is False).  ``want_norms=False``: the values alone (two empty arrays returned).
+    ``norms``: upper bounds known already (:func:`_scale_norm_bounds`, scaled values): they are
+    returned as they are, and the pass over the values only finds the non-finite rows (a row sum
+    of values whose magnitudes are bounded is finite exactly when every value is).
     """
     rows, k = out.shape
     sumsq = np.empty(rows)
     with_scales = op.scales is not None and scaled_norms and not scaled
+    if norms is not None:
+        assert scaled
+        row_sum = np.empty(rows)
+
+        def checked(t0: int, t1: int) -> None:
+            o = out[t0:t1]
+            with np.errstate(over="ignore", invalid="ignore"):
+                _decode_into(op, r0 + t0, r0 + t1, o)
+                _scale_into(op, r0 + t0, r0 + t1, o)
+                np.add.reduce(o, axis=1, out=row_sum[t0:t1])
+
+        parallel_chunks(rows, _tile_rows(k), checked)
+        finite = np.isfinite(row_sum)
+        if not finite.all():  # the norms of the values themselves, as below (NaN or inf)
+            bad = np.flatnonzero(~finite)
+            norms = norms.copy()
+            with np.errstate(over="ignore", invalid="ignore"):
+                norms[bad] = _norm_bounds(np.einsum("ij,ij->i", out[bad], out[bad]), k)
+        return norms, finite
     if not want_norms:
         def values(t0: int, t1: int) -> None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -658,14 +713,53 @@ def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True
 
     parallel_chunks(rows, _tile_rows(k), tile)
     with np.errstate(over="ignore", invalid="ignore"):
-        # squares that underflow lose at most 2^-1075 each: the floor keeps the bound rigorous
-        norms = np.sqrt(sumsq) * (1 + 2 * gamma(k + 2)) + math.sqrt(k) * 2.0**-537
+        norms = _norm_bounds(sumsq, k)
     finite = np.isfinite(norms)
     if not finite.all():  # a huge finite row can overflow its sum of squares: look at the values
         for i in np.flatnonzero(~finite):
             finite[i] = bool(np.isfinite(out[i]).all()) if (scaled or not with_scales) else \
                 bool(np.isfinite(op.rows(r0 + i, r0 + i + 1)).all())
     return norms, finite
+
+
+def _scale_norm_bounds(op: Operand, r0: int, r1: int) -> np.ndarray | None:
+    """Upper bounds of the 2-norms of the scaled rows [r0, r1) from the scales alone, for element
+    formats with a largest finite magnitude (FP8, FP4; None for the others).
+
+    Every finite element of block ``j`` is at most ``max * s_j`` in magnitude and a block holds at
+    most ``block`` elements, so ``|row|_2 <= max * sqrt(block * sum_j s_j^2)`` over the finite
+    elements; the float64 evaluation (a sum of ``nb`` terms, a square root and two products) is
+    covered by the factor ``1 + 2 gamma(nb + 4)``.
+    """
+    fmt = op.codes_fmt or _BYTE_FORMATS.get(op.values.dtype)
+    if fmt is None:
+        return None
+    k = op.shape[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        if op.scales is None:
+            return np.full(r1 - r0, fmt.max * math.sqrt(k) * (1 + 2 * gamma(4)))
+        s = op.scales[r0:r1]
+        per_block = min(op.block, k) if op.block else k
+        sq = np.einsum("ij,ij->i", s, s)
+        return fmt.max * np.sqrt(per_block * sq) * (1 + 2 * gamma(s.shape[1] + 4))
+
+
+def _exact_by_scales(a: Operand, b: Operand, qa: _Quanta, qb: _Quanta) -> bool:
+    """Whether the exactness certificate holds for every element from the scales alone (power-of-two
+    scales, fixed-quantum formats): the largest ``|a_m|_2 2^-qa[m]`` times the largest
+    ``|b_n|_2 2^-qb[n]``, with the norms bounded by :func:`_scale_norm_bounds`, is below 2^53.
+    The float64 GEMM is then exact for every finite element, and the values need no norm pass."""
+    if not (a.pow2_scales and b.pow2_scales) or a.fixed_quantum is None or b.fixed_quantum is None:
+        return False
+    m, n = a.shape[0], b.shape[0]
+    na, nb = _scale_norm_bounds(a, 0, m), _scale_norm_bounds(b, 0, n)
+    if na is None or nb is None or m == 0 or n == 0:
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        ra = float(np.max(na * np.exp2(-qa.q)))
+        rb = float(np.max(nb * np.exp2(-qb.q)))
+        top = float(sum_upper_bound(np.asarray(ra * rb), 2))
+    return bool(top < 2.0**53)
 
 
 def _gather(op: Operand, idx: np.ndarray) -> np.ndarray:
@@ -1214,12 +1308,16 @@ class _Gemm:
         n = b.shape[0]
         self.pow2 = a.pow2_scales and b.pow2_scales
         self.blk = math.gcd(a.block or k, b.block or k) if blocked else 0
+        self.qa, self.qb = _Quanta(a), _Quanta(b)
+        # power-of-two scales on FP8 / FP4 elements: the norms from the scales usually certify
+        # every element exact, and the conversions then only look for non-finite rows
+        self.by_scales = not blocked and _exact_by_scales(a, b, self.qa, self.qb)
         self.b64 = self._b_buf = _scratch_take((n, k))
-        self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked)
+        self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked,
+                                              norms=_scale_norm_bounds(b, 0, n) if self.by_scales else None)
         finite_norms = self.b_norm[self.b_finite]
         self.b_max = float(finite_norms.max()) if finite_norms.size else 0.0
         self.sb_blk = b.block_scales(0, n, self.blk) if blocked else None
-        self.qa, self.qb = _Quanta(a), _Quanta(b)
         self._buffers: list[tuple[np.ndarray, np.ndarray]] = []
         self._lock = threading.Lock()
         # progress of a long call (the golden workflow's lines inside one case): read here, in the
@@ -1279,7 +1377,8 @@ class _Gemm:
         try:
             a64, y = bufs[0][:r1 - r0], bufs[1][:r1 - r0]
             with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked)
+                a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked,
+                                         norms=_scale_norm_bounds(a, r0, r1) if self.by_scales else None)
                 n_round = self._multiply(a64, r0, r1, y)
             all_exact = False
             if self.pow2 and a.fixed_quantum is not None and self.b.fixed_quantum is not None:

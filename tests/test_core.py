@@ -395,3 +395,117 @@ def test_bf16_decode_gives_the_bits_of_widening_the_top_half_of_a_float32():
         core._decode_into(core.Operand(codes.view(ml_dtypes.bfloat16)), 0, 256, out)
         want = (codes.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     assert np.array_equal(out.view(np.uint64), want.view(np.uint64))
+
+
+@pytest.mark.parametrize("fmt", [fm.E4M3, fm.E5M2, fm.E2M1])
+def test_byte_decode_two_codes_at_a_time_gives_the_bits_of_one_at_a_time(fmt):
+    """The pair table (two adjacent codes per lookup) against the 256-entry table, bit for bit
+    (NaN payloads, -0, infinities, E2M1's ignored high nibble), for every pair of codes, and the
+    odd-K / strided operands that keep the one-code path."""
+    pairs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    codes = pairs.view(np.uint8).reshape(256, 512)  # rows of code pairs: every (lo, hi) once
+    values = codes if fmt is fm.E2M1 else codes.view({fm.E4M3: E4M3, fm.E5M2: ml_dtypes.float8_e5m2}[fmt])
+    op = core.Operand(values, None, 0, codes_fmt=fmt if fmt is fm.E2M1 else None)
+    want = np.take(core._decode_table(fmt), codes)
+    got = np.empty((256, 512))
+    core._decode_into(op, 0, 256, got)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    odd = core.Operand(values[:, :511], None, 0, codes_fmt=op.codes_fmt)  # odd K, strided rows
+    got_odd = np.empty((256, 511))
+    core._decode_into(odd, 0, 256, got_odd)
+    assert np.array_equal(got_odd.view(np.uint64), want[:, :511].view(np.uint64))
+
+
+@pytest.mark.parametrize("fmt", [fm.E4M3, fm.E5M2, fm.E2M1])
+def test_norm_bounds_from_the_scales_bound_every_finite_row(fmt):
+    """|row|_2 of the scaled finite values <= the bound from the scales alone, with the largest
+    magnitudes everywhere (the bound's worst case), random codes and partial last blocks."""
+    rng = np.random.default_rng(5)
+    k, blk = 200, 32  # 7 blocks, the last one of 8 elements
+    table = core._decode_table(fmt)
+    finite = np.flatnonzero(np.isfinite(table[:16] if fmt is fm.E2M1 else table))
+    top = finite[np.argmax(np.abs(table[finite]))]
+    codes = rng.choice(finite, (6, k)).astype(np.uint8)
+    codes[0] = top
+    scales = np.exp2(rng.integers(-40, 40, (6, -(-k // blk)))).astype(np.float64)
+    values = codes if fmt is fm.E2M1 else codes.view({fm.E4M3: E4M3, fm.E5M2: ml_dtypes.float8_e5m2}[fmt])
+    op = core.Operand(values, scales, blk, codes_fmt=fmt if fmt is fm.E2M1 else None)
+    bound = core._scale_norm_bounds(op, 0, 6)
+    for i in range(6):
+        exact = sum(ref.F(float(v)) ** 2 for v in op.rows(i, i + 1)[0])
+        assert ref.F(float(bound[i])) ** 2 >= exact
+    # the all-largest row is within a few ulps of its bound: the bound is not loose by construction
+    assert float(bound[0]) <= np.sqrt(np.sum(op.rows(0, 1) ** 2)) * 1.5
+    assert core._scale_norm_bounds(core.Operand(rng.standard_normal((2, 8)).astype(BF16)), 0, 2) is None
+
+
+@pytest.mark.parametrize("nan_row", [None, 3])
+def test_exactness_from_the_scales_gives_the_codes_of_the_norm_pass(nan_row, monkeypatch):
+    """FP8 with UE8M0 scales: the certificate from the scales alone (no norm pass) and the one
+    from the values' norms give the same bytes (codes, accumulator, S) and the same finiteness,
+    NaN rows included; with scales too far apart the scales' bound does not certify and the
+    values' norms are used."""
+    a, b, _, _ = _fp8_operands(40, 24, 256, 21)
+    if nan_row is not None:
+        vals = a.values.copy()
+        vals.view(np.uint8)[nan_row, 17] = 0x7F  # E4M3 NaN
+        a = core.Operand(vals, a.scales, a.block)
+    assert core._exact_by_scales(a, b, core._Quanta(a), core._Quanta(b))
+    out = core.OutputStage(fm.BF16)
+    fast = core.scaled_matmul(a, b, out, want_acc=True, want_S=True)
+    fast_acc = core.exact_accumulator(a, b)
+    monkeypatch.setattr(core, "_exact_by_scales", lambda *args: False)
+    slow = core.scaled_matmul(a, b, out, want_acc=True, want_S=True)
+    slow_acc = core.exact_accumulator(a, b)
+    for x, y in ((fast.out, slow.out), (fast.acc, slow.acc), (fast.S, slow.S), (fast_acc.acc, slow_acc.acc),
+                 (fast_acc.err, slow_acc.err), (fast_acc.finite, slow_acc.finite)):
+        assert np.array_equal(np.ascontiguousarray(x).view(np.uint8), np.ascontiguousarray(y).view(np.uint8))
+    assert fast_acc.all_exact == slow_acc.all_exact == (nan_row is None)
+    wide = core.Operand(a.values, a.scales * np.exp2(np.arange(2)[None, :] * 30), a.block)
+    assert not core._exact_by_scales(wide, b, core._Quanta(wide), core._Quanta(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# The thread pool's chunks
+# ---------------------------------------------------------------------------------------------
+
+def test_parallel_chunks_run_every_chunk_once_on_the_pool_and_raise_the_first_error(monkeypatch):
+    """One task per thread takes chunks from a shared counter: every chunk runs exactly once, on
+    a pool thread (nested calls inline), and the error of the lowest failing chunk is raised after
+    every task stopped."""
+    import threading
+
+    from deepgemm_ref import _parallel
+
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "3")
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    main = threading.get_ident()
+    nested: list[bool] = []
+
+    def fn(t0: int, t1: int) -> None:
+        assert threading.get_ident() != main
+        inner: list[int] = []
+        _parallel.parallel_chunks(4, 1, lambda u0, u1: inner.append(threading.get_ident()))
+        with lock:
+            seen.append((t0, t1))
+            nested.append(set(inner) == {threading.get_ident()})
+
+    _parallel.parallel_chunks(103, 10, fn)
+    assert sorted(seen) == [(i, min(103, i + 10)) for i in range(0, 103, 10)] and all(nested)
+
+    started: list[int] = []
+
+    def failing(t0: int, t1: int) -> None:
+        with lock:
+            started.append(t0)
+        if t0 in (30, 50):
+            raise ValueError(f"chunk {t0}")
+
+    with pytest.raises(ValueError, match="chunk 30"):
+        _parallel.parallel_chunks(1000, 10, failing)
+    assert len(started) < 100  # no chunk starts once one has failed (at most one per thread after it)
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "1")
+    order: list[int] = []
+    _parallel.parallel_chunks(5, 2, lambda t0, t1: order.append(t0))
+    assert order == [0, 2, 4]
