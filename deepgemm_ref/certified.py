@@ -144,6 +144,28 @@ def _ends(y: np.ndarray, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+#: Open elements on which :func:`round_certified` with ``probe`` first tries the per-element test.
+_PROBE = 256
+
+
+def _decides_some(estimate: np.ndarray, pending: np.ndarray, count: int, bound: Bound, rounding: Rounding,
+                  final: np.ndarray | Callable[[Points], np.ndarray] | None) -> bool:
+    """Whether the per-element test (then ``final``) decides at least a quarter of ``_PROBE`` of the
+    ``count`` open elements, evenly spaced."""
+    at = np.nonzero(pending)
+    pick = np.linspace(0, count - 1, _PROBE).astype(np.intp)
+    sample = tuple(i[pick] for i in at)
+    err = bound(sample) if callable(bound) else bound[sample]
+    lo, hi = _ends(estimate[sample], err)
+    same = rounding.points(lo, sample) == rounding.points(hi, sample)
+    if callable(final) and not same.all():
+        rest = tuple(i[~same] for i in sample)
+        decided = int(np.count_nonzero(same)) + int(np.count_nonzero(final(rest)))
+    else:
+        decided = int(np.count_nonzero(same))
+    return 4 * decided >= _PROBE
+
+
 def round_certified(
     estimate: np.ndarray,
     bound: Bound,
@@ -152,6 +174,7 @@ def round_certified(
     final: np.ndarray | Callable[[Points], np.ndarray] | None = None,
     fallback: Callable[[Points], np.ndarray] | None = None,
     margin: np.ndarray | float | None = None,
+    probe: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Output codes of exact values known through an estimate and an error bound.
 
@@ -170,6 +193,12 @@ def round_certified(
               everywhere, for the cheap margin certificate (the module docstring) of a rounding
               that has ``margin(x, err) -> (codes, certified)``; only the elements it leaves
               open take the per-element test with ``bound``.
+    probe:    with ``margin``: when the margin test leaves more than half of the elements open,
+              first try the per-element test (and ``final``) on ``_PROBE`` of them, evenly
+              spaced; if it decides fewer than a quarter, every open element goes to the
+              fallback untested.  For callers whose fallback gives every element its exact
+              code (the codes are the same either way; only which certificate decided differs,
+              and with it any value a caller stores per certificate).
 
     Returns ``(codes, pending)``: the codes (the rounding's dtype, ``y``'s shape) and the bool mask
     of the elements the certificate left to the fallback.  Without ``margin``, when more than 1/8
@@ -184,6 +213,9 @@ def round_certified(
             if final is not None and not callable(final):
                 pending &= ~final
             count = int(np.count_nonzero(pending))
+            if probe and count > max(pending.size // 2, _PROBE) and not _decides_some(
+                    estimate, pending, count, bound, rounding, final):
+                count = 0  # the per-element test would decide few: every open element to the fallback
         else:
             if callable(final):
                 raise TypeError("round_certified: a callable final needs a margin")

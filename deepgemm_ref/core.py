@@ -1748,8 +1748,10 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
             def final(at: Points) -> np.ndarray:
                 return gemm.final(ch, (at[0] + t0, at[1]))
 
+            # codes alone: elements no per-element test decides go to the exact tier untested
+            # (the same codes; with an accumulator its values follow the certificate that decided)
             codes, pending = round_certified(yt, bound, _RowsRounding(ep, g0, g1), final=final,
-                                             margin=gemm.row_bound(ch, t0, t1))
+                                             margin=gemm.row_bound(ch, t0, t1), probe=acc is None)
             out_codes[g0:g1] = codes
             if pending.any():
                 pr, pc = np.nonzero(pending)

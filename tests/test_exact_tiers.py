@@ -704,3 +704,33 @@ def test_sliced_tier_shortcuts_give_the_bytes_of_the_dense_tier(fill, monkeypatc
     for field_ in ("parts", "low", "columns", "norms"):
         for p, q in zip(getattr(fast_split, field_), getattr(dense_split, field_), strict=True):
             assert np.array_equal(p, q), field_
+
+
+@pytest.mark.parametrize("fill", ["cancel", "random"])
+def test_codes_alone_skip_the_per_element_test_where_a_probe_says_it_decides_few(fill, monkeypatch):
+    """Codes without an accumulator: where the margin test leaves most elements open and a probe
+    of the per-element test decides few of them, all go to the exact tier untested; the codes
+    are those of every element tested (bit for bit), and with an accumulator nothing changes."""
+    av, bv = tie_cancel_breaker(64, 48, 301, seed=3, fill=fill)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    ep = core.OutputStage(fm.BF16)
+    probed = core.scaled_matmul(a, b, ep)
+    with_acc = core.scaled_matmul(a, b, ep, want_acc=True)
+    calls: list[bool] = []
+    real = certified._decides_some
+
+    def spy(*args: object) -> bool:
+        calls.append(real(*args))  # type: ignore[arg-type]
+        return True  # as if the probe said the per-element test pays: every open element tested
+
+    monkeypatch.setattr(certified, "_decides_some", spy)
+    tested = core.scaled_matmul(a, b, ep)
+    assert np.array_equal(_codes(probed.out), _codes(tested.out))
+    assert np.array_equal(_codes(probed.out), _codes(with_acc.out))
+    if fill == "cancel":  # every element open after the margin test: the probe ran and said "few"
+        assert calls and not any(calls)
+        assert probed.stats.get("bounded", 0) <= tested.stats.get("bounded", 0)
+    probes = len(calls)
+    again = core.scaled_matmul(a, b, ep, want_acc=True)  # no probe with an accumulator
+    assert np.array_equal(again.acc.view(np.uint64), with_acc.acc.view(np.uint64))
+    assert len(calls) == probes
