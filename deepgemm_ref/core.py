@@ -499,10 +499,12 @@ class MatmulResult:
 # The exact model
 # ----------------------------------------------------------------------------------------------
 
-#: Elements per tile of the passes beside the GEMMs (conversion, certificates, epilogue): small
-#: enough that a tile and its temporaries stay in the core's cache, large enough that NumPy's
-#: per-call overhead is small.  Tiles run on the package's thread pool.
-_TILE = 1 << 15
+#: Elements per tile of the passes beside the GEMMs (certificates, epilogue, error scale): small
+#: enough that a tile and its temporaries stay in the caches, large enough that NumPy's per-call
+#: overhead is small and that two pool threads seldom wait for each other's GIL hand-overs (one
+#: NumPy pass over 2^15 elements takes a few microseconds, about one hand-over:
+#: benchmarks/bench_threads.py).  Tiles run on the package's thread pool.
+_TILE = 1 << 17
 #: Elements per tile of the operand conversions (decode, scale and a reduction per row, no
 #: temporaries): larger, since two pool threads on tiles of 2^15 elements mostly wait for each
 #: other's GIL hand-overs (a bf16 (4096, 4096) operand: 22 ms at two threads against 9.5 ms with
@@ -1129,18 +1131,14 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     if len(terms) == 1:  # TwoSum(0, v) = (v + 0, +0) and TwoSum(0, +0) = (+0, +0)
                         run_s = v + 0.0
                         continue
-                    run_s, r = two_sum(run_s, v)
-                    run_e, q = two_sum(run_e, r)
-                    np.abs(q, out=q)
-                    tail += q
+                    _accumulate(run_s, run_e, tail, v)
             if level < last and full:
                 continue
             if level < last and live.size >= _PROBE_MIN and not _level_decides(
                     sa, sb, pa[live], pb[live], ep, rows[live], cols[live], run_s, run_e, tail, len(terms),
                     [(s, t) for s, t in pairs if s + t > level], rest_factor):
                 continue  # a sample of the points says the margin test would decide few of them here
-            s_, e_ = two_sum(run_s, run_e)
-            s_ += 0.0  # an exact zero sum is +0
+            s_, e_ = _in_blocks(_renormalised, run_s, run_e)  # an exact zero sum is +0
             bound = tail * (1 + 2 * gamma(len(terms) + 2)) if tail.any() else tail
             pr, pc = rows[live], cols[live]
             if level < last:
@@ -1148,12 +1146,17 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     norms_at = live.size
                     norms_a = [sa.norms[s][pa[live]] for s in range(wa)]
                     norms_b = [sb.norms[t][pb[live]] for t in range(wb)]
-                rest = np.zeros(live.size)
-                for s, t in pairs:
-                    if s + t > level:
-                        rest += norms_a[s] * norms_b[t]
-                err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
-                c, ok = ep.margin_points(s_, pr, pc, err)
+                later = [x for s, t in pairs if s + t > level for x in (norms_a[s], norms_b[t])]
+
+                def margin(s_: np.ndarray, e_: np.ndarray, bound: np.ndarray, pr: np.ndarray, pc: np.ndarray,
+                           *norms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    rest = np.zeros(s_.size)
+                    for na, nb in zip(norms[0::2], norms[1::2], strict=True):
+                        rest += na * nb
+                    err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
+                    return ep.margin_points(s_, pr, pc, err)
+
+                c, ok = _in_blocks(margin, s_, e_, bound, pr, pc, *later)
                 codes[live[ok]] = c[ok]
                 stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
                 if ok.any():
@@ -1168,12 +1171,16 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                 continue
             # every pair is in: the exact sum is s_ + e_ within bound (0 unless the dd is inexact)
             if ep.dd_exact and not bound.any():  # both ends are the exact value: one rounding
-                c_lo = ep.apply_points_dd(s_, e_, pr, pc, up=False)
+                c_lo = _in_blocks(lambda s_, e_, pr, pc: ep.apply_points_dd(s_, e_, pr, pc, up=False), s_, e_, pr, pc)
                 ok = np.ones(live.size, bool)
             else:
-                e_lo, e_hi = dd_interval(s_, e_, bound)
-                c_lo = ep.apply_points_dd(s_, e_lo, pr, pc, up=False)
-                c_hi = ep.apply_points_dd(s_, e_hi, pr, pc, up=True)
+                def ends(s_: np.ndarray, e_: np.ndarray, bound: np.ndarray, pr: np.ndarray,
+                         pc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    e_lo, e_hi = dd_interval(s_, e_, bound)
+                    return (ep.apply_points_dd(s_, e_lo, pr, pc, up=False),
+                            ep.apply_points_dd(s_, e_hi, pr, pc, up=True))
+
+                c_lo, c_hi = _in_blocks(ends, s_, e_, bound, pr, pc)
                 ok = c_lo == c_hi
             codes[live[ok]] = c_lo[ok]
             hi[live], lo[live] = s_, e_
@@ -1189,6 +1196,45 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
             if not ok.all():
                 stats["fraction"] = stats.get("fraction", 0) + int(np.count_nonzero(~ok))
     return codes, hi, lo
+
+
+#: Points per block of the sliced tier's element-wise arithmetic (TwoSum chains, the margin test,
+#: the final roundings): its temporaries then stay in the cache instead of streaming arrays of
+#: millions of points through memory once per operation (five TwoSum accumulations of 2^20
+#: points: 27 ms against 83 to 153 ms whole).  Element-wise, so the values do not depend on it.
+_POINTS_BLOCK = 1 << 15
+
+
+def _in_blocks(fn: Callable[..., Any], *arrays: np.ndarray) -> Any:
+    """``fn(*arrays)`` for an element-wise ``fn`` of 1-D point arrays, block by block
+    (:data:`_POINTS_BLOCK`); its result (an array or a tuple of arrays) concatenated."""
+    n = arrays[0].size
+    if n <= _POINTS_BLOCK:
+        return fn(*arrays)
+    parts = [fn(*(x[i:i + _POINTS_BLOCK] for x in arrays)) for i in range(0, n, _POINTS_BLOCK)]
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))
+    return np.concatenate(parts)
+
+
+def _accumulate(run_s: np.ndarray, run_e: np.ndarray, tail: np.ndarray, v: np.ndarray) -> None:
+    """One term into the sliced tier's running sums, in place and block by block:
+    ``s, r = TwoSum(s, v)``, ``e, q = TwoSum(e, r)``, ``tail += |q|``."""
+    for i in range(0, v.size, _POINTS_BLOCK):
+        sl = slice(i, i + _POINTS_BLOCK)
+        s, r = two_sum(run_s[sl], v[sl])
+        e, q = two_sum(run_e[sl], r)
+        run_s[sl] = s
+        run_e[sl] = e
+        np.abs(q, out=q)
+        tail[sl] += q
+
+
+def _renormalised(run_s: np.ndarray, run_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``TwoSum(s, e)`` with an exact zero sum as +0."""
+    s_, e_ = two_sum(run_s, run_e)
+    s_ += 0.0
+    return s_, e_
 
 
 #: Live points from which a level's margin test is first tried on a sample of them (_PROBE points).
