@@ -351,13 +351,17 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
     """
     if x.size and not np.isfinite(x).all():
         return None
-    k = x.shape[1]
+    r_count, k = x.shape
     rest = np.array(x, dtype=np.float64, copy=True)
     out = Slices(bits, [], [], [], [])
     norm_up = 1 + 2 * gamma(k + 2)
+    step = max(1, SPLIT_BLOCK // max(k, 1))
+    blocks = [slice(r0, r0 + step) for r0 in range(0, r_count, step)]
     with np.errstate(under="ignore"):
         while True:
-            amax = np.maximum(rest.max(axis=1, initial=0.0), -rest.min(axis=1, initial=0.0))
+            amax = np.empty(r_count)
+            for sl in blocks:
+                amax[sl] = np.maximum(rest[sl].max(axis=1, initial=0.0), -rest[sl].min(axis=1, initial=0.0))
             live = amax > 0
             if not live.any():
                 return out
@@ -365,28 +369,39 @@ def split_windows(x: np.ndarray, bits: int) -> Slices | None:
             low = np.where(live, e.astype(np.int64) - bits, 0)
             if int(low[live].min()) < -1000 or int(e[live].max()) > 1000:
                 return None
-            part = rest * np.ldexp(1.0, -low)[:, None]
-            np.trunc(part, out=part)  # integers below 2^bits (values under 2^low truncate to 0)
-            ss = np.einsum("ij,ij->i", part, part)  # exact: integers below 2^(2 bits) * k <= 2^53
-            part *= np.ldexp(1.0, low)[:, None]  # exact: integers times a normal power of two
-            rest -= part  # exact: the bits below the window
+            down, up = np.ldexp(1.0, -low)[:, None], np.ldexp(1.0, low)[:, None]
+            part = np.empty_like(rest)
+            ss = np.empty(r_count)
+            cols = np.zeros(k, bool)
+            nz = left = 0
+            for sl in blocks:  # row blocks in the cache; every step is row by row or element-wise
+                p = part[sl]
+                np.multiply(rest[sl], down[sl], out=p)
+                np.trunc(p, out=p)  # integers below 2^bits (values under 2^low truncate to 0)
+                ss[sl] = np.einsum("ij,ij->i", p, p)  # exact: integers below 2^(2 bits) * k <= 2^53
+                p *= up[sl]  # exact: integers times a normal power of two
+                rest[sl] -= p  # exact: the bits below the window
+                nonzero = p != 0
+                nz += int(np.count_nonzero(nonzero))
+                cols |= np.any(nonzero, axis=0)
+                left += int(np.count_nonzero(rest[sl]))
             out.parts.append(part)
             out.low.append(low)
-            out.norms.append(np.sqrt(ss) * norm_up * np.ldexp(1.0, low))
-            nonzero = part != 0
-            nz = int(np.count_nonzero(nonzero))
+            out.norms.append(np.sqrt(ss) * norm_up * up[:, 0])
             if nz * SPARSE_PART <= part.size:
                 idx = np.flatnonzero(part)
                 rr, cc = np.divmod(idx, k) if k else (idx, idx)
                 out.entries.append((rr, cc, part.reshape(-1)[idx]))
-                cols = np.zeros(k, bool)
-                cols[cc] = True
-                out.columns.append(cols)
             else:
                 out.entries.append(None)
-                out.columns.append(np.any(nonzero, axis=0))
-            if int(np.count_nonzero(rest)) * SPARSE_PART <= rest.size:
+            out.columns.append(cols)
+            if left * SPARSE_PART <= rest.size:
                 return _split_sparse(rest, bits, out, norm_up)
+
+
+#: Elements per row block of :func:`split_windows`'s dense passes (the block's values and its part
+#: stay in the cache across the passes of one window).
+SPLIT_BLOCK = 1 << 15
 
 
 #: A part (or remainder) with at most one value in SPARSE_PART non-zero is handled value by value.

@@ -77,6 +77,33 @@ def test_split_windows_is_an_exact_split_into_narrow_parts(seed, k, bits):
     assert exact.split_windows(np.array([[2.0**1010]]), 20) is None
 
 
+@pytest.mark.parametrize("fill", ["cancel", "random"])
+def test_split_windows_in_row_blocks_gives_the_whole_matrix_split(fill, monkeypatch):
+    """The dense passes of split_windows run row block by row block: every part, window, norm,
+    column set and sparse entry list is that of the whole matrix at once, bit for bit (blocks of
+    one row, of a few rows and one block of all rows)."""
+    av, _ = tie_cancel_breaker(37, 3, 301, seed=4, fill=fill)
+    x = av * np.exp2(np.random.default_rng(4).integers(-40, 40, av.shape))
+
+    def split(block: int) -> exact.Slices:
+        monkeypatch.setattr(exact, "SPLIT_BLOCK", block)
+        s = exact.split_windows(x, 12)
+        assert s is not None
+        return s
+
+    whole = split(1 << 30)
+    for block in (1, 5 * 301, 1 << 15):
+        got = split(block)
+        assert len(got.parts) == len(whole.parts) >= 3
+        for name in ("parts", "low", "columns", "norms"):
+            for u, v in zip(getattr(got, name), getattr(whole, name), strict=True):
+                assert np.array_equal(np.ascontiguousarray(u).view(np.uint8), np.ascontiguousarray(v).view(np.uint8))
+        for u, v in zip(got.entries, whole.entries, strict=True):
+            assert (u is None) == (v is None)
+            if u is not None and v is not None:
+                assert all(np.array_equal(p, q) for p, q in zip(u, v, strict=True))
+
+
 def test_slice_products_are_exact_gemms():
     """The class invariant: a slice-pair GEMM is exact (against Fractions), even at K = 16385."""
     rng = np.random.default_rng(3)
