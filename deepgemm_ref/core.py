@@ -2151,8 +2151,9 @@ def scaled_matmul(
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
         # (see _parallel.single_threaded_blas); chunks then run on the package's pool.  Codes alone
-        # keep the BLAS's threads: chunks of one-thread GEMMs on the pool measured slower on an
-        # idle machine (1.40x one two-thread float64 matmul against 1.16x; benchmarks/speed-table.md).
+        # keep the BLAS's threads: chunks of one-thread GEMMs on the pool measured slower (1.32x one
+        # two-thread float64 matmul against 1.18x): after a two-thread BLAS call OpenBLAS's idle
+        # worker spins for about 0.1 s on a core the pool would need (benchmarks/speed-table.md).
         with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
