@@ -1408,6 +1408,11 @@ class _Gemm:
     def starts(self) -> list[int]:
         return list(range(0, self.a.shape[0], self.step))
 
+    @property
+    def plain(self) -> bool:
+        """One float64 GEMM over all of K (no FP32-scaled or K-blocked sums)."""
+        return not self.blocked and not (self.kblock and self.a.shape[1] > self.kblock)
+
     def for_each(self, fn: Callable[[_Chunk], None]) -> None:
         """``fn(chunk)`` for every chunk (rows are disjoint): in parallel on the package's thread
         pool while the BLAS is pinned to one thread (stored float64 tensors), else in order with
@@ -1436,25 +1441,30 @@ class _Gemm:
             bufs = self._buffers.pop() if self._buffers else (_scratch_take((self.step, k)),
                                                               _scratch_take((self.step, n)))
         try:
-            a64, y = bufs[0][:r1 - r0], bufs[1][:r1 - r0]
-            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-                a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked,
-                                         norms=_scale_norm_bounds(a, r0, r1) if self.by_scales else None)
-                n_round = self._multiply(a64, r0, r1, y)
-            all_exact = False
-            if self.pow2 and a.fixed_quantum is not None and self.b.fixed_quantum is not None:
-                # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
-                # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
-                # (powers of two scale exactly; an overflow to inf just fails this test).
-                with np.errstate(over="ignore", invalid="ignore"):
-                    ra = a_norm * np.exp2(-self.qa.q[r0:r1])
-                    rb = self.b_norm * np.exp2(-self.qb.q)
-                    top = float(sum_upper_bound(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2))
-                all_exact = bool(a_fin.all() and self.b_finite.all() and top < 2.0**53)
-            yield _Chunk(r0, r1, y, a_norm, a_fin, n_round, all_exact)
+            yield self._compute(r0, r1, bufs[0][:r1 - r0], bufs[1][:r1 - r0])
         finally:
             with self._lock:
                 self._buffers.append(bufs)
+
+    def _compute(self, r0: int, r1: int, a64: np.ndarray, y: np.ndarray) -> _Chunk:
+        """Rows [r0, r1) of ``a`` converted into ``a64`` and multiplied into ``y``, with the
+        chunk-wide exactness certificate."""
+        a = self.a
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked,
+                                     norms=_scale_norm_bounds(a, r0, r1) if self.by_scales else None)
+            n_round = self._multiply(a64, r0, r1, y)
+        all_exact = False
+        if self.pow2 and a.fixed_quantum is not None and self.b.fixed_quantum is not None:
+            # Whole chunk at once: S_ij < 2^(53 + qa_i + qb_j) for every (i, j) when the
+            # largest a_norm_i 2^-qa_i times the largest b_norm_j 2^-qb_j is below 2^53
+            # (powers of two scale exactly; an overflow to inf just fails this test).
+            with np.errstate(over="ignore", invalid="ignore"):
+                ra = a_norm * np.exp2(-self.qa.q[r0:r1])
+                rb = self.b_norm * np.exp2(-self.qb.q)
+                top = float(sum_upper_bound(np.asarray(np.nanmax(ra) * np.nanmax(rb)), 2))
+            all_exact = bool(a_fin.all() and self.b_finite.all() and top < 2.0**53)
+        return _Chunk(r0, r1, y, a_norm, a_fin, n_round, all_exact)
 
     def _multiply(self, a64: np.ndarray, r0: int, r1: int, y: np.ndarray) -> int:
         """y = the GEMM of the chunk's rows; returns the rounding-path length."""
@@ -1812,6 +1822,18 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
                 stats[key] = stats.get(key, 0) + v
 
     try:
+        if acc is None and S_all is None and m >= _GEMM_PROBE_MIN_ROWS and n >= _GEMM_PROBE_COLS \
+                and gemm.plain and _gemm_decides_little(gemm, ep):
+            # Codes alone, and the GEMM's certificates decided under an eighth of a probe block:
+            # the inputs are of the kind every element of which needs the exact tier (ties,
+            # cancellations); every element goes there, chunk by chunk, without the float64
+            # GEMM that would certify next to none of them (the codes are exact either way).
+            for r0 in gemm.starts():
+                r1 = min(m, r0 + step)
+                rows, cols = np.divmod(np.arange((r1 - r0) * n, dtype=np.intp), n)
+                rows += r0
+                out_codes[r0:r1] = _exact_points(a, b, ep, rows, cols, None, None, stats).reshape(r1 - r0, n)
+            return
         gemm.for_each(process)
         if open_rows:
             rows, cols = np.concatenate(open_rows), np.concatenate(open_cols)
@@ -1821,6 +1843,38 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
             gemm.error_scale(S_all)
     finally:
         gemm.close()
+
+
+#: Codes-only exact GEMMs of at least _GEMM_PROBE_MIN_ROWS rows and _GEMM_PROBE_COLS columns first
+#: run their certificates on the product of _GEMM_PROBE_ROWS rows and _GEMM_PROBE_COLS columns
+#: (:func:`_gemm_decides_little`: 1/1024 of a 1024 x 2048 GEMM) and skip the float64 GEMM where they
+#: decide under an eighth of it.
+_GEMM_PROBE_ROWS = 16
+_GEMM_PROBE_COLS = 128
+_GEMM_PROBE_MIN_ROWS = 512
+
+
+def _gemm_decides_little(gemm: _Gemm, ep: OutputStage) -> bool:
+    """Whether the float64 GEMM's certificates (margin, per-element bound, exactness) decide
+    fewer than an eighth of the elements of its first _GEMM_PROBE_ROWS rows and _GEMM_PROBE_COLS
+    columns, computed apart (a plain GEMM: no K blocks, no FP32 scales): inputs of the kind
+    every element of which needs the exact tier."""
+    k = gemm.a.shape[1]
+    rows, cols = _GEMM_PROBE_ROWS, _GEMM_PROBE_COLS
+    a64, y = np.empty((rows, k)), np.empty((rows, cols))
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        a_norm, a_fin = _convert(gemm.a, 0, rows, a64)
+        np.matmul(a64, gemm.b64[:cols].T, out=y)
+    ch = _Chunk(0, rows, y, a_norm, a_fin, k + 1, False)
+    part = OutputStage(ep.out, ep.alpha, None if ep.c is None else ep.c[:, :cols], ep.c_mode, ep.via)
+
+    def bound(at: Points | None) -> np.ndarray:
+        assert at is not None
+        return gemm.bound(ch, at)
+
+    _, pending = round_certified(y, bound, _RowsRounding(part, 0, rows), final=lambda at: gemm.final(ch, at),
+                                 margin=gemm.row_bound(ch, 0, rows))
+    return 8 * int(np.count_nonzero(~pending)) < pending.size
 
 
 _BF16_LSB: np.ndarray | None = None

@@ -761,3 +761,41 @@ def test_codes_alone_skip_the_per_element_test_where_a_probe_says_it_decides_few
     again = core.scaled_matmul(a, b, ep, want_acc=True)  # no probe with an accumulator
     assert np.array_equal(again.acc.view(np.uint64), with_acc.acc.view(np.uint64))
     assert len(calls) == probes
+
+
+@pytest.mark.parametrize("fill", ["cancel", "random"])
+@pytest.mark.parametrize("epilogue", ["plain", "alpha_c"])
+def test_codes_alone_skip_the_float64_gemm_where_a_probe_block_says_it_decides_little(fill, epilogue, monkeypatch):
+    """Codes-only GEMMs of at least _GEMM_PROBE_MIN_ROWS rows: where the certificates decide under
+    an eighth of a probe block, every element goes to the exact tier without the float64 GEMM;
+    the codes are those of the full path bit for bit (with alpha and c too), benign inputs keep
+    the GEMM, and with an accumulator there is no probe."""
+    rows = core._GEMM_PROBE_MIN_ROWS
+    av, bv = tie_cancel_breaker(rows, core._GEMM_PROBE_COLS + 16, 61, seed=5, fill=fill)
+    if fill == "random":  # benign: plain random values, which the GEMM's certificates decide
+        rng = np.random.default_rng(5)
+        av, bv = rng.standard_normal(av.shape), rng.standard_normal(bv.shape)
+    a, b = _bf16_op(av), _bf16_op(bv)
+    c = None
+    if epilogue == "alpha_c":
+        c = (np.random.default_rng(6).standard_normal((av.shape[0], bv.shape[0])) * 4).astype(BF16).astype(np.float64)
+    ep = core.OutputStage(fm.BF16, 0.75 if c is not None else None, c, "kernel")
+    multiplied: list[int] = []
+    real = core._Gemm._multiply
+
+    def spy(self: core._Gemm, a64: np.ndarray, r0: int, r1: int, y: np.ndarray) -> int:
+        multiplied.append(r1 - r0)
+        return real(self, a64, r0, r1, y)
+
+    monkeypatch.setattr(core._Gemm, "_multiply", spy)
+    probed = core.scaled_matmul(a, b, ep)
+    skipped = not multiplied
+    monkeypatch.setattr(core, "_GEMM_PROBE_MIN_ROWS", 1 << 40)
+    full = core.scaled_matmul(a, b, ep)
+    assert multiplied  # the full path ran the GEMM
+    assert np.array_equal(_codes(probed.out), _codes(full.out))
+    assert skipped == (fill == "cancel")
+    monkeypatch.setattr(core, "_GEMM_PROBE_MIN_ROWS", rows)
+    multiplied.clear()
+    with_acc = core.scaled_matmul(a, b, ep, want_acc=True)
+    assert multiplied and np.array_equal(_codes(with_acc.out), _codes(full.out))
