@@ -1823,7 +1823,7 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
 
     try:
         if acc is None and S_all is None and m >= _GEMM_PROBE_MIN_ROWS and n >= _GEMM_PROBE_COLS \
-                and gemm.plain and _gemm_decides_little(gemm, ep):
+                and gemm.plain and not gemm.by_scales and _gemm_decides_little(gemm, ep):
             # Codes alone, and the GEMM's certificates decided under an eighth of a probe block:
             # the inputs are of the kind every element of which needs the exact tier (ties,
             # cancellations); every element goes there, chunk by chunk, without the float64

@@ -799,3 +799,19 @@ def test_codes_alone_skip_the_float64_gemm_where_a_probe_block_says_it_decides_l
     multiplied.clear()
     with_acc = core.scaled_matmul(a, b, ep, want_acc=True)
     assert multiplied and np.array_equal(_codes(with_acc.out), _codes(full.out))
+
+
+def test_no_gemm_probe_where_the_scales_certify_every_element(monkeypatch):
+    """FP8 with power-of-two scales whose bound from the scales certifies every element exact:
+    no probe block is computed (it would be wasted work)."""
+    calls: list[int] = []
+    monkeypatch.setattr(core, "_gemm_decides_little", lambda *args: calls.append(1) or False)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((core._GEMM_PROBE_MIN_ROWS, 256), dtype=np.float32)
+    w = rng.standard_normal((core._GEMM_PROBE_COLS, 256), dtype=np.float32)
+    (qa, sa), (qb, sb) = dg.per_token_cast_to_fp8(x, True, 128), dg.per_token_cast_to_fp8(w, True, 128)
+    a, b = core.Operand(qa, sa.astype(np.float64), 128), core.Operand(qb, sb.astype(np.float64), 128)
+    core.scaled_matmul(a, b, core.OutputStage(fm.BF16))
+    assert not calls
+    core.scaled_matmul(_bf16_op(x.astype(np.float64)), _bf16_op(w.astype(np.float64)), core.OutputStage(fm.BF16))
+    assert calls == [1]
