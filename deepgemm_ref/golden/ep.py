@@ -1266,7 +1266,7 @@ def estimate_ep(p: Params) -> Estimate:
         file = inputs + gold
         # measured (tracemalloc, every preset; benchmarks/estimates.md): 0.3 of the former bound
         peak = PEAK_FIXED + 0.3 * (3 * file + 40 * n_tok * K * H + 24 * R * T * H)
-        return Estimate.of(file, peak, 0, byte_work=170)  # fitted: the time goes with the bytes
+        return Estimate.of(file, peak, 0, case_work=9e7, byte_work=170)  # fitted: the time goes with the bytes
     def most(mean: float) -> float:  # the largest of R draws around ``mean``, roughly
         return mean + 2 * math.sqrt(mean) + 1
 
@@ -1284,7 +1284,7 @@ def estimate_ep(p: Params) -> Estimate:
     out = tensor_bytes((R * rows, row_bytes), (R * meta * (K + 2), 4), (R * (R + 5 * cfg.e_l + 2), 4))
     file = inputs + out
     peak = PEAK_FIXED + 1.6 * file  # measured (tracemalloc, every preset): 0.4 of the former bound
-    return Estimate.of(file, peak, 0, byte_work=65)  # fitted: the time goes with the bytes
+    return Estimate.of(file, peak, 0, case_work=9e7, byte_work=65)  # fitted: the time goes with the bytes
 
 
 def check_ep_entry(entry: Any) -> str | None:

@@ -34,10 +34,12 @@ __all__ = ["Estimate", "ResourceError", "default_memory_limit", "physical_memory
 #: and one per byte written and hashed (:data:`CASE_WORK`, :data:`BYTE_WORK`), fitted to the CPU
 #: times measured on every preset (benchmarks/estimates.md).
 WORK_PER_SECOND = 2.5e10
-#: The fixed work of one case (about 5 ms at the reference rate: building, the call, the file).
-CASE_WORK = 1.15e8
-#: The work per byte of a case's file (about 1.8 ms per MB to draw, write and hash it).
-BYTE_WORK = 45.0
+#: The fixed work of one case (about 2.4 ms at the reference rate: building, the call, the file;
+#: refitted on an idle machine, where the first fit's loaded one had given 4.6 ms).
+CASE_WORK = 6.0e7
+#: The work per byte of a case's file (about 1 ms per MB to draw, write and hash it; 1.8 ms on the
+#: loaded machine of the first fit).
+BYTE_WORK = 24.0
 #: The bytes every case allocates beside its tensors and work (the call's and the file's
 #: bookkeeping, small temporaries; measured with tracemalloc on the smoke preset's cases).
 PEAK_FIXED = 1 << 20
