@@ -177,13 +177,22 @@ class Fill:
 
 
 def run(task: Task, accumulation: core.Accumulation, *, want_acc: bool = False, want_S: bool = False) -> Result:
-    """The core call of one task (no writing, no trace)."""
-    a, b = (task.b, task.a) if task.transposed else (task.a, task.b)
+    """The core call of one task (no writing, no trace).
+
+    A transposed task asked for the exact model's codes alone runs in its own orientation when the
+    float64 copy of its ``b`` takes at most a quarter of the work budget: the codes are the exact
+    roundings either way, and the BLAS is faster with the short side as its row count (an expert's
+    activations against its weights: 3.5% of the GEMM).  Accumulators and S keep the transposed
+    product, whose float64 and float32 sums they are.
+    """
+    transposed = task.transposed and (want_acc or want_S or task.output is None or accumulation.model != "exact"
+                                      or 8 * task.b.shape[0] * task.b.shape[1] > work_budget() // 4)
+    a, b = (task.b, task.a) if transposed else (task.a, task.b)
     if task.output is None:
         return core.dot_products(a, b, accumulation, want_S=want_S)
     res = core.scaled_matmul(a, b, task.output, model=accumulation.model, fp32_block=accumulation.fp32_block,
                              mma_block_scaling=accumulation.mma_block_scaling, want_acc=want_acc, want_S=want_S)
-    if task.transposed:
+    if transposed:
         return core.MatmulResult(res.out.T, None if res.acc is None else res.acc.T,
                                  None if res.acc_lo is None else res.acc_lo.T, None if res.S is None else res.S.T,
                                  res.stats)

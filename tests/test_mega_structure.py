@@ -191,3 +191,37 @@ def test_family_reads_no_global_profile():
     hits = [f"{f.name}:{i}" for f in sorted(root.glob("*.py"))
             for i, line in enumerate(f.read_text().splitlines(), 1) if pat.search(line)]
     assert hits == []
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_transposed_tasks_asked_for_codes_alone_give_the_codes_of_the_transposed_product(bf16, monkeypatch):
+    """A transposed task (an expert's activations against its weights) asked for the exact model's
+    codes alone runs in its own orientation when the weights' float64 copy is small: the same
+    codes, bit for bit, as the transposed product (FP8 x FP4 and BF16 operands, a bf16 output)."""
+    from deepgemm_ref import core
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((40, 256), dtype=np.float32)
+    w = rng.standard_normal((96, 256), dtype=np.float32)
+    if bf16:
+        a, b = core.Operand(x.astype(ml_dtypes.bfloat16)), core.Operand(w.astype(ml_dtypes.bfloat16))
+    else:
+        (qa, sa), (qb, sb) = dg.per_token_cast_to_fp8(x, True, 32), dg.per_token_cast_to_fp4(w, True, 32)
+        a = core.Operand(qa, sa.astype(np.float64), 32)
+        b = core.Operand(fm.unpack_fp4(qb), sb.astype(np.float64), 32, codes_fmt=fm.E2M1)
+    task = executor.Task(a, b, core.OutputStage(fm.BF16), (slice(None),), transposed=True)
+    exact = core.Accumulation("exact")
+    seen: list[tuple[int, int]] = []
+    real = core.scaled_matmul
+
+    def spy(p: core.Operand, q: core.Operand, *args: object, **kwargs: object) -> core.MatmulResult:
+        seen.append(p.shape)
+        return real(p, q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core, "scaled_matmul", spy)
+    own = executor.run(task, exact)
+    with_acc = executor.run(task, exact, want_acc=True)
+    assert seen == [(40, 256), (96, 256)]  # codes alone: its own orientation; with acc: transposed
+    assert np.array_equal(np.ascontiguousarray(own.out).view(np.uint16),
+                          np.ascontiguousarray(with_acc.out).view(np.uint16))
+    assert own.out.shape == with_acc.out.shape == (40, 96)
