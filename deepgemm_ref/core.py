@@ -59,6 +59,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 import ml_dtypes
@@ -151,10 +152,15 @@ class Operand:
             return -16
         return None
 
+    @property
+    def byte_format(self) -> fm.Format | None:
+        """The format of one-byte element codes (FP8 dtypes, E2M1 codes), else None."""
+        return self.codes_fmt or _BYTE_FORMATS.get(self.values.dtype)
+
     def element_rows(self, r0: int, r1: int) -> np.ndarray:
         """Unscaled element values of rows [r0, r1) as float64 (r1 - r0, K)."""
         v = self.values[r0:r1]
-        fmt = self.codes_fmt or _BYTE_FORMATS.get(v.dtype)
+        fmt = self.byte_format
         if fmt is not None:  # one-byte formats: a 256-entry table is much faster than a cast
             return np.take(_decode_table(fmt), v.view(np.uint8))
         return v.astype(np.float64)
@@ -626,7 +632,7 @@ def _swap_operands(m: int, n: int, k: int) -> bool:
 def _decode_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
     """Unscaled element values of rows [r0, r1) of ``op`` into the float64 array ``out``."""
     v = op.values[r0:r1]
-    fmt = op.codes_fmt or _BYTE_FORMATS.get(v.dtype)
+    fmt = op.byte_format
     if fmt is not None:  # one-byte formats: a table lookup
         codes = v.view(np.uint8)
         if (_PAIRS_OK and codes.ndim == 2 and codes.shape[1] % 2 == 0 and codes.flags.c_contiguous
@@ -682,7 +688,7 @@ def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True
     with_scales = op.scales is not None and scaled_norms and not scaled
     if norms is not None:
         assert scaled
-        fmt = op.codes_fmt or _BYTE_FORMATS.get(op.values.dtype)
+        fmt = op.byte_format
         # finite scales (power-of-two scales are) on a format without NaN or inf codes (E2M1):
         # every value is finite, nothing to look for
         look = (fmt is None or fmt.has_nan or fmt.has_inf
@@ -748,7 +754,7 @@ def _scale_norm_bounds(op: Operand, r0: int, r1: int) -> np.ndarray | None:
     elements; the float64 evaluation (a sum of ``nb`` terms, a square root and two products) is
     covered by the factor ``1 + 2 gamma(nb + 4)``.
     """
-    fmt = op.codes_fmt or _BYTE_FORMATS.get(op.values.dtype)
+    fmt = op.byte_format
     if fmt is None:
         return None
     k = op.shape[1]
@@ -761,22 +767,23 @@ def _scale_norm_bounds(op: Operand, r0: int, r1: int) -> np.ndarray | None:
         return fmt.max * np.sqrt(per_block * sq) * (1 + 2 * gamma(s.shape[1] + 4))
 
 
-def _exact_by_scales(a: Operand, b: Operand, qa: _Quanta, qb: _Quanta) -> bool:
-    """Whether the exactness certificate holds for every element from the scales alone (power-of-two
-    scales, fixed-quantum formats): the largest ``|a_m|_2 2^-qa[m]`` times the largest
-    ``|b_n|_2 2^-qb[n]``, with the norms bounded by :func:`_scale_norm_bounds`, is below 2^53.
-    The float64 GEMM is then exact for every finite element, and the values need no norm pass."""
+def _exact_by_scales(a: Operand, b: Operand, qa: _Quanta, qb: _Quanta) -> tuple[np.ndarray, np.ndarray] | None:
+    """The norm bounds from the scales (:func:`_scale_norm_bounds`) of every row of ``a`` and of
+    ``b`` when they certify every element exact, else None (power-of-two scales, fixed-quantum
+    formats): the largest ``|a_m|_2 2^-qa[m]`` times the largest ``|b_n|_2 2^-qb[n]`` is below
+    2^53.  The float64 GEMM is then exact for every finite element, and the values need no norm
+    pass."""
     if not (a.pow2_scales and b.pow2_scales) or a.fixed_quantum is None or b.fixed_quantum is None:
-        return False
+        return None
     m, n = a.shape[0], b.shape[0]
     na, nb = _scale_norm_bounds(a, 0, m), _scale_norm_bounds(b, 0, n)
     if na is None or nb is None or m == 0 or n == 0:
-        return False
+        return None
     with np.errstate(over="ignore", invalid="ignore"):
         ra = float(np.max(na * np.exp2(-qa.q)))
         rb = float(np.max(nb * np.exp2(-qb.q)))
         top = float(sum_upper_bound(np.asarray(ra * rb), 2))
-    return bool(top < 2.0**53)
+    return (na, nb) if top < 2.0**53 else None
 
 
 def _gather(op: Operand, idx: np.ndarray) -> np.ndarray:
@@ -1147,16 +1154,7 @@ def _slice_levels(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: Ou
                     norms_a = [sa.norms[s][pa[live]] for s in range(wa)]
                     norms_b = [sb.norms[t][pb[live]] for t in range(wb)]
                 later = [x for s, t in pairs if s + t > level for x in (norms_a[s], norms_b[t])]
-
-                def margin(s_: np.ndarray, e_: np.ndarray, bound: np.ndarray, pr: np.ndarray, pc: np.ndarray,
-                           *norms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                    rest = np.zeros(s_.size)
-                    for na, nb in zip(norms[0::2], norms[1::2], strict=True):
-                        rest += na * nb
-                    err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
-                    return ep.margin_points(s_, pr, pc, err)
-
-                c, ok = _in_blocks(margin, s_, e_, bound, pr, pc, *later)
+                c, ok = _in_blocks(partial(_level_margin, ep, rest_factor), s_, e_, bound, pr, pc, *later)
                 codes[live[ok]] = c[ok]
                 stats["sliced"] = stats.get("sliced", 0) + int(np.count_nonzero(ok))
                 if ok.any():
@@ -1251,16 +1249,23 @@ def _level_decides(sa: Slices, sb: Slices, pa: np.ndarray, pb: np.ndarray, ep: O
     last level's ends decide by the same exact value."""
     idx = np.linspace(0, pa.size - 1, _PROBE).astype(np.intp)
     with np.errstate(over="ignore", invalid="ignore"):
-        s_, e_ = two_sum(run_s[idx], run_e[idx])
-        s_ += 0.0
-        tl = tail[idx]
-        bound = tl * (1 + 2 * gamma(n_terms + 2))
-        rest = np.zeros(idx.size)
-        for s, t in later:
-            rest += sa.norms[s][pa[idx]] * sb.norms[t][pb[idx]]
-        err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
-        _, ok = ep.margin_points(s_, rows[idx], cols[idx], err)
+        s_, e_ = _renormalised(run_s[idx], run_e[idx])
+        bound = tail[idx] * (1 + 2 * gamma(n_terms + 2))
+        norms = [x for s, t in later for x in (sa.norms[s][pa[idx]], sb.norms[t][pb[idx]])]
+        _, ok = _level_margin(ep, rest_factor, s_, e_, bound, rows[idx], cols[idx], *norms)
     return 4 * int(np.count_nonzero(ok)) >= idx.size
+
+
+def _level_margin(ep: OutputStage, rest_factor: float, s_: np.ndarray, e_: np.ndarray, bound: np.ndarray,
+                  rows: np.ndarray, cols: np.ndarray, *norms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The margin test of a level of :func:`_slice_levels` at points (rows, cols): the exact sum
+    so far is ``s_ + e_`` within ``bound``, and the pairs not yet in add at most the sum of the
+    products of their parts' row norms (``norms``: a's and b's, pair after pair)."""
+    rest = np.zeros(s_.size)
+    for na, nb in zip(norms[0::2], norms[1::2], strict=True):
+        rest += na * nb
+    err = (np.abs(e_) + bound + rest * rest_factor) * (1 + 2.0**-50)
+    return ep.margin_points(s_, rows, cols, err)
 
 
 def _exact_points(a: Operand, b: Operand, ep: OutputStage, rows: np.ndarray, cols: np.ndarray,
@@ -1372,10 +1377,10 @@ class _Gemm:
         self.qa, self.qb = _Quanta(a), _Quanta(b)
         # power-of-two scales on FP8 / FP4 elements: the norms from the scales usually certify
         # every element exact, and the conversions then only look for non-finite rows
-        self.by_scales = not blocked and _exact_by_scales(a, b, self.qa, self.qb)
+        self.scale_norms = None if blocked else _exact_by_scales(a, b, self.qa, self.qb)
         self.b64 = self._b_buf = _scratch_take((n, k))
         self.b_norm, self.b_finite = _convert(b, 0, n, self.b64, scaled=not blocked,
-                                              norms=_scale_norm_bounds(b, 0, n) if self.by_scales else None)
+                                              norms=None if self.scale_norms is None else self.scale_norms[1])
         finite_norms = self.b_norm[self.b_finite]
         self.b_max = float(finite_norms.max()) if finite_norms.size else 0.0
         self.sb_blk = b.block_scales(0, n, self.blk) if blocked else None
@@ -1407,6 +1412,11 @@ class _Gemm:
 
     def starts(self) -> list[int]:
         return list(range(0, self.a.shape[0], self.step))
+
+    @property
+    def by_scales(self) -> bool:
+        """Every element certified exact by the scales alone (:func:`_exact_by_scales`)."""
+        return self.scale_norms is not None
 
     @property
     def plain(self) -> bool:
@@ -1452,7 +1462,7 @@ class _Gemm:
         a = self.a
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             a_norm, a_fin = _convert(a, r0, r1, a64, scaled=not self.blocked,
-                                     norms=_scale_norm_bounds(a, r0, r1) if self.by_scales else None)
+                                     norms=None if self.scale_norms is None else self.scale_norms[0][r0:r1])
             n_round = self._multiply(a64, r0, r1, y)
         all_exact = False
         if self.pow2 and a.fixed_quantum is not None and self.b.fixed_quantum is not None:
