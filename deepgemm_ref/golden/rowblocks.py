@@ -94,18 +94,31 @@ def _layout(built: BuiltCase, golden: Mapping[str, np.ndarray]) -> dict[str, tup
     return layout
 
 
+def _fill_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int,
+                        make: Callable[[dict[str, tuple[Any, tuple[int, ...]]]], st.TensorDigests],
+                        stats: dict[str, Any] | None = None) -> st.TensorDigests:
+    """The case computed in row blocks into what ``make(layout)`` returns (given the inputs
+    whole, then every block's golden rows at their place); the blocks' statistics summed into
+    ``stats`` when given (:func:`_merge_stats`)."""
+    target: st.TensorDigests | None = None
+    for r0, golden, part_stats in golden_in_row_blocks(built, axes, block):
+        if target is None:
+            target = make(_layout(built, golden))
+            for k, v in built.inputs.items():
+                target.write(f"input.{k}", v)
+        for k, v in golden.items():
+            target.write(f"golden.{k}", v, r0)
+        if stats is not None:
+            _merge_stats(stats, part_stats, built.spec.id)
+    assert target is not None
+    return target
+
+
 def digests_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: int) -> dict[str, str]:
     """Every tensor's sha256 (as the manifest records them) of the case computed in row blocks,
     nothing written (``verify --regenerate`` of a case too large to hold whole)."""
-    digests: st.TensorDigests | None = None
-    for r0, golden, _ in golden_in_row_blocks(built, axes, block):
-        if digests is None:
-            digests = st.TensorDigests(_layout(built, golden), f"case {built.spec.id!r}")
-            for k, v in built.inputs.items():
-                digests.write(f"input.{k}", v)
-        for k, v in golden.items():
-            digests.write(f"golden.{k}", v, r0)
-    assert digests is not None
+    digests = _fill_in_row_blocks(built, axes, block,
+                                  lambda layout: st.TensorDigests(layout, f"case {built.spec.id!r}"))
     return {name: digests.tensor_sha256(name) for name in digests.layout}
 
 
@@ -123,21 +136,15 @@ def write_case_in_row_blocks(built: BuiltCase, axes: Mapping[str, int], block: i
     path = workdir / case_relpath(built.spec.id)
     stats: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        writer: st.StreamWriter | None = None
-        for r0, golden, part_stats in golden_in_row_blocks(built, axes, block):
-            if writer is None:
-                try:
-                    writer = stack.enter_context(st.StreamWriter(path, _layout(built, golden), metadata,
-                                                                 overwrite=overwrite))
-                except st.SafetensorsError as e:
-                    raise BundleError(str(e)) from None
-                for k, v in built.inputs.items():
-                    writer.write(f"input.{k}", v)
-            for k, v in golden.items():
-                writer.write(f"golden.{k}", v, r0)
-            _merge_stats(stats, part_stats, built.spec.id)
-        assert writer is not None
-        done = writer
+
+        def open_writer(layout: dict[str, tuple[Any, tuple[int, ...]]]) -> st.StreamWriter:
+            try:
+                return stack.enter_context(st.StreamWriter(path, layout, metadata, overwrite=overwrite))
+            except st.SafetensorsError as e:
+                raise BundleError(str(e)) from None
+
+        done = _fill_in_row_blocks(built, axes, block, open_writer, stats)
+        assert isinstance(done, st.StreamWriter)
 
         def finish() -> dict[str, Any]:
             entries = {k: tensor_record(st.NUMPY_TO_SAFETENSORS[dt], shape, done.tensor_sha256(k))

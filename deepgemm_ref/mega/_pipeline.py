@@ -487,7 +487,8 @@ def _owners(owners: Sequence[int], routes: Routes, selected: Callable[[int], np.
     jobs: list[tuple[int, np.ndarray, np.ndarray, _Expert]] = []
     ends: dict[int, list[int]] = {}
     for r in owners:
-        w, e_l = weights(r), weights(r).num_local_experts
+        w = weights(r)
+        e_l = w.num_local_experts
         total = 0
         ends[r] = []
         for i in range(e_l):
