@@ -70,8 +70,8 @@ def half_gap(r: np.ndarray, fmt: fm.Format, toward_zero: np.ndarray | bool = Tru
     power of two: that power of two, built from the float64 bits of ``r``.  The boundary between
     the largest finite value and overflow is half a gap above it, like any other.
     ``toward_zero``: bool (broadcastable), False where only the boundary on the far side of ``r``
-    from zero matters (the value lies beyond ``r``): the halving below a power of two then does
-    not apply.
+    from zero matters (every value in question lies beyond ``r``): the halving below a power of
+    two then does not apply.
     """
     bits = np.ascontiguousarray(r, np.float64).view(np.uint64)
     field = (bits >> np.uint64(52)) & np.uint64(0x7FF)
@@ -89,14 +89,23 @@ def within_half_gap(hi: np.ndarray, lo: np.ndarray | None, r: np.ndarray, err: n
     on both sides: ``hi - r`` is exact (Sterbenz: ``r`` is within a factor 2 of ``hi``, or a
     difference that underflows is exact), and the two or three later roundings err by at most
     2^-53 relative each, far inside the slack.  NaN and infinities give False.
+    Both boundaries count: an interval around a value just beyond a power of two ``r`` that
+    reaches back past ``r`` must also stay above the finer boundary below it
+    (``err - |hi + lo - r|`` below that half gap).
     """
     d = hi - r
     if lo is not None:
         d += lo
-    gap = half_gap(r, fmt, toward_zero=(d < 0) != (r < 0))
+    beyond = (d < 0) == (r < 0)
+    gap = half_gap(r, fmt, toward_zero=~beyond)
     np.abs(d, out=d)
-    d += np.multiply(err, _MARGIN_UP)
-    return d < gap * _MARGIN_DOWN
+    e = np.multiply(err, _MARGIN_UP)
+    ok = d + e < gap * _MARGIN_DOWN
+    back = ok & beyond & (e >= d)  # certified on the far side, the interval reaching back past r
+    if back.any():
+        at = np.nonzero(back)
+        ok[at] = np.broadcast_to(e, ok.shape)[at] - d[at] < half_gap(r[at], fmt) * _MARGIN_DOWN
+    return ok
 
 
 def decode_codes(codes: np.ndarray, fmt: fm.Format) -> np.ndarray:

@@ -436,27 +436,98 @@ def _bf16_codes(x: np.ndarray) -> np.ndarray:
 def _bf16_margin(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`OutputStage.margin` of a plain bf16 output (no alpha, c or via), in a few passes.
 
-    Codes: :func:`_bf16_codes`.  The certificate is the margin test
-    of :func:`certified.within_half_gap` with the half gap replaced by its lower bound
-    ``|r| 2^-9`` (bf16 values have 8 significant bits; at a power of two it is the half gap
-    below): it decides a subset of what that test decides, so the elements left open, and
-    everything computed from them, are the same.
+    Codes: :func:`_bf16_codes`.  The certificate decides a subset of what the margin test of
+    :func:`certified.within_half_gap` decides, and everything that test decides is decided by
+    :func:`certified.round_certified`'s per-element test after it (its bound is at most the
+    margin), so the elements left open, and everything computed from them, are the same.
+    Tiles whose values all lie in float32's normal range above 2^-103 take
+    :func:`_bf16_margin_f32` (integer arithmetic on the float32 bits, about a third of the
+    time); the others the float64 test below.
     """
+    fast = _bf16_margin_f32(x, err)
+    if fast is not None:
+        return fast
+    return _bf16_margin_f64(x, err)
+
+
+_F32_EXP = np.uint32(0x7F800000)
+_F32_EXP_LO = np.uint32(24 << 23)  # float32 exponents 24 .. 254: |f32(x)| in [2^-103, 2^128)
+_F32_EXP_HI = np.uint32(254 << 23)
+
+
+def _bf16_margin_f32(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_bf16_margin` from the bits of ``x32 = f32(x)``, or None where some ``|x32|`` is
+    outside [2^-103, 2^128) (zeros, tiny values, infinities, NaN: the float64 test's job).
+
+    With ``u`` the bits of ``x32`` in binade ``e`` (unit ``2^(e - 23)``, one float32 ulp):
+    codes are ``(u + 0x7FFF + bit16(u)) >> 16`` (RNE on the bits), except where ``x32`` is a
+    bf16 midpoint (``u & 0xFFFF == 0x8000``; the cast may be a double rounding there, so those
+    are among the few below).  The nearest rounding boundary of ``x32`` is the midpoint
+    ``|rem - 0x8000|`` units away (``rem = u & 0xFFFF``) or, below a power of two, the finer
+    midpoint ``rem + 0x4000`` units below; the smaller of the two, less one unit for
+    ``|x - x32| <= 1/2`` unit (midpoints are float32 numbers, so ``x`` and ``x32`` lie on the
+    same side of each), bounds ``x``'s distance from below, exactly in float32.  Certified: that
+    distance exceeds ``err`` (rounded up to float32).  Elements with ``x32`` at most one unit
+    from a midpoint (about 3 in 2^16) take :func:`_bf16_margin_f64`, codes and test.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        x32 = x.astype(np.float32)
+    u = x32.view(np.uint32)
+    e = u & _F32_EXP
+    if e.size == 0 or e.min() < _F32_EXP_LO or e.max() > _F32_EXP_HI:
+        return None
+    t = u >> np.uint32(16)
+    t &= np.uint32(1)
+    t += np.uint32(0x7FFF)
+    t += u
+    t >>= np.uint32(16)
+    codes = t.astype(np.uint16)
+    rem = (u & np.uint32(0xFFFF)).view(np.int32)
+    d = rem - np.int32(0x8000)
+    np.abs(d, out=d)
+    # x32 on a bf16 midpoint or one unit from one: the float32 bits cannot place x (RNE of them
+    # may be a double rounding); those few take the float64 test, codes included
+    near = np.unravel_index(np.flatnonzero(d.reshape(-1) <= 1), d.shape) if d.min() <= 1 else None
+    rem += np.int32(0x4000)
+    np.minimum(d, rem, out=d)
+    d -= np.int32(1)
+    e -= np.uint32(23 << 23)  # 2^(e - 23): a float32 power of two (e >= 24)
+    dist = d.astype(np.float32)
+    dist *= e.view(np.float32)  # exact: an integer below 2^15 times a power of two
+    with np.errstate(over="ignore", invalid="ignore"):
+        err64 = np.asarray(err, np.float64)
+        ok = dist > (err64 * (1 + 2.0**-20)).astype(np.float32)  # err rounded up to float32
+    if near is not None:
+        codes[near], ok[near] = _bf16_margin_f64(x[near], np.broadcast_to(err64, x.shape)[near])
+    return codes, ok
+
+
+def _bf16_margin_f64(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_bf16_margin` in float64: the margin test of :func:`certified.within_half_gap`
+    with the half gap replaced by its lower bound ``|r| 2^-9`` (bf16 values have 8 significant
+    bits; at a power of two it is the half gap below)."""
     codes = _bf16_codes(x)
     r = np.left_shift(codes, 16, dtype=np.uint32).view(np.float32).astype(np.float64)
     d = x - r
     # The half gap around r: 2^(e - 8) for r in [2^e, 2^(e + 1)), half that below a power of two
     # when x lies toward zero from it, and 2^-134 at and below the smallest normal (the
-    # exponent's bits alone give 2^e: 0 for r = 0, inf for inf).
+    # exponent's bits alone give 2^e: 0 for r = 0, inf for inf).  An interval around x beyond a
+    # power of two that reaches back past it must also stay above the finer boundary below it.
     gap = (r.view(np.uint64) & _F64_EXP).view(np.float64)
     gap *= _HALF_GAP_BF16
     pow2 = (codes & np.uint16(0x7F)) == 0
-    pow2 &= (d < 0) != (r < 0)
+    beyond = (d < 0) == (r < 0)
+    pow2 &= ~beyond
     np.multiply(gap, 0.5, out=gap, where=pow2)
     np.maximum(gap, _HALF_GAP_BF16_SUB, out=gap)  # zero, subnormals and the smallest normal: 2^-134
     np.abs(d, out=d)
-    d += np.multiply(err, 1 + 2.0**-40)
-    return codes, d < gap
+    e = np.multiply(err, 1 + 2.0**-40)
+    ok = d + e < gap
+    back = ok & beyond & (e >= d) & ((codes & np.uint16(0x7F)) == 0)
+    if back.any():
+        at = np.nonzero(back)
+        ok[at] = np.broadcast_to(e, ok.shape)[at] - d[at] < np.maximum(gap[at] * 0.5, _HALF_GAP_BF16_SUB)
+    return codes, ok
 
 
 def _rn_signed(v: Fraction | float, fmt: fm.Format) -> float:

@@ -166,6 +166,31 @@ def test_margin_certificate_never_certifies_a_straddling_interval(fmt):
     assert ok.mean() > 0.6  # it decides most: the test is not vacuous
 
 
+@pytest.mark.parametrize("fmt", [fm.BF16, fm.F32])
+def test_margin_certificate_sound_around_powers_of_two(fmt):
+    """Values just beyond a power of two r (in magnitude) with bounds that reach back past r: the
+    interval must also stay above the finer boundary a quarter gap below r (checked with
+    Fractions), in the generic test and in the bf16 output stage's own ones."""
+    rng = np.random.default_rng(44)
+    n = 3000
+    m = fmt.mantissa_bits
+    r = np.exp2(rng.integers(-100, 100, n).astype(float)) * rng.choice([-1.0, 1.0], n)
+    x = r * (1 + rng.choice([0.0, 1.0], n) * np.exp2(rng.integers(-50, -m - 1, n).astype(float)))
+    err = np.abs(r) * np.exp2(-m - 2.0) * rng.uniform(0.5, 4.0, n)  # around the quarter gap below r
+    x[0], err[0], r[0] = 2.0**75 * (1 + 2.0**-(m + 23)), 2.0**75 * (2.0**-(m + 2) + 2.0**-(m + 13)), 2.0**75
+    assert np.array_equal(fm.round_f64(x, fmt), r.astype(fmt.storage))  # every x rounds to its r
+    decided = {"generic": certified.FormatRounding(fmt).margin(x, err)[1]}
+    if fmt is fm.BF16:
+        decided["f64 path"] = core._bf16_margin_f64(x[None, :], err[None, :])[1][0]
+        decided["f32 path"] = core._bf16_margin_f32(x[None, :], err[None, :])[1][0]
+    for name, ok in decided.items():
+        assert not ok[0], name  # x - err is below the boundary a quarter gap below 2^75
+        for i in np.flatnonzero(ok):
+            lo, hi = F(float(x[i])) - F(float(err[i])), F(float(x[i])) + F(float(err[i]))
+            assert _rn_code(lo, fmt) == _rn_code(hi, fmt), (name, x[i], err[i])
+        assert 0.1 < ok.mean() < 0.9, name  # decides some, and some reach past the boundary
+
+
 def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
     """A plain bf16 output stage takes core._bf16_margin / _bf16_codes (float32 -> bf16 casts, the half gap from
     the exponent's bits): the codes of formats.round_f64 and exactly the elements the generic
@@ -196,6 +221,65 @@ def test_bf16_margin_fast_path_decides_what_the_generic_margin_decides():
                 assert np.array_equal(ep.apply(x, 0, x.shape[0]), want)  # the same casts without the margin
                 assert np.array_equal(ok, certified.within_half_gap(x, None, certified.decode_codes(want, fm.BF16),
                                                                     err, fm.BF16))
+
+
+def _f32_domain_tiles(rng: np.random.Generator) -> list[np.ndarray]:
+    """Tiles whose every value has |f32(x)| in [2^-103, 2^128) (core._bf16_margin_f32's domain):
+    many binades, values on and one or two float32 units from bf16 midpoints (float32 ties: the
+    double rounding), next to powers of two on both sides, and next to bf16's overflow threshold."""
+    shape = (24, 257)
+    wide = rng.uniform(-2.0, 2.0, shape) * np.exp2(rng.integers(-101, 126, shape).astype(float))
+    wide[np.abs(wide) < 2.0**-102] = 1.0
+    mid = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    mid = (mid.astype(np.int64) + rng.integers(-2, 3, shape)).astype(np.uint32).view(np.float32).astype(np.float64)
+    mid += rng.choice([-1.0, 0.0, 1.0], shape) * np.abs(mid) * np.exp2(rng.integers(-52, -22, shape).astype(float))
+    pw = np.exp2(rng.integers(-100, 127, shape).astype(float)) * rng.choice([-1.0, 1.0], shape)
+    pw *= 1 + rng.choice([-1.0, 1.0], shape) * np.exp2(rng.integers(-40, -6, shape).astype(float))
+    top = float(np.finfo(BF16).max) * (1 + rng.choice([-1.0, 1.0], shape) * np.exp2(rng.integers(-20, -7, shape).astype(float)))
+    return [wide, mid, pw, top]
+
+
+def test_bf16_margin_f32_path_leaves_open_what_the_generic_margin_leaves_open():
+    """The float32-bits margin (core._bf16_margin_f32) on its domain: the codes of formats.round_f64,
+    sound (checked with Fractions), a subset of what the generic margin decides, and after
+    round_certified's per-element test the same elements left open as the generic path."""
+    rng = np.random.default_rng(43)
+    for x in _f32_domain_tiles(rng):
+        absmax = np.abs(x).max(axis=1, keepdims=True)
+        errs = [absmax * scale for scale in (0.0, 2.0**-60, 2.0**-30, 2.0**-12, 2.0**-9)]
+        errs.append(np.abs(x) * np.exp2(rng.integers(-40, -6, x.shape).astype(float)))  # one per element
+        want = fm.round_f64(x, fm.BF16).view(np.uint16)
+        for err in errs:
+            fast = core._bf16_margin_f32(x, err)
+            assert fast is not None  # the tile is in the fast path's domain
+            codes, ok = fast
+            assert np.array_equal(codes, want)
+            r = certified.decode_codes(want, fm.BF16)
+            generic = certified.within_half_gap(x, None, r, err, fm.BF16)
+            # (the generic test leaves every overflow to inf open; the bits decide those beyond the
+            # overflow boundary by more than err, and the per-element test below agrees)
+            assert not (ok & ~generic & np.isfinite(r)).any()
+            full = np.broadcast_to(err, x.shape)
+            for i, j in zip(*np.nonzero(ok), strict=True):
+                if (i * 7 + j) % 23 == 0:
+                    lo, hi = F(float(x[i, j])) - F(float(full[i, j])), F(float(x[i, j])) + F(float(full[i, j]))
+                    assert _rn_code(lo, fm.BF16) == _rn_code(hi, fm.BF16) == int(codes[i, j])
+            c1, p1 = certified.round_certified(x, full, core._RowsRounding(core.OutputStage(fm.BF16), 0, x.shape[0]),
+                                               margin=err)
+            c2, p2 = certified.round_certified(x, full, certified.FormatRounding(fm.BF16), margin=err)
+            assert np.array_equal(c1, want) and np.array_equal(c2, want)
+            assert np.array_equal(p1, p2)
+
+
+def test_bf16_margin_f32_path_declines_outside_its_domain():
+    """Zeros, values below 2^-103, infinities and NaN send the whole tile to the float64 test."""
+    x = np.full((2, 8), 3.0)
+    for v in (0.0, -0.0, 2.0**-104, np.inf, np.nan, 2.0**128):
+        y = x.copy()
+        y[1, 3] = v
+        with np.errstate(over="ignore"):
+            assert core._bf16_margin_f32(y, 0.0) is None
+    assert core._bf16_margin_f32(x, 0.0) is not None
 
 
 @pytest.mark.parametrize("out", [fm.BF16, fm.F32])
