@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import deepgemm_ref as dg
 from deepgemm_ref import _parallel, certified, core, exact
 from deepgemm_ref import formats as fm
+from deepgemm_ref.config import Limited
 
 from . import reference as ref
 from .adversarial import tie_cancel_breaker
@@ -269,6 +270,20 @@ def test_bf16_margin_f32_path_leaves_open_what_the_generic_margin_leaves_open():
             c2, p2 = certified.round_certified(x, full, certified.FormatRounding(fm.BF16), margin=err)
             assert np.array_equal(c1, want) and np.array_equal(c2, want)
             assert np.array_equal(p1, p2)
+
+
+def test_bf16_codes_and_margin_in_any_layout():
+    """The plain bf16 output's codes (the float32 bits' RNE with the double-rounding fix at float32
+    ties) are formats.round_f64's for C, Fortran, transposed and strided arrays, ties included."""
+    rng = np.random.default_rng(45)
+    mid = (rng.standard_normal((300, 64)).astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)) | np.uint32(0x8000)
+    x = mid.view(np.float32).astype(np.float64) * (1 + rng.choice([-1.0, 0.0, 1.0], (300, 64)) * 2.0**-40)
+    x[::5] *= rng.standard_normal((60, 64))  # and ordinary values
+    for v in (x, x.T, np.asfortranarray(x), x[::2, ::3], x[:, 1:-1]):
+        want = fm.round_f64(v, fm.BF16).view(np.uint16)
+        assert np.array_equal(core._bf16_codes(v), want)
+        assert np.array_equal(core._bf16_margin(v, 0.0)[0], want)
+        assert np.array_equal(core._bf16_margin(v, 1.0)[0], want)
 
 
 def test_bf16_margin_f32_path_declines_outside_its_domain():
@@ -899,3 +914,38 @@ def test_no_gemm_probe_where_the_scales_certify_every_element(monkeypatch):
     assert not calls
     core.scaled_matmul(_bf16_op(x.astype(np.float64)), _bf16_op(w.astype(np.float64)), core.OutputStage(fm.BF16))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("model", ["exact", "fp32", Limited(13, 32)])
+def test_packed_fp4_operand_is_the_unpacked_one(model):
+    """An E2M1 operand given two codes a byte (Operand.packed: Mega MoE's weights) decodes and
+    multiplies exactly as the same codes one a byte: its rows, row subsets and block scales, and
+    the codes, accumulator and error scale of every accumulation model, NaN scales included."""
+    rng = np.random.default_rng(46)
+    m, n, k = 24, 40, 256
+    codes_b = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    sb = np.exp2(rng.integers(-6, 6, (n, k // 32)).astype(float))
+    sb[3, 2] = np.nan
+    a = core.Operand(rng.standard_normal((m, k)).astype(np.float32).astype(E4M3),
+                     np.exp2(rng.integers(-4, 4, (m, k // 128)).astype(float)), 128)
+    plain = core.Operand(codes_b, sb, 32, codes_fmt=fm.E2M1)
+    packed = core.Operand(fm.pack_fp4(codes_b).view(np.uint8), sb, 32, codes_fmt=fm.E2M1, packed=True)
+    assert packed.shape == plain.shape == (n, k)
+    idx = np.array([5, 0, 39, 5])
+    assert np.array_equal(packed.rows(3, 17), plain.rows(3, 17), equal_nan=True)
+    assert np.array_equal(packed.take_rows(idx), plain.take_rows(idx), equal_nan=True)
+    assert np.array_equal(packed.take_block_scales(idx, 32), plain.take_block_scales(idx, 32), equal_nan=True)
+    out = np.empty((7, k))
+    core._decode_into(packed, 2, 9, out)
+    assert np.array_equal(out, plain.element_rows(2, 9))
+    core._decode_into(packed, 2, 9, out[:, ::-1].T.T[:, ::-1])  # a non-contiguous destination: unpacked first
+    ep = core.OutputStage(fm.BF16)
+    for x, y in ((a, packed), (packed, a)):
+        want = core.scaled_matmul(*((a, plain) if x is a else (plain, a)), ep, model=model, want_acc=True, want_S=True)
+        got = core.scaled_matmul(x, y, ep, model=model, want_acc=True, want_S=True)
+        assert np.array_equal(_codes(got.out), _codes(want.out))
+        for name in ("acc", "S"):
+            w, g = getattr(want, name), getattr(got, name)
+            assert (w is None) == (g is None)
+            if w is not None:
+                assert np.array_equal(w.view(np.uint64), g.view(np.uint64))

@@ -150,8 +150,9 @@ def _column_pieces(a: core.Operand, b: core.Operand) -> list[tuple[int, int]]:
 
 def _b_rows(b: core.Operand, c0: int, c1: int) -> core.Operand:
     """Rows [c0, c1) of a B operand (its scale-power-of-two flag kept from the whole)."""
-    return core.Operand(b.values[c0:c1], None if b.scales is None else b.scales[c0:c1], b.block, b.codes_fmt,
-                        b.pow2_scales)
+    sub = b.subset(slice(c0, c1))
+    sub._pow2 = b.pow2_scales
+    return sub
 
 
 def _launch(req: MGroupedRequest) -> None:

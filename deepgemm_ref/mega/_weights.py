@@ -307,7 +307,7 @@ def inverse_ascend(l1_weights: Any, l2_weights: Any, activation: str = "swiglu")
 # ----------------------------------------------------------------------------------------------
 
 def _codes_operand(codes_packed: np.ndarray, scales: np.ndarray) -> core.Operand:
-    return core.Operand(fm.unpack_fp4(codes_packed), scales, 32, codes_fmt=fm.E2M1)
+    return core.Operand(np.asarray(codes_packed).view(np.uint8), scales, 32, codes_fmt=fm.E2M1, packed=True)
 
 
 _UE8M0 = fm.ue8m0_decode(np.arange(256))  # byte b -> 2^(b - 127) (0 -> 2^-127, 255 -> NaN)
