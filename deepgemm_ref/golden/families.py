@@ -26,6 +26,7 @@ from .. import quant
 from .._memory import allocation_limit
 from .._parallel import num_threads
 from ..core import gemm_work_bytes
+from ..quant import CHUNK_ELEMENTS as QUANT_CHUNK
 from ..quant import align, ceil_div
 from .cases import ArgRef, BuiltCase, CaseSpec, randn_bf16, register_family
 from .ranges import scale_product_range
@@ -77,17 +78,18 @@ def _check(out: str, n: int, c: str | None = None, u_acc: float | None = None) -
 
 
 def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_bytes: float, batch: float = 1,
-                   extra: float = 0, cost: float = 1.0, split: str = "", align: int = 1) -> Estimate:
+                   extra: float = 0, cost: float = 1.0, split: str = "", align: int = 1,
+                   gran: int = 128) -> Estimate:
     """A GEMM-shaped case: ``batch`` products of (rows, depth) x (depth, cols).
 
     File: stored operands (``in_bytes`` per element, scales included) and per output element the
     output, float64 accumulator and error scale and the defined mask.  Peak: the case's own
     tensors (its file's tensors and the core's output codes before they are copied into the
     output) plus the larger of the float64 work of one product (:func:`core.gemm_work_bytes`,
-    within the limit in force less the own tensors: it streams) and the inputs' build
-    temporaries (quantiser copies of the larger operand, about 6 bytes per element; bf16 draws in
-    blocks; quantiser temporaries), plus :data:`PEAK_FIXED` (measured with tracemalloc on every preset,
-    benchmarks/estimates.md).
+    within the limit in force less the own tensors: it streams) with :data:`PEAK_FIXED` and the inputs' build
+    temporaries (the larger operand's bf16 draw and codes, and the quantiser's temporaries of the
+    chunks in flight, its K padded to ``gran``; bf16 draws in blocks), measured with tracemalloc
+    on every preset (benchmarks/estimates.md).
 
     split: whether the case's golden may go in blocks along its output's leading axis
     (:func:`.resources.row_block`, ``align`` rows at a time): ``"rows"`` (the rows of every
@@ -110,19 +112,20 @@ def _gemm_estimate(rows: float, cols: float, depth: float, in_bytes: float, out_
     budget = work_room(limit, own)
     work = gemm_work_bytes(int(min(block, rows) if block and split == "rows" else rows), int(cols), int(depth),
                            budget)
-    # building the inputs (measured): quantised operands hold about 6 bytes per element of the
-    # larger operand (its bf16 draw, its codes, the quantiser's temporaries) and 18 more per
-    # padding element (K padded to 128); bf16 ones are drawn in blocks
+    # building the inputs (measured with tracemalloc, benchmarks/estimates.md): a quantised larger
+    # operand holds its bf16 draw and its codes (3 bytes per element) and the quantiser about 21
+    # bytes per (padded) element of the chunks in flight; bf16 operands are drawn in blocks
     larger = max(rows, cols) * depth
-    padded = max(rows, cols) * (-(-depth // 128) * 128)
-    build = 6 * larger + 18 * (padded - larger) if in_bytes < 2 else 10 * min(larger, 16 << 20)
+    padded = max(rows, cols) * (-(-depth // gran) * gran)
+    in_flight = min(padded, QUANT_CHUNK * max(1, num_threads()))
+    build = 3 * larger + 21 * in_flight if in_bytes < 2 else 10 * min(larger, 16 << 20)
     # time (fitted to the CPU times of every preset's GEMMs): two BLAS multiply-adds per
     # multiply-add (the float64 GEMM, the error scale's float32 one and the certificates), and
     # per output and per input element the passes beside them; ``cost`` weighs the whole
     madds = cost * (2.0 * batch * rows * cols * depth + 320 * outs + 500 * src)
     if block:  # each block converts the other operand again
         madds += cost * 50 * cols * depth * (-(-lead // block) - 1)
-    return Estimate.of(file, PEAK_FIXED + own + max(work, build), madds, own, row_block=block)
+    return Estimate.of(file, own + max(PEAK_FIXED + work, build), madds, own, row_block=block)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,7 +445,8 @@ def estimate_gemm(p: Params) -> Estimate:
     c_bytes = m * n * out_b if p["c"] != "none" else 0
     # row blocks: A's rows are whole rows or columns of its stored form (not packed FP4 along M)
     split = "" if _layout(p.kernel)[0] == "t" and p["a"] == "fp4" else "rows"
-    return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes, split=split)
+    gran = p.get("gran_k_a" if m >= cols else "gran_k_b") or 128  # the larger operand's quantiser
+    return _gemm_estimate(m, cols, k, fmt, out_b, extra=c_bytes, split=split, gran=gran)
 
 
 def gemm_rows(built: BuiltCase) -> dict[str, int] | None:
@@ -720,6 +724,15 @@ def _per_group_channel_cast(
     return q, np.concatenate(sfs) if sfs else np.zeros((0, x.shape[1]), np.float32)
 
 
+def _expected_aligned_rows(m: int, alignment: int) -> float:
+    """The mean of ``align(int(m u), alignment)`` over ``u`` uniform in [0.7, 1.3]: the rows a
+    contiguous m-grouped case gives a group (:func:`build_grouped` draws each group's size so and
+    aligns it), averaged over 600 evenly spaced ``u`` (the largest, ``align(int(1.3 m) + 1)``, is
+    up to twice the mean)."""
+    u = (np.arange(600) + 0.5) / 600 * 0.6 + 0.7
+    return float(np.mean(-(-(m * u).astype(np.int64) // alignment) * alignment))
+
+
 def estimate_grouped(p: Params) -> Estimate:
     groups, m, n, k = p["groups"], p["m"], p["n"], p["k"]
     al = 256 if p.ascend else 128
@@ -729,11 +742,12 @@ def estimate_grouped(p: Params) -> Estimate:
         k_group = align(int(1.3 * k) + 1, al)
         est = _gemm_estimate(m, n, k_group, fmt, 12, batch=groups, extra=groups * m * n * 4)
         return Estimate(est.file_bytes, est.peak_bytes, est.work)  # the (groups, m, n) GEMMs' time (measured)
-    rows = p["max_m"] if p.kernel in _MASKED else align(int(1.3 * m) + 1, al)
+    rows = p["max_m"] if p.kernel in _MASKED else _expected_aligned_rows(m, al)
     # per group: (rows, k) x (n, k); the estimate of one GEMM of all groups' rows against one B each.
     # Blocks: whole groups (masked), or rows in whole alignment blocks (m_indices)
     split = "batch" if p.kernel in _MASKED else ("" if p["psum"] or p.ascend else "rows")
-    return _gemm_estimate(rows, n, k, fmt, 2, batch=groups, split=split, align=al if split == "rows" else 1)
+    return _gemm_estimate(rows, n, k, fmt, 2, batch=groups, split=split, align=al if split == "rows" else 1,
+                          gran=32 if p.ascend else 128)
 
 
 def grouped_rows(built: BuiltCase) -> dict[str, int] | None:

@@ -342,11 +342,14 @@ def estimate_mega_moe(p: Params) -> Estimate:
     # accumulator and error scale (2I each), SwiGLU (I), L2 acts and output (I + H), combine (H)
     stages = 2 * slots * (8 * I + 3 * H)
     file = tensor_bytes((weights, w_bytes), (R * N * H, 2 + 8 * 3 + 1), (stages, 4), (slots, 12))
-    # measured (tracemalloc, every preset; benchmarks/estimates.md): 0.38 of the former bound
-    peak = PEAK_FIXED + 0.38 * (12 * weights + 20 * stages + 64 * R * N * H)
-    # the pipeline's exact model is about 16 BLAS multiply-adds per multiply-add, and its driver
-    # (ranks, stages) about 80 ms per case
-    return Estimate.of(file, peak, 16 * slots * 3 * H * I, case_work=2e9)  # fitted: every preset
+    # measured (tracemalloc, every preset; benchmarks/estimates.md): 0.38 of the former bound, and
+    # the weights themselves in their stored format
+    peak = PEAK_FIXED + 0.38 * (12 * weights + 20 * stages + 64 * R * N * H) + w_bytes * weights
+    # the pipeline's exact model is about 13 BLAS multiply-adds per multiply-add with FP4 weights
+    # (decoded and scaled per expert), 10 with BF16 ones, and its driver (ranks, stages) about
+    # 75 ms per case
+    per_madd = 10 if p.kernel == "bf16_mega_moe" else 13
+    return Estimate.of(file, peak, per_madd * slots * 3 * H * I, case_work=2e9)  # fitted: every preset
 
 
 def check_mega_moe_entry(entry: Any) -> str | None:
