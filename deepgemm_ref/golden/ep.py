@@ -1248,6 +1248,12 @@ def ep_view(entry: Mapping[str, Any], golden: Mapping[str, np.ndarray],
 # resources, manifest checks, registration
 # ----------------------------------------------------------------------------------------------
 
+def _ep_case_work(fixed: float, ranks: int) -> float:
+    """An EP case's fixed cost in work units: ``fixed`` and about 0.5 ms per rank (each rank's
+    routing, layout and goldens are built apart); fitted to every preset's EP cases (idle)."""
+    return fixed + 1.3e7 * ranks
+
+
 def estimate_ep(p: Params) -> Estimate:
     """File, peak memory and work of an EP case: the stored inputs and stacked goldens (expected
     received rows per rank, a quarter over for the largest rank; the worst case without CPU sync)."""
@@ -1266,7 +1272,7 @@ def estimate_ep(p: Params) -> Estimate:
         file = inputs + gold
         # measured (tracemalloc, every preset; benchmarks/estimates.md): 0.3 of the former bound
         peak = PEAK_FIXED + 0.3 * (3 * file + 40 * n_tok * K * H + 24 * R * T * H)
-        return Estimate.of(file, peak, 0, case_work=9e7, byte_work=170)  # fitted: the time goes with the bytes
+        return Estimate.of(file, peak, 0, case_work=_ep_case_work(3.5e7, R), byte_work=170)  # fitted: the bytes
     def most(mean: float) -> float:  # the largest of R draws around ``mean``, roughly
         return mean + 2 * math.sqrt(mean) + 1
 
@@ -1284,7 +1290,7 @@ def estimate_ep(p: Params) -> Estimate:
     out = tensor_bytes((R * rows, row_bytes), (R * meta * (K + 2), 4), (R * (R + 5 * cfg.e_l + 2), 4))
     file = inputs + out
     peak = PEAK_FIXED + 1.6 * file  # measured (tracemalloc, every preset): 0.4 of the former bound
-    return Estimate.of(file, peak, 0, case_work=9e7, byte_work=65)  # fitted: the time goes with the bytes
+    return Estimate.of(file, peak, 0, case_work=_ep_case_work(4e7, R), byte_work=65)  # fitted: the bytes
 
 
 def check_ep_entry(entry: Any) -> str | None:
