@@ -102,6 +102,8 @@ class OperandSpec:
             k0, k1 = k_range
             data = data[:, k0:k1]
             sc = None if sc is None else sc[:, k0 // block:ceil_div(k1, block)]
+        if self.is_fp4 and self.major == "K":  # bytes along K: decoded two codes at a time, unpacked never
+            return Operand(data.view(np.uint8), sc, block, codes_fmt=fm.E2M1, packed=True)
         if self.is_fp4:
             return Operand(fp4_codes(data, self.major), sc, block, codes_fmt=fm.E2M1)
         return Operand(data, sc, block)
