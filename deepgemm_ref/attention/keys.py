@@ -42,10 +42,15 @@ class Queries:
         d = self.data[r0:r1]
         rows, heads = d.shape[0], d.shape[1]
         sc = None if self.scales is None else self.scales[r0:r1].reshape(rows * heads, -1)
-        if self.fp4:
-            codes = fm.unpack_fp4(d).reshape(rows * heads, -1)
-            return core.Operand(codes, sc, 32, codes_fmt=fm.E2M1)
+        if self.fp4:  # bytes along the head dimension: decoded two codes at a time
+            return _fp4_operand(d.reshape(rows * heads, -1), sc)
         return core.Operand(d.reshape(rows * heads, -1), sc, 32)
+
+
+def _fp4_operand(packed: np.ndarray, scales: np.ndarray | None) -> core.Operand:
+    """Packed E2M1 rows (two codes a byte along the head dimension, low nibble first) with per-32
+    scales, as a core operand that decodes them without unpacking."""
+    return core.Operand(packed.view(np.uint8), scales, 32, codes_fmt=fm.E2M1, packed=True)
 
 
 @dataclass
@@ -77,7 +82,7 @@ class PlainKeys:
     def get(self, k0: int, k1: int) -> Keys:
         sc = None if self.block_scales is None else self.block_scales[k0:k1]
         if self.fp4:
-            op = core.Operand(fm.unpack_fp4(self.data[k0:k1]), sc, 32, codes_fmt=fm.E2M1)
+            op = _fp4_operand(self.data[k0:k1], sc)
         else:
             op = core.Operand(self.data[k0:k1], sc, 32)
         ts = None if self.token_scale is None else self.token_scale[k0:k1]
@@ -153,12 +158,12 @@ class PagedKeys:
         if self.target == "cuda":
             if self.fp4:
                 by = fm.unpack_ue8m0_int32(raw.view("<i4"))[:, : d // 32]
-                return Keys(core.Operand(fm.unpack_fp4(vals), ue8m0_scales(by), 32, codes_fmt=fm.E2M1), None)
+                return Keys(_fp4_operand(vals, ue8m0_scales(by)), None)
             ts = raw.view("<f4").reshape(n).astype(np.float64)
             return Keys(core.Operand(vals.view(E4M3), None, 32), ts)
         by = fm.unpack_ue8m0_int16(raw.view("<i2"))[:, : d // 32]
         if self.fp4:
-            return Keys(core.Operand(fm.unpack_fp4(vals), ue8m0_scales(by), 32, codes_fmt=fm.E2M1), None)
+            return Keys(_fp4_operand(vals, ue8m0_scales(by)), None)
         return Keys(core.Operand(vals.view(E4M3), ue8m0_scales(by), 32), None)
 
 
