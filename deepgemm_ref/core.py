@@ -773,6 +773,55 @@ def _scale_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
         out[:, full * blk:] *= s[:, full:full + 1]
 
 
+def _values_into(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool) -> None:
+    """Rows [r0, r1) of ``op`` into ``out`` (C-contiguous float64): the element values, times
+    their scales when ``scaled`` (:func:`_decode_into`, :func:`_scale_into`); packed E2M1 codes
+    with power-of-two scales take both in one lookup (:func:`_packed_scaled_into`)."""
+    if scaled and op.packed and op.scales is not None and _packed_scaled_into(op, r0, r1, out):
+        return
+    _decode_into(op, r0, r1, out)
+    if scaled:
+        _scale_into(op, r0, r1, out)
+
+
+def _packed_scaled_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> bool:
+    """Packed E2M1 rows times their power-of-two block scales, one lookup per byte in a table of
+    scaled value pairs (``scale 2^e`` of the ``e``-th table, exact: E2M1 values times powers of
+    two); False where it does not apply (scales not powers of two, odd blocks, more than 64
+    scale exponents in the rows, a destination the pair view cannot write)."""
+    blk = op.block
+    if not (_PAIRS_OK and op.pow2_scales and blk % 2 == 0 and out.flags.c_contiguous):
+        return False
+    assert op.scales is not None and op.byte_format is not None
+    v = op.values[r0:r1].view(np.uint8)
+    rows, half = v.shape
+    if rows == 0 or half == 0:
+        return True
+    s = op.scales[r0:r1]
+    e = (s.view(np.uint64) >> np.uint64(52)).astype(np.int32)  # biased exponents (powers of two)
+    lo = int(e.min())
+    span = int(e.max()) - lo + 1
+    if span > 64 or lo == 0:  # (a float64 subnormal scale has no exponent bits)
+        return False
+    scales = np.ldexp(1.0, np.arange(lo, lo + span) - 1023)
+    # value pairs times the scales as float64 (a complex product would lose the signs of zeros)
+    table = (_packed_table(op.byte_format).view(np.float64)[None, :] * scales[:, None]).reshape(-1)
+    table = table.view(np.complex128)  # (span * 256,)
+    idx = np.empty((rows, half), np.uint16)
+    per = blk // 2  # bytes per scale block
+    full = half // per
+    sid = (e - lo).astype(np.uint16) << np.uint16(8)
+    if full:
+        body = idx[:, :full * per].reshape(rows, full, per)
+        np.copyto(body, v[:, :full * per].reshape(rows, full, per), casting="unsafe")
+        body |= sid[:, :full, None]
+    if full * per < half:
+        np.copyto(idx[:, full * per:], v[:, full * per:], casting="unsafe")
+        idx[:, full * per:] |= sid[:, full:full + 1]
+    np.take(table, idx, out=out.view(np.complex128), mode="clip")
+    return True
+
+
 def _norm_bounds(sumsq: np.ndarray, k: int) -> np.ndarray:
     """Upper bounds of 2-norms from float64 sums of squares of K values (squares that underflow
     lose at most 2^-1075 each: the floor keeps the bound rigorous)."""
@@ -807,8 +856,7 @@ def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True
         def checked(t0: int, t1: int) -> None:
             o = out[t0:t1]
             with np.errstate(over="ignore", invalid="ignore"):
-                _decode_into(op, r0 + t0, r0 + t1, o)
-                _scale_into(op, r0 + t0, r0 + t1, o)
+                _values_into(op, r0 + t0, r0 + t1, o, True)
                 if look:
                     np.add.reduce(o, axis=1, out=row_sum[t0:t1])
 
@@ -823,9 +871,7 @@ def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True
     if not want_norms:
         def values(t0: int, t1: int) -> None:
             with np.errstate(over="ignore", invalid="ignore"):
-                _decode_into(op, r0 + t0, r0 + t1, out[t0:t1])
-                if scaled:
-                    _scale_into(op, r0 + t0, r0 + t1, out[t0:t1])
+                _values_into(op, r0 + t0, r0 + t1, out[t0:t1], scaled)
 
         parallel_chunks(rows, _convert_rows(k), values)
         return np.empty(0), np.empty(0, bool)
@@ -833,9 +879,7 @@ def _convert(op: Operand, r0: int, r1: int, out: np.ndarray, scaled: bool = True
     def tile(t0: int, t1: int) -> None:
         o = out[t0:t1]
         with np.errstate(over="ignore", invalid="ignore"):
-            _decode_into(op, r0 + t0, r0 + t1, o)
-            if scaled:
-                _scale_into(op, r0 + t0, r0 + t1, o)
+            _values_into(op, r0 + t0, r0 + t1, o, scaled)
             if with_scales:
                 t = o.copy()
                 _scale_into(op, r0 + t0, r0 + t1, t)
@@ -1722,8 +1766,7 @@ def _normalised_magnitudes(op: Operand, r0: int, r1: int, out32: np.ndarray) -> 
     def tile(t0: int, t1: int) -> None:
         x = np.empty((t1 - t0, k))
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            _decode_into(op, r0 + t0, r0 + t1, x)
-            _scale_into(op, r0 + t0, r0 + t1, x)
+            _values_into(op, r0 + t0, r0 + t1, x, True)
             np.abs(x, out=x)
             amax = x.max(axis=1, initial=0.0)
             _, e = np.frexp(amax)

@@ -916,18 +916,21 @@ def test_no_gemm_probe_where_the_scales_certify_every_element(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("nan_scale", [False, True])
 @pytest.mark.parametrize("model", ["exact", "fp32", Limited(13, 32)])
-def test_packed_fp4_operand_is_the_unpacked_one(model):
+def test_packed_fp4_operand_is_the_unpacked_one(model, nan_scale):
     """An E2M1 operand given two codes a byte (Operand.packed: Mega MoE's weights) decodes and
     multiplies exactly as the same codes one a byte: its rows, row subsets and block scales, and
-    the codes, accumulator and error scale of every accumulation model, NaN scales included."""
+    the codes, accumulator and error scale of every accumulation model; with power-of-two scales
+    decoded and scaled in one lookup (core._packed_scaled_into), with a NaN scale the other way."""
     rng = np.random.default_rng(46)
-    m, n, k = 24, 40, 256
+    m, n, k = 24, 40, 272  # K: eight whole 32-blocks and a half one
     codes_b = rng.integers(0, 16, (n, k)).astype(np.uint8)
-    sb = np.exp2(rng.integers(-6, 6, (n, k // 32)).astype(float))
-    sb[3, 2] = np.nan
+    sb = np.exp2(rng.integers(-20, 20, (n, -(-k // 32))).astype(float))
+    if nan_scale:
+        sb[3, 2] = np.nan
     a = core.Operand(rng.standard_normal((m, k)).astype(np.float32).astype(E4M3),
-                     np.exp2(rng.integers(-4, 4, (m, k // 128)).astype(float)), 128)
+                     np.exp2(rng.integers(-4, 4, (m, -(-k // 128))).astype(float)), 128)
     plain = core.Operand(codes_b, sb, 32, codes_fmt=fm.E2M1)
     packed = core.Operand(fm.pack_fp4(codes_b).view(np.uint8), sb, 32, codes_fmt=fm.E2M1, packed=True)
     assert packed.shape == plain.shape == (n, k)
@@ -938,6 +941,9 @@ def test_packed_fp4_operand_is_the_unpacked_one(model):
     out = np.empty((7, k))
     core._decode_into(packed, 2, 9, out)
     assert np.array_equal(out, plain.element_rows(2, 9))
+    assert core._packed_scaled_into(packed, 2, 9, out) is not nan_scale
+    if not nan_scale:
+        assert np.array_equal(out.view(np.uint64), plain.rows(2, 9).view(np.uint64))
     core._decode_into(packed, 2, 9, out[:, ::-1].T.T[:, ::-1])  # a non-contiguous destination: unpacked first
     ep = core.OutputStage(fm.BF16)
     for x, y in ((a, packed), (packed, a)):
