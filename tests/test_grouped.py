@@ -18,6 +18,7 @@ from deepgemm_ref import trace
 from deepgemm_ref.errors import DGArgumentError
 
 from . import reference as ref
+from .ordered import assert_ordered_close
 
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -909,11 +910,17 @@ def _grouped_call(arch, a, b, ends, fp8_kw=None):
     return d, rec.acc, rec.S, rec.stats, rec.tasks
 
 
-def _same(x, y):
+def _same(x, y, k, tiers_decided=False):
+    """d and the stats the same bytes; S (and acc, unless the exact tiers decided every element:
+    then the same bytes) within the documented bounds of the BLAS's summation order, which for
+    some kernels depends on the GEMM's shape (docs/numerics.md, tests/ordered.py)."""
     assert np.array_equal(x[0], y[0])  # d
-    assert np.array_equal(x[1].view(np.uint64), y[1].view(np.uint64))  # acc
-    assert np.array_equal(x[2].view(np.uint64), y[2].view(np.uint64))  # S
     assert x[3] == y[3]  # stats
+    if tiers_decided:
+        assert np.array_equal(x[1].view(np.uint64), y[1].view(np.uint64))  # acc
+        assert_ordered_close(x[2], y[2], k)
+    else:
+        assert_ordered_close(x[2], y[2], k, x[1], y[1])
 
 
 def _unsplit(monkeypatch, threads):
@@ -950,16 +957,18 @@ def test_m_grouped_column_pieces_keep_the_bytes_on_adversarial_inputs(monkeypatc
     assert np.array_equal(split[0], whole[0]) and split[3] == whole[3]
     # every element decided by an exact tier ("cancel"): its accumulator is the tier's, not the BLAS's
     if fill == "cancel":
-        _same(split, whole)
+        _same(split, whole, k, tiers_decided=True)
     # and the Fraction reference of every group
     for g, (r0, r1) in enumerate(_ranges(ends, 128)):
         assert np.array_equal(split[0][r0:r1], ref.ref_gemm(a64[r0:r1], b64[g], fm.BF16)), g
 
 
-def test_m_grouped_column_pieces_at_their_default_size_keep_every_byte(monkeypatch):
-    """At the default piece size (N = 4096 in two pieces of 2048 columns) even the float64 GEMM's
-    inexact accumulators keep their bits; FP8 runs are never split (their chunk-wide exactness
-    certificate labels the stats) but run on the pool too."""
+def test_m_grouped_column_pieces_at_their_default_size_keep_the_bytes(monkeypatch):
+    """At the default piece size (N = 4096 in two pieces of 2048 columns) d and the stats keep
+    their bytes, and the trace's S and inexact accumulators stay within the bounds of the BLAS's
+    summation order (on OpenBLAS's SkylakeX kernel they kept their bits too; its Haswell kernel,
+    which it takes on Zen 5, changes S's last bits with N); FP8 runs are never split (their
+    chunk-wide exactness certificate labels the stats) but run on the pool too."""
     rng = np.random.default_rng(5)
     sizes, n, k = [16, 24], 4096, 512
     _, ends, m = _layout(sizes, 128)
@@ -971,7 +980,7 @@ def test_m_grouped_column_pieces_at_their_default_size_keep_every_byte(monkeypat
     with monkeypatch.context() as mp:
         _unsplit(mp, "1")
         whole = _grouped_call("sm100", a, b, ends)
-    _same(split, whole)
+    _same(split, whole, k)
     _, ends3, m3 = _layout([7, 1, 20], 128)
     qa, qb, kw, _, _ = _quant("sm100", _rand((m3, 256), 3), _rand((3, 256, 256), 4))
     par = _grouped_call("sm100", qa, qb, ends3, kw)
@@ -979,4 +988,4 @@ def test_m_grouped_column_pieces_at_their_default_size_keep_every_byte(monkeypat
     with monkeypatch.context() as mp:
         mp.setenv("DEEPGEMM_REF_NUM_THREADS", "1")
         seq = _grouped_call("sm100", qa, qb, ends3, kw)
-    _same(par, seq)
+    _same(par, seq, 256)

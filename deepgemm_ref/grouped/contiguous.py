@@ -116,9 +116,10 @@ def _tasks(req: MGroupedRequest) -> list[Task | Fill]:
 
 # Column pieces of one run: N split at multiples of _PIECE_ALIGN into pieces of at least
 # _PIECE_COLS columns and _PIECE_WORK multiply-adds.  The split depends on the shapes alone
-# (never on the thread count); the float64 GEMM then sums every element in the same order as
-# the unsplit one (OpenBLAS: whole register blocks, no small-matrix kernel), so even the
-# inexact accumulators a trace stores keep their bits.
+# (never on the thread count), so every byte is the same on every run; d and the stats are
+# those of the unsplit run, and a trace's S and inexact accumulators, whose last bits follow
+# the BLAS's summation order (which some kernels vary with N), stay within their documented
+# bounds of it (docs/numerics.md).
 _PIECE_COLS = 2048
 _PIECE_ALIGN = 256
 _PIECE_WORK = 1 << 24
