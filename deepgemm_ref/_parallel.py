@@ -1,7 +1,8 @@
 """Row-chunked work on a small thread pool.
 
 NumPy releases the GIL inside its loops, so independent row chunks run in parallel on the
-pool; chunks small enough to stay in cache also make each pass cheaper.  Results never depend
+pool (OpenBLAS's own worker threads where it runs multi-threaded, so that they do the work
+rather than spin beside it); chunks small enough to stay in cache also make each pass cheaper.  Results never depend
 on the chunking or the thread count: every chunk is computed by the same element-wise or
 row-wise operations.  ``DEEPGEMM_REF_NUM_THREADS`` caps the pool (default: the CPU count).
 """
@@ -27,13 +28,35 @@ _local = threading.local()
 
 
 def _reset_after_fork() -> None:
-    """A forked child has none of the parent's pool threads: start from a fresh pool and lock."""
-    global _pool, _pool_size, _lock
+    """A forked child has none of the parent's pool threads: start from a fresh pool and locks."""
+    global _pool, _pool_size, _lock, _blas_region
     _pool, _pool_size, _lock = None, 0, threading.Lock()
+    _blas_region = threading.Lock()
+
+
+def _before_fork() -> None:
+    """Wait for a region on OpenBLAS's threads to end (the GIL is released while waiting) and keep
+    new ones off until the fork is done: OpenBLAS's own fork handler joins its worker threads,
+    which a region's tasks (Python code) would keep from ever finishing while the forking thread
+    holds the GIL.  (A fork from inside a chunk function cannot wait for its own region: not
+    waited for.)"""
+    global _fork_holds
+    _fork_holds = not getattr(_local, "inside", False) and _blas_region.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_holds
+    if _fork_holds:
+        _fork_holds = False
+        _blas_region.release()
+
+
+_fork_holds = False
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_reset_after_fork)
 
 
 def num_threads() -> int:
@@ -60,11 +83,13 @@ def _get_pool(n: int) -> ThreadPoolExecutor:
 def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> None:
     """Call ``fn(start, stop)`` for consecutive chunks of ``range(total)``, in parallel.
 
-    One task per pool thread (at most one per chunk) takes the next chunk from a shared counter
+    One task per thread (at most one per chunk) takes the next chunk from a shared counter
     until none is left: a call costs a few task hand-overs whatever its number of chunks (a
     task per chunk cost tens of microseconds each, which small in-cache tiles do not repay).
-    Every chunk runs on a pool thread, as before; the first error (in chunk order) is raised
-    once every task has stopped, and no chunk starts after one has failed.
+    The tasks run on this thread and OpenBLAS's idle worker threads where the BLAS runs
+    multi-threaded (:func:`_on_blas_threads`), else on the package's pool; the first error (in
+    chunk order) is raised once every task has stopped, and no chunk starts after one has
+    failed.  Nested use (a chunk function that itself parallelises) runs inline.
     """
     chunk = max(1, chunk)
     bounds = [(i, min(total, i + chunk)) for i in range(0, total, chunk)]
@@ -94,11 +119,87 @@ def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> N
             _local.inside = False
 
     task = _state.propagate(run)  # an isolated settings block's values travel to the pool's threads
-    pool = _get_pool(num_threads())
-    for f in [pool.submit(task) for _ in range(n)]:
-        f.result()
+    if not _on_blas_threads(n, task):
+        pool = _get_pool(num_threads())
+        for f in [pool.submit(task) for _ in range(n)]:
+            f.result()
     if failed:
         raise min(failed, key=lambda x: x[0])[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# OpenBLAS's own threads as the pool
+# ----------------------------------------------------------------------------------------------
+
+_pthread: Any = None  # (gotoblas_pthread, callback type) of the OpenBLAS found, False if none
+_blas_region = threading.Lock()
+
+
+def _find_pthread() -> Any:
+    """(``gotoblas_pthread``, its callback type) of the OpenBLAS found, where it is the pthreads
+    build (``gotoblas_pthread`` runs a function on the calling thread and idle worker threads);
+    else False."""
+    import ctypes
+
+    if _openblas() is None or _handle is None:
+        return False
+    fn = getattr(_handle, "gotoblas_pthread", None)
+    parallel = next((getattr(_handle, n) for n in _PARALLEL_SYMBOLS if hasattr(_handle, n)), None)
+    if fn is None or parallel is None:
+        return False
+    parallel.restype = ctypes.c_int
+    if int(parallel()) != 1:  # 0: sequential build, 2: OpenMP build
+        return False
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return fn, ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+_MAX_BLAS_THREADS = 64  # gotoblas_pthread's queue holds at most MAX_CPU_NUMBER (64 in NumPy's wheels) tasks
+_PARALLEL_SYMBOLS = ("openblas_get_parallel", "scipy_openblas_get_parallel64_", "scipy_openblas_get_parallel",
+                     "openblas_get_parallel64_")
+
+
+def _on_blas_threads(n: int, task: Callable[[], None]) -> bool:
+    """Run ``task`` on ``n`` threads: this one and ``n - 1`` of OpenBLAS's worker threads, the BLAS
+    pinned to one thread meanwhile; False (nothing run) where that cannot be done safely.
+
+    Why: after a multi-threaded BLAS call OpenBLAS's workers spin for a while (about 0.1 s)
+    waiting for more work.  The package's own pool threads then share the cores with them: on two
+    cores, a call right after a two-thread GEMM (the user's or its own) ran its pool passes about
+    a third slower.  On the workers themselves the spinning thread does the work instead.
+
+    Only where OpenBLAS (pthreads build) already runs at least ``n`` threads outside every
+    :func:`single_threaded_blas` block (so it has ``n - 1`` workers), and one region at a time (a
+    second concurrent caller takes the package's pool).  Inside, every BLAS call of the tasks is
+    single-threaded, so none of them asks a worker for help: a worker that runs a task never
+    waits for another worker.
+    """
+    global _pthread
+    if _pthread is None:
+        _pthread = _find_pthread()
+    if not _pthread or not 2 <= n <= _MAX_BLAS_THREADS or _outer_blas_threads() < n:
+        return False
+    if not _blas_region.acquire(blocking=False):
+        return False
+    fn, cb_type = _pthread
+    errors: list[BaseException] = []
+
+    def body(_arg: Any) -> None:
+        try:
+            task()
+        except BaseException as e:  # noqa: BLE001 - a callback must not raise; re-raised below
+            errors.append(e)
+
+    cb = cb_type(body)
+    try:
+        with single_threaded_blas():
+            fn(n, cb, None, 0)
+    finally:
+        _blas_region.release()
+    if errors:
+        raise errors[0]
+    return True
 
 
 _pinned = 0
@@ -110,6 +211,7 @@ _GET_SYMBOLS = ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_",
 
 
 _found: tuple[Any, Any] | None = None
+_handle: Any = None  # the OpenBLAS library found (ctypes.CDLL)
 
 
 def _openblas() -> tuple[Any, Any] | None:
@@ -142,6 +244,8 @@ def _find_openblas() -> tuple[Any, Any] | None:
         getter = next((getattr(lib, n) for n in _GET_SYMBOLS if hasattr(lib, n)), None)
         if setter is not None and getter is not None:
             getter.restype = ctypes.c_int
+            global _handle
+            _handle = lib
             return setter, getter
     return None
 
@@ -171,14 +275,15 @@ def single_threaded_blas() -> Iterator[bool]:
     """
     import ctypes
 
-    global _pinned
+    global _pinned, _outer
     lib = _openblas()
     if lib is None:
         yield False
         return
     with _pin_lock:
-        before = int(lib[1]())
-        lib[0](ctypes.c_int(1))
+        if _pinned == 0:  # the count outside every block, put back when the last one ends
+            _outer = int(lib[1]())
+            lib[0](ctypes.c_int(1))
         _pinned += 1
     try:
         yield True
@@ -186,7 +291,19 @@ def single_threaded_blas() -> Iterator[bool]:
         with _pin_lock:
             _pinned -= 1
             if _pinned == 0:
-                lib[0](ctypes.c_int(before))
+                lib[0](ctypes.c_int(_outer))
+
+
+_outer = 1
+
+
+def _outer_blas_threads() -> int:
+    """The BLAS's thread count outside every :func:`single_threaded_blas` block."""
+    lib = _openblas()
+    if lib is None:
+        return 1
+    with _pin_lock:
+        return _outer if _pinned else int(lib[1]())
 
 
 def blas_pinned() -> bool:

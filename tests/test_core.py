@@ -469,14 +469,29 @@ def test_exactness_from_the_scales_gives_the_codes_of_the_norm_pass(nan_row, mon
 # The thread pool's chunks
 # ---------------------------------------------------------------------------------------------
 
-def test_parallel_chunks_run_every_chunk_once_on_the_pool_and_raise_the_first_error(monkeypatch):
+@pytest.fixture
+def blas_count():
+    """The BLAS's thread count, put back after the test."""
+    from deepgemm_ref import _parallel
+
+    lib = _parallel._openblas()
+    before = int(lib[1]()) if lib is not None else None
+    yield before
+    if before is not None:
+        _parallel.limit_blas_threads(before)
+
+
+@pytest.mark.parametrize("blas_threads", [1, 2])
+def test_parallel_chunks_run_every_chunk_once_on_the_pool_and_raise_the_first_error(monkeypatch, blas_threads,
+                                                                                   blas_count):
     """One task per thread takes chunks from a shared counter: every chunk runs exactly once, on
     a pool thread (nested calls inline), and the error of the lowest failing chunk is raised after
-    every task stopped."""
+    every task stopped.  Three threads are more than the BLAS runs here: the package's pool."""
     import threading
 
     from deepgemm_ref import _parallel
 
+    _parallel.limit_blas_threads(blas_threads)
     monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "3")
     seen: list[tuple[int, int]] = []
     lock = threading.Lock()
@@ -509,3 +524,80 @@ def test_parallel_chunks_run_every_chunk_once_on_the_pool_and_raise_the_first_er
     order: list[int] = []
     _parallel.parallel_chunks(5, 2, lambda t0, t1: order.append(t0))
     assert order == [0, 2, 4]
+
+
+def _on_blas_threads_available() -> bool:
+    from deepgemm_ref import _parallel
+
+    if _parallel._pthread is None:
+        _parallel._pthread = _parallel._find_pthread()
+    return bool(_parallel._pthread)
+
+
+def test_parallel_chunks_on_openblas_threads_where_the_blas_runs_two(monkeypatch, blas_count):
+    """With the BLAS at two threads, two tasks run at once on this thread and an OpenBLAS worker
+    (not a pool thread), every BLAS call inside single-threaded; the count is put back, errors
+    are raised in chunk order, nested calls run inline, a second caller meanwhile takes the pool,
+    and with the BLAS at one thread the pool runs them."""
+    import threading
+
+    from deepgemm_ref import _parallel
+
+    if not _on_blas_threads_available():
+        pytest.skip("no pthreads OpenBLAS with gotoblas_pthread in this process")
+    get = _parallel._openblas()[1]
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
+    _parallel.limit_blas_threads(2)
+    main = threading.get_ident()
+    meet = threading.Barrier(2, timeout=30)  # both tasks at once, or BrokenBarrierError (never a hang)
+    seen: list[tuple[int, str, int, bool]] = []
+    lock = threading.Lock()
+
+    def fn(t0: int, t1: int) -> None:
+        meet.wait()
+        inner: list[int] = []
+        _parallel.parallel_chunks(3, 1, lambda u0, u1: inner.append(threading.get_ident()))
+        x = np.ones((64, 64)) @ np.ones((64, 64))
+        with lock:
+            seen.append((threading.get_ident(), threading.current_thread().name, int(get()),
+                         set(inner) == {threading.get_ident()} and bool(np.all(x == 64.0))))
+
+    _parallel.parallel_chunks(2, 1, fn)
+    assert len(seen) == 2 and len({s[0] for s in seen}) == 2 and main in {s[0] for s in seen}
+    assert not any(name.startswith("deepgemm_ref") for _, name, _, _ in seen)  # no pool thread
+    assert all(count == 1 and ok for _, _, count, ok in seen)
+    assert int(get()) == 2
+
+    def failing(t0: int, t1: int) -> None:
+        if t0 in (3, 5):
+            raise ValueError(f"chunk {t0}")
+
+    with pytest.raises(ValueError, match="chunk 3"):
+        _parallel.parallel_chunks(8, 1, failing)
+    assert int(get()) == 2
+
+    # two callers at once: one region on the BLAS's threads, the other on the pool
+    names: dict[int, set[str]] = {0: set(), 1: set()}
+    gate = threading.Barrier(2, timeout=30)
+
+    def caller(c: int) -> None:
+        def chunk(t0: int, t1: int) -> None:
+            if t0 == 0:
+                gate.wait()  # the two callers' regions overlap
+            with lock:
+                names[c].add(threading.current_thread().name)
+        _parallel.parallel_chunks(2, 1, chunk)
+
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert sum(any(n.startswith("deepgemm_ref") for n in names[c]) for c in range(2)) >= 1
+    assert int(get()) == 2
+
+    _parallel.limit_blas_threads(1)
+    pool_names: list[str] = []
+    _parallel.parallel_chunks(2, 1, lambda t0, t1: pool_names.append(threading.current_thread().name))
+    assert pool_names and all(n.startswith("deepgemm_ref") for n in pool_names)
