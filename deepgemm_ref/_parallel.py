@@ -19,7 +19,8 @@ from typing import Any
 
 from . import _state
 
-__all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas", "blas_pinned"]
+__all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas", "blas_pinned",
+           "blas_threads_pool"]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -158,6 +159,16 @@ def _find_pthread() -> Any:
 _MAX_BLAS_THREADS = 64  # gotoblas_pthread's queue holds at most MAX_CPU_NUMBER (64 in NumPy's wheels) tasks
 _PARALLEL_SYMBOLS = ("openblas_get_parallel", "scipy_openblas_get_parallel64_", "scipy_openblas_get_parallel",
                      "openblas_get_parallel64_")
+
+
+def blas_threads_pool(n: int) -> bool:
+    """Whether :func:`parallel_chunks` would now run ``n`` tasks on OpenBLAS's own threads (it
+    may not by the time it runs: another caller may have started a region meanwhile)."""
+    global _pthread
+    if _pthread is None:
+        _pthread = _find_pthread()
+    return bool(_pthread) and 2 <= n <= _MAX_BLAS_THREADS and _outer_blas_threads() >= n \
+        and not _blas_region.locked()
 
 
 def _on_blas_threads(n: int, task: Callable[[], None]) -> bool:

@@ -67,7 +67,7 @@ import numpy as np
 
 from . import formats as fm
 from ._memory import work_budget, work_reporter
-from ._parallel import blas_pinned, num_threads, parallel_chunks, single_threaded_blas
+from ._parallel import blas_pinned, blas_threads_pool, num_threads, parallel_chunks, single_threaded_blas
 from .certified import Points, decode_codes, round_certified, within_half_gap
 from .config import AccumulationModel, Limited
 from .exact import (
@@ -1936,7 +1936,7 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
     # float32 outputs have 2^16 times finer roundings than bf16 ones: the GEMM's a priori bound
     # leaves a few percent of the elements undecided at large K unless K is blocked.
     kblock = _KBLOCK_F32 if ep.out is fm.F32 and k > 4 * _KBLOCK_F32 else 0
-    step = _chunk_rows(m, n, k)
+    step = whole_step = _chunk_rows(m, n, k)
     if acc is None and S_all is None and blas_pinned():
         # Codes alone are certified whatever the GEMM's last bits: with a one-thread BLAS every pool
         # thread takes a chunk (its conversion, GEMM and certificates overlap the others').
@@ -1990,8 +1990,8 @@ def _exact_run(a: Operand, b: Operand, ep: OutputStage, out_codes: np.ndarray, a
             # the inputs are of the kind every element of which needs the exact tier (ties,
             # cancellations); every element goes there, chunk by chunk, without the float64
             # GEMM that would certify next to none of them (the codes are exact either way).
-            for r0 in gemm.starts():
-                r1 = min(m, r0 + step)
+            for r0 in range(0, m, whole_step):  # the exact tier parallelises inside: whole chunks
+                r1 = min(m, r0 + whole_step)
                 rows, cols = np.divmod(np.arange((r1 - r0) * n, dtype=np.intp), n)
                 rows += r0
                 out_codes[r0:r1] = _exact_points(a, b, ep, rows, cols, None, None, stats).reshape(r1 - r0, n)
@@ -2366,11 +2366,13 @@ def scaled_matmul(
                             zeros if want_acc else None, None, zeros.copy() if want_S else None)
     if model == "exact":
         # Stored float64 tensors (an inexact acc, S) are bit-stable only with a one-thread BLAS
-        # (see _parallel.single_threaded_blas); chunks then run on the package's pool.  Codes alone
-        # keep the BLAS's threads: chunks of one-thread GEMMs on the pool measured slower (1.32x one
-        # two-thread float64 matmul against 1.18x): after a two-thread BLAS call OpenBLAS's idle
-        # worker spins for about 0.1 s on a core the pool would need (benchmarks/speed-table.md).
-        with single_threaded_blas() if (want_acc or want_S) else contextlib.nullcontext():
+        # (see _parallel.single_threaded_blas); chunks then run on the pool, each its own
+        # conversion, one-thread GEMM and certificates.  Codes alone do so too where the pool runs
+        # on OpenBLAS's own threads (1.065x one two-thread float64 matmul against 1.094x with the
+        # BLAS's two threads, benchmarks/speed-table.md); elsewhere they keep the BLAS's threads:
+        # beside a spinning OpenBLAS worker the package's own pool threads measured 1.32x.
+        pinned = want_acc or want_S or blas_threads_pool(num_threads())
+        with single_threaded_blas() if pinned else contextlib.nullcontext():
             return _exact_model(a, b, output, want_acc, want_S)
     if model == "fp32":
         res = _fp32_model(a, b, output, fp32_block, mma_block_scaling, want_acc=want_acc)
