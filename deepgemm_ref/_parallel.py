@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from . import _state
 
 __all__ = ["num_threads", "parallel_chunks", "limit_blas_threads", "single_threaded_blas", "blas_pinned",
@@ -103,19 +105,24 @@ def parallel_chunks(total: int, chunk: int, fn: Callable[[int, int], None]) -> N
 
     taken = itertools.count()  # next() on it is atomic: each chunk is taken exactly once
     failed: list[tuple[int, BaseException]] = []
+    err = np.geterr()  # NumPy's error state is per thread: the tasks take the caller's
+
+    def take_chunks() -> None:
+        while not failed:
+            i = next(taken)
+            if i >= len(bounds):
+                return
+            try:
+                fn(*bounds[i])
+            except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+                failed.append((i, e))
+                return
 
     def run() -> None:
         _local.inside = True
         try:
-            while not failed:
-                i = next(taken)
-                if i >= len(bounds):
-                    return
-                try:
-                    fn(*bounds[i])
-                except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
-                    failed.append((i, e))
-                    return
+            with np.errstate(**err):
+                take_chunks()
         finally:
             _local.inside = False
 

@@ -601,3 +601,25 @@ def test_parallel_chunks_on_openblas_threads_where_the_blas_runs_two(monkeypatch
     pool_names: list[str] = []
     _parallel.parallel_chunks(2, 1, lambda t0, t1: pool_names.append(threading.current_thread().name))
     assert pool_names and all(n.startswith("deepgemm_ref") for n in pool_names)
+
+
+@pytest.mark.parametrize("blas_threads", [1, 2])
+def test_parallel_chunks_tasks_take_the_callers_numpy_error_state(monkeypatch, blas_threads, blas_count):
+    """NumPy's error state is per thread: every task (on the pool or OpenBLAS's threads) runs
+    under the caller's, so an ``np.errstate`` around a call covers its chunks."""
+    import warnings
+
+    from deepgemm_ref import _parallel
+
+    _parallel.limit_blas_threads(blas_threads)
+    monkeypatch.setenv("DEEPGEMM_REF_NUM_THREADS", "2")
+    inf = np.full(4, np.inf)
+
+    def chunk(t0: int, t1: int) -> None:
+        inf[t0:t1] - inf[t0:t1]  # invalid: inf - inf
+
+    with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
+        _parallel.parallel_chunks(4, 1, chunk)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _parallel.parallel_chunks(4, 1, chunk)
