@@ -91,6 +91,30 @@ def test_row_blocks_give_the_whole_case_bytes(tmp_path: Path, kernel: str, profi
 _ORDERED = ("golden.S", "golden.acc")  # bytes that follow the BLAS's summation order (docs/numerics.md)
 
 
+def test_row_blocks_hold_one_block_of_goldens_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a block's golden is computed, no earlier block's golden tensor is alive: the peak holds
+    one block (the loop variables once kept the previous block's goldens through the next one's
+    computation: 12.4 GiB against an estimate of 9.4 GiB for the largest deepgemm-tests case)."""
+    import weakref
+
+    from deepgemm_ref.golden import rowblocks
+
+    refs: list[weakref.ref[Any]] = []
+    alive: list[int] = []
+    real = rowblocks.compute_golden
+
+    def tracked(case: Any) -> Any:
+        alive.append(sum(r() is not None for r in refs))
+        golden, stats = real(case)
+        refs.extend(weakref.ref(v) for v in golden.values())
+        return golden, stats
+
+    monkeypatch.setattr(rowblocks, "compute_golden", tracked)
+    spec = {"id": "rb", "kernel": "bf16_gemm_nt", "profile": "sm100", "m": 320, "n": 256, "k": 256, "out": "f32"}
+    _generate(spec, tmp_path / "blocks", _limit_for_blocks(spec))
+    assert len(alive) >= 2 and refs and alive == [0] * len(alive), alive
+
+
 def _same_but_s(tmp_path: Path, whole: dict[str, Any], blocks: dict[str, Any], k: int) -> None:
     """Every tensor's bytes equal but ``S`` and ``acc``, whose bytes follow the BLAS's summation
     order (for small M the order depends on M): ``S`` equal or within the documented factor
