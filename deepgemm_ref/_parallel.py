@@ -2,9 +2,9 @@
 
 NumPy releases the GIL inside its loops, so independent row chunks run in parallel on the
 pool (OpenBLAS's own worker threads where it runs multi-threaded, so that they do the work
-rather than spin beside it); chunks small enough to stay in cache also make each pass cheaper.  Results never depend
-on the chunking or the thread count: every chunk is computed by the same element-wise or
-row-wise operations.  ``DEEPGEMM_REF_NUM_THREADS`` caps the pool (default: the CPU count).
+rather than spin beside it); chunks small enough to stay in cache also make each pass cheaper.
+Results never depend on the chunking or the thread count: every chunk is computed by the same
+element-wise or row-wise operations.  ``DEEPGEMM_REF_NUM_THREADS`` caps the pool (default: the CPU count).
 """
 
 from __future__ import annotations
@@ -168,14 +168,19 @@ _PARALLEL_SYMBOLS = ("openblas_get_parallel", "scipy_openblas_get_parallel64_", 
                      "openblas_get_parallel64_")
 
 
-def blas_threads_pool(n: int) -> bool:
-    """Whether :func:`parallel_chunks` would now run ``n`` tasks on OpenBLAS's own threads (it
-    may not by the time it runs: another caller may have started a region meanwhile)."""
+def _blas_threads_usable(n: int) -> bool:
+    """Whether ``n`` tasks can run on OpenBLAS's threads at all: a pthreads OpenBLAS with
+    ``gotoblas_pthread`` that runs at least ``n`` threads outside every pinned block."""
     global _pthread
     if _pthread is None:
         _pthread = _find_pthread()
-    return bool(_pthread) and 2 <= n <= _MAX_BLAS_THREADS and _outer_blas_threads() >= n \
-        and not _blas_region.locked()
+    return bool(_pthread) and 2 <= n <= _MAX_BLAS_THREADS and _outer_blas_threads() >= n
+
+
+def blas_threads_pool(n: int) -> bool:
+    """Whether :func:`parallel_chunks` would now run ``n`` tasks on OpenBLAS's own threads (it
+    may not by the time it runs: another caller may have started a region meanwhile)."""
+    return _blas_threads_usable(n) and not _blas_region.locked()
 
 
 def _on_blas_threads(n: int, task: Callable[[], None]) -> bool:
@@ -193,12 +198,7 @@ def _on_blas_threads(n: int, task: Callable[[], None]) -> bool:
     single-threaded, so none of them asks a worker for help: a worker that runs a task never
     waits for another worker.
     """
-    global _pthread
-    if _pthread is None:
-        _pthread = _find_pthread()
-    if not _pthread or not 2 <= n <= _MAX_BLAS_THREADS or _outer_blas_threads() < n:
-        return False
-    if not _blas_region.acquire(blocking=False):
+    if not _blas_threads_usable(n) or not _blas_region.acquire(blocking=False):
         return False
     fn, cb_type = _pthread
     errors: list[BaseException] = []

@@ -229,31 +229,20 @@ _PAIRS_OK = sys.byteorder == "little"
 _PAIR_TABLES: dict[str, np.ndarray] = {}
 
 
-def _packed_table(fmt: fm.Format) -> np.ndarray:
-    """complex128 (256,): entry ``b`` holds the values of the two 4-bit codes of byte ``b`` (low
-    nibble first) as its (real, imaginary) float64 pair (4 KiB: it stays in the cache)."""
-    t = _PAIR_TABLES.get("packed " + fmt.name)
+def _pair_table(fmt: fm.Format, bits: int = 8) -> np.ndarray:
+    """complex128 (2^(2 bits),): entry ``lo + 2^bits hi`` holds the values of the ``bits``-bit codes
+    ``lo`` and ``hi`` as its (real, imaginary) float64 pair, so that one lookup decodes two adjacent
+    codes: bytes of FP8 codes read as uint16 (bits 8: 1 MiB a format), or packed E2M1 bytes (bits
+    4, low nibble first: 4 KiB, it stays in the cache)."""
+    key = f"{bits} {fmt.name}"
+    t = _PAIR_TABLES.get(key)
     if t is None:
         single = _decode_table(fmt)
-        idx = np.arange(256)
-        pairs = np.empty((256, 2))
-        pairs[:, 0] = single[idx & 0xF]
-        pairs[:, 1] = single[idx >> 4]
-        t = _PAIR_TABLES["packed " + fmt.name] = pairs.view(np.complex128).reshape(-1)
-    return t
-
-
-def _pair_table(fmt: fm.Format) -> np.ndarray:
-    """complex128 (2^16,): entry ``lo + 256 hi`` holds the values of codes ``lo`` and ``hi`` as its
-    (real, imaginary) float64 pair, so that one lookup decodes two adjacent codes (1 MiB a format)."""
-    t = _PAIR_TABLES.get(fmt.name)
-    if t is None:
-        single = _decode_table(fmt)
-        idx = np.arange(1 << 16)
-        pairs = np.empty((1 << 16, 2))
-        pairs[:, 0] = single[idx & 0xFF]
-        pairs[:, 1] = single[idx >> 8]
-        t = _PAIR_TABLES[fmt.name] = pairs.view(np.complex128).reshape(-1)
+        idx = np.arange(1 << (2 * bits))
+        pairs = np.empty((idx.size, 2))
+        pairs[:, 0] = single[idx & ((1 << bits) - 1)]
+        pairs[:, 1] = single[idx >> bits]
+        t = _PAIR_TABLES[key] = pairs.view(np.complex128).reshape(-1)
     return t
 
 
@@ -439,6 +428,17 @@ _HALF_GAP_BF16_SUB = 2.0**-134 * (1 - 2.0**-40)
 _F64_EXP = np.uint64(0x7FF0000000000000)
 
 
+def _bf16_rne_bits(u: np.ndarray) -> np.ndarray:
+    """bf16 codes (uint16) of finite float32 bits ``u`` (uint32), rounded to nearest even:
+    ``(u + 0x7FFF + bit16(u)) >> 16`` (no carry out of 32 bits for finite values)."""
+    t = u >> np.uint32(16)
+    t &= np.uint32(1)
+    t += np.uint32(0x7FFF)
+    t += u
+    t >>= np.uint32(16)
+    return t.astype(np.uint16)
+
+
 def _bf16_codes(x: np.ndarray) -> np.ndarray:
     """bf16 codes (uint16) of float64 ``x``, correctly rounded (RNE), as :func:`formats.round_f64`
     gives them: float64 -> float32 -> bf16, except where the float32 value is exactly a bf16
@@ -448,12 +448,7 @@ def _bf16_codes(x: np.ndarray) -> np.ndarray:
         finite = x32.size > 0 and bool(np.isfinite(x32.max())) and bool(np.isfinite(x32.min()))
     u = x32.view(np.uint32)
     if finite:  # RNE on the float32 bits (about twice as fast as the cast; the same codes)
-        t = u >> np.uint32(16)
-        t &= np.uint32(1)
-        t += np.uint32(0x7FFF)
-        t += u
-        t >>= np.uint32(16)
-        codes = t.astype(np.uint16)
+        codes = _bf16_rne_bits(u)
     else:  # NaN keeps the cast's quiet NaN
         codes = x32.astype(ml_dtypes.bfloat16).view(np.uint16)
     tie = np.flatnonzero((u.reshape(-1) & np.uint32(0xFFFF)) == _BF16_TIE)
@@ -508,12 +503,7 @@ def _bf16_margin_f32(x: np.ndarray, err: np.ndarray | float) -> tuple[np.ndarray
     e = u & _F32_EXP
     if e.size == 0 or e.min() < _F32_EXP_LO or e.max() > _F32_EXP_HI:
         return None
-    t = u >> np.uint32(16)
-    t &= np.uint32(1)
-    t += np.uint32(0x7FFF)
-    t += u
-    t >>= np.uint32(16)
-    codes = t.astype(np.uint16)
+    codes = _bf16_rne_bits(u)
     rem = (u & np.uint32(0xFFFF)).view(np.int32)
     d = rem - np.int32(0x8000)
     np.abs(d, out=d)
@@ -739,7 +729,7 @@ def _decode_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> None:
     if op.packed:  # two E2M1 codes a byte: one lookup in a 256-entry table of value pairs
         assert fmt is not None
         if _PAIRS_OK and out.flags.c_contiguous:
-            np.take(_packed_table(fmt), v.view(np.uint8), out=out.view(np.complex128), mode="clip")
+            np.take(_pair_table(fmt, 4), v.view(np.uint8), out=out.view(np.complex128), mode="clip")
             return
         v = fm.unpack_fp4(v)
     if fmt is not None:  # one-byte formats: a table lookup
@@ -805,7 +795,7 @@ def _packed_scaled_into(op: Operand, r0: int, r1: int, out: np.ndarray) -> bool:
         return False
     scales = np.ldexp(1.0, np.arange(lo, lo + span) - 1023)
     # value pairs times the scales as float64 (a complex product would lose the signs of zeros)
-    table = (_packed_table(op.byte_format).view(np.float64)[None, :] * scales[:, None]).reshape(-1)
+    table = (_pair_table(op.byte_format, 4).view(np.float64)[None, :] * scales[:, None]).reshape(-1)
     table = table.view(np.complex128)  # (span * 256,)
     idx = np.empty((rows, half), np.uint16)
     per = blk // 2  # bytes per scale block
