@@ -42,18 +42,23 @@ from deepgemm_ref.toolkit.sizes import format_size
 GOAL = 1.5
 
 
-def measure(spec_dict: dict[str, Any], workdir: Path, max_memory: int | None = None) -> dict[str, Any]:
-    """One case: its estimate and its measured seconds, peak bytes (tracemalloc) and file bytes."""
+def measure(spec_dict: dict[str, Any], workdir: Path, max_memory: int | None = None, repeat: int = 1) -> dict[str, Any]:
+    """One case: its estimate and its measured seconds (the median of ``repeat`` runs, the first
+    one's beside it), peak bytes (tracemalloc) and file bytes."""
     spec = validate_spec(spec_dict)
     est = estimate_case(spec)
     (workdir / CASES_DIR).mkdir(parents=True, exist_ok=True)
-    t0, c0 = time.perf_counter(), time.process_time()
-    entry = generate_case(spec, workdir, True, max_memory)
-    wall, seconds = time.perf_counter() - t0, time.process_time() - c0
-    path = workdir / entry["file"] if "file" in entry else next((workdir / CASES_DIR).glob("*"))
-    file_bytes = path.stat().st_size
-    for f in (workdir / CASES_DIR).iterdir():
-        f.unlink()
+    walls, cpus = [], []
+    for _ in range(max(1, repeat)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        entry = generate_case(spec, workdir, True, max_memory)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        path = workdir / entry["file"] if "file" in entry else next((workdir / CASES_DIR).glob("*"))
+        file_bytes = path.stat().st_size
+        for f in (workdir / CASES_DIR).iterdir():
+            f.unlink()
+    wall, seconds = statistics.median(walls), statistics.median(cpus)
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
@@ -65,7 +70,7 @@ def measure(spec_dict: dict[str, Any], workdir: Path, max_memory: int | None = N
         f.unlink()
     return {"id": spec.id, "est_peak": est.peak_bytes if est else None, "peak": peak,
             "est_file": est.file_bytes if est else None, "file": file_bytes,
-            "est_seconds": est.seconds if est else None, "seconds": seconds, "wall": wall}
+            "est_seconds": est.seconds if est else None, "seconds": seconds, "wall": wall, "first": cpus[0]}
 
 
 def _ratio(est: float | None, got: float) -> float:
@@ -82,6 +87,9 @@ def main() -> int:
     ap.add_argument("--match", default="", help="only case ids matching this regular expression")
     ap.add_argument("--limit", type=int, default=0, help="at most this many cases per preset (0: all)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS and pool threads (default 1)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time each case this many times in a row and compare the median (default 1: "
+                         "the single run generation makes; its time is also stored as 'first')")
     ap.add_argument("--min-seconds", type=float, default=0.0,
                     help="leave out of the time ratios cases measured under this many seconds")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -116,7 +124,7 @@ def main() -> int:
                     assert est is not None
                     r.update(est_peak=est.peak_bytes, est_file=est.file_bytes, est_seconds=est.seconds)
                 else:
-                    r = measure(c, Path(tmp))
+                    r = measure(c, Path(tmp), repeat=args.repeat)
                 rows.append(r)
                 dump.append(dict(r, preset=name, spec=c))
                 if not args.summary and args.markdown:
