@@ -225,3 +225,65 @@ def test_the_heartbeat_stops_when_a_run_fails(tmp_path, monkeypatch):
         verify(tmp_path / "b", progress=Progress("verify", io.StringIO(), tty=False, interval=0.05))
     time.sleep(0.1)
     assert not [t for t in threading.enumerate() if t.name == "deepgemm-ref-progress" and t.is_alive()]
+
+
+def test_a_whole_output_task_hands_its_trace_arrays_over():
+    """Collected.add: the first task covering the whole output gives its own acc / S (no second
+    output-sized copy); a partial, strided or later task's values are copied in."""
+    from deepgemm_ref.executor import Collected, _adoptable
+
+    rng = np.random.default_rng(5)
+    shape = (6, 5)
+    whole = core.MatmulResult(np.zeros(shape, np.uint16), rng.standard_normal(shape), None, rng.standard_normal(shape))
+    col = Collected(shape, True, True)
+    col.add((), whole)
+    assert col.acc is whole.acc and col.S is whole.S and col.acc_lo is None
+    later = core.MatmulResult(np.zeros((2, 5), np.uint16), np.full((2, 5), 7.0), None, None)
+    col.add((slice(4, 6),), later)  # a later task writes into the adopted array
+    assert (col.acc[4:] == 7.0).all() and (col.acc[:4] == whole.acc[:4]).all()
+
+    part = Collected(shape, True, False, fill=np.nan)
+    top = core.MatmulResult(np.zeros((3, 5), np.uint16), np.ones((3, 5)), None, None)
+    part.add((slice(0, 3),), top)
+    assert part.acc is not top.acc and part.acc.shape == shape
+    assert (part.acc[:3] == 1.0).all() and np.isnan(part.acc[3:]).all()
+
+    full = np.ones(shape)
+    assert _adoptable(full, (), shape) and _adoptable(full, (slice(None),), shape)
+    assert _adoptable(full, (slice(0, 6), slice(None, None, 1)), shape)
+    assert not _adoptable(full, (slice(None, None, -1),), shape)  # reversed rows
+    assert not _adoptable(full, (slice(0, 6, 2),), (3, 5))  # a strided selection of a larger array
+    assert not _adoptable(np.ones((5, 6)).T, (), shape)  # not C-contiguous (a transposed result)
+    assert not _adoptable(full.astype(np.float32), (), shape)
+    assert not _adoptable(np.ones((3, 5)), (), shape)
+    ro = np.ones(shape)
+    ro.flags.writeable = False
+    assert not _adoptable(ro, (), shape)
+
+
+def test_a_dense_golden_holds_its_acc_and_S_once(monkeypatch):
+    """A traced dense GEMM (acc and S asked for) records the core's own acc and S: no second
+    output-sized float64 copy of each is made while the call finishes."""
+    import deepgemm_ref as dg
+    from deepgemm_ref import executor, trace
+
+    results: list[core.MatmulResult] = []
+    real = executor.core.scaled_matmul
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        res = real(*args, **kwargs)
+        results.append(res)
+        return res
+
+    monkeypatch.setattr(executor.core, "scaled_matmul", spy)
+    m, n, k = 64, 96, 48
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((m, k), dtype=np.float32).astype(BF16)
+    b = rng.standard_normal((n, k), dtype=np.float32).astype(BF16)
+    d = np.empty((m, n), BF16)
+    with trace.capture(want_acc=True, want_S=True) as cap:
+        dg.bf16_gemm_nt(a, b, d)
+    assert len(results) == 1 and results[0].acc is not None and results[0].S is not None
+    assert cap.last.acc is results[0].acc and cap.last.S is results[0].S
+    ref = a.astype(np.float64) @ b.astype(np.float64).T  # exact here: 48 bf16 products
+    assert np.array_equal(cap.last.acc, ref)
