@@ -76,6 +76,15 @@ def test_estimates_are_within_one_and_a_half_of_the_measured_peak_and_file(spec,
     assert est.work > 0 and est.seconds > 0
 
 
+@pytest.mark.parametrize("spec", golden.preset("ascend-probes"), ids=lambda s: s["id"])
+def test_probe_file_estimates_follow_each_probe_s_rows(spec, tmp_path):
+    # the ue8m0_zero probe has one row, not the output_rounding probe's six (its file was
+    # estimated at 2.7x its 2 KiB)
+    est = estimate_case(validate_spec(spec))
+    _, size = _measure(validate_spec(spec), tmp_path)
+    assert 1 / 1.5 <= est.file_bytes / size <= 1.5, (size, est.file_bytes)
+
+
 def test_every_family_has_an_estimate_for_every_smoke_case():
     for spec in golden.preset("smoke") + golden.preset("ascend-probes"):
         est = estimate_case(validate_spec(spec))

@@ -149,7 +149,7 @@ PROBE_SCHEMA = Schema(
 
 
 def estimate_probe(p: Params) -> Estimate:
-    rows = len(_probe_rows()) if p["probe"] == "accumulator" else 6
+    rows = {"accumulator": len(_probe_rows()), "ue8m0_zero": 1}.get(p["probe"], 6)  # output_rounding: 6 rows
     file = tensor_bytes((rows * _K, 1), (rows * _K // 32, 4), (_K, 1), (rows, 29))
     # measured (tracemalloc, CPU time): 0.4 of the former peak bound; about 300 BLAS multiply-adds
     # per element (the probes' exact evaluation)
