@@ -6,9 +6,9 @@
 The model rounds every K block's exact sum to float32 and adds it to a float32 accumulator in
 order, so whatever computes it does, per block, one GEMM of depth ``block`` and one float32 pass
 over the output, and before that converts the FP8 operands to float64.  This script times those
-parts alone, on the candidate's own tiles (:data:`deepgemm_ref.core._FP32_TILE`,
-:data:`deepgemm_ref.core._FP32_TILE_ROWS`), each as a ratio to one float64 matmul of the whole
-size, interleaved with it in the same process (median of the per-round ratios):
+parts alone, on the candidate's own tiles (:func:`deepgemm_ref.core._fp32_tile_shape`), each as a
+ratio to one float64 matmul of the whole size, interleaved with it in the same process
+(``run_all.interleaved``: the median of the per-round ratios):
 
 * ``block GEMMs``: the per-block float64 GEMMs of every tile, operands already converted;
 * ``+ float32 promotion``: the same with each block sum rounded to float32 and added (one
@@ -24,14 +24,12 @@ candidate runs them), the BLAS, the pool and torch pinned alike on both sides.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from _common import ROOT  # noqa: F401,I001  (benchmarks run as scripts; puts the repository first)
-from run_all import GEMM, _Block, _gemm_setup, pin_threads
+from run_all import GEMM, _Block, _gemm_setup, interleaved, pin_threads
 
 import deepgemm_ref as dg
 from deepgemm_ref import core
@@ -39,10 +37,8 @@ from deepgemm_ref._parallel import parallel_chunks, single_threaded_blas
 
 
 def _tiles(m: int, n: int, blk: int) -> tuple[int, int, list[tuple[int, int]]]:
-    """The candidate's tile shape for block ``blk`` (core._fp32_prescaled_run) and its tiles."""
-    tile = core._FP32_TILE * max(1, min(blk // 32, 2))
-    tr = min(m, core._FP32_TILE_ROWS)
-    tc = max(16, tile // tr)
+    """The candidate's tile shape for block ``blk`` (:func:`deepgemm_ref.core._fp32_tile_shape`) and its tiles."""
+    tr, tc = core._fp32_tile_shape(m, blk)
     return tr, tc, [(i0, j0) for i0 in range(0, m, tr) for j0 in range(0, n, tc)]
 
 
@@ -96,19 +92,7 @@ def measure(block: int, threads: int, rounds: int) -> None:
         "operand conversion": convert,
         "candidate": candidate,
     }
-    ratios: dict[str, list[float]] = {key: [] for key in parts}
-    for fn in (base, *parts.values()):
-        fn()
-    for r in range(rounds):
-        for key, fn in parts.items():
-            pair = (base, fn) if r % 2 == 0 else (fn, base)
-            t: dict[Any, float] = {}
-            for f in pair:
-                t0 = time.perf_counter()
-                f()
-                t[f] = time.perf_counter() - t0
-            ratios[key].append(t[fn] / t[base])
-    med = {key: statistics.median(v) for key, v in ratios.items()}
+    med = {key: interleaved(base, fn, rounds)[0] for key, fn in parts.items()}
     print(f"block {block}, {threads} thread(s), {m}x{n}x{k}, tiles {_tiles(m, n, block)[:2]}:")
     for key, v in med.items():
         print(f"  {v:6.3f}x  {key}")

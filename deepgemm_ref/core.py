@@ -2121,13 +2121,7 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
             r1 = min(m, r0 + step)
             rows = r1 - r0
             _convert(a, r0, r1, a_s[:rows], want_norms=False)
-            # Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
-            # GEMM has about the same work whatever the block), and the tiles stay in the cache.
-            # Tall tiles (all of a chunk's rows up to _FP32_TILE_ROWS) measured fastest on a
-            # one-thread OpenBLAS: the small-K GEMMs are dearer per call than per row.
-            tile = _FP32_TILE * max(1, min(blk // 32, 2))
-            tr = min(rows, _FP32_TILE_ROWS)
-            tc = max(16, tile // tr)
+            tr, tc = _fp32_tile_shape(rows, blk)
             tiles = [(i0, j0) for i0 in range(0, rows, tr) for j0 in range(0, n, tc)]
 
             def run(t0: int, t1: int, r0: int = r0, rows: int = rows, tr: int = tr, tc: int = tc,
@@ -2169,6 +2163,17 @@ def _fp32_prescaled_run(a: Operand, ep: OutputStage, blk: int, b_s: np.ndarray, 
 _FP32_TILE = 1 << 17  # output elements per tile of the fp32 model at block 32 (a float64 block sum and a
 # float32 accumulator; blocks of 64 and more take twice as many: 512 x 512)
 _FP32_TILE_ROWS = 512  # rows per tile of the fp32 model (at most)
+
+
+def _fp32_tile_shape(rows: int, blk: int) -> tuple[int, int]:
+    """(rows, columns) of the fp32 model's output tiles for a chunk of ``rows`` rows and K block
+    ``blk``.  Larger blocks take larger tiles: the BLAS then runs near its full speed (a tile's
+    GEMM has about the same work whatever the block), and the tiles stay in the cache.  Tall
+    tiles (all of a chunk's rows up to _FP32_TILE_ROWS) measured fastest on a one-thread
+    OpenBLAS: the small-K GEMMs are dearer per call than per row."""
+    tile = _FP32_TILE * max(1, min(blk // 32, 2))
+    tr = min(rows, _FP32_TILE_ROWS)
+    return tr, max(16, tile // tr)
 
 
 def _block_partials(a_el: np.ndarray, b_el: np.ndarray, exact_ok: bool) -> np.ndarray:
